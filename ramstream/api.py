@@ -1,0 +1,215 @@
+"""The Python API: the verbs of the CLI (probe, merge, inspect) over plain arguments."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numba
+import numpy as np
+
+from ramstream import __version__
+from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
+from ramstream.errors import ConfigError, InputError
+from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES, TORCH_NAMES
+from ramstream.format.family import Family, open_family
+from ramstream.index import resolve
+from ramstream.index.store import IndexStore, open_index_store
+from ramstream.io import output_dir
+from ramstream.io.writer import plan_shards
+from ramstream.methods.ram import LambdaRule, RhoScope, ram_params
+from ramstream.methods.registry import get_method
+from ramstream.passes.merge_pass import MergeJob, run_merge
+from ramstream.passes.probe_pass import run_probe
+from ramstream.plan import block_elems_for, bytes_per_element, make_plan
+from ramstream.report import AgentReport, agent_reports
+from ramstream.stats import per_tensor
+
+OutDtype = Literal["auto", "bf16", "f16", "f32"]
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    out: Path
+    index: Path
+    method: str
+    params: dict[str, Any]
+    lambdas: tuple[float, ...]
+    resumed_finished: bool
+
+
+def _threads(options: RunOptions) -> None:
+    numba.set_num_threads(min(options.threads or numba.config.NUMBA_NUM_THREADS, numba.config.NUMBA_NUM_THREADS))
+
+
+def _block_elems(family: Family, options: RunOptions, out_itemsize: int = 0) -> int:
+    if options.block_elems is not None:
+        return options.block_elems
+    return block_elems_for(options.memory, bytes_per_element(family, out_itemsize))
+
+
+def _eps(eps: float) -> float:
+    if not np.isfinite(eps) or eps < 0:
+        raise ConfigError(f"--eps must be a finite number >= 0, got {eps}")
+    return float(eps)
+
+
+def probe(
+    base: str | Path,
+    agents: list[str] | tuple[str, ...],
+    *,
+    index: str | Path | None = None,
+    eps: float = DEFAULT_EPS,
+    options: RunOptions | None = None,
+) -> IndexStore:
+    """Run (or finish) the probe pass; return the complete index."""
+    options = options or RunOptions()
+    family = open_family(base, list(agents))
+    return _probed_index(family, _eps(eps), Path(index) if index else None, options)
+
+
+def _probed_index(family: Family, eps: float, index: Path | None, options: RunOptions) -> IndexStore:
+    _threads(options)
+    store = resolve.open_or_create(family, eps, index, options.cache_dir, _block_elems(family, options))
+    if not store.probe_complete():
+        run_probe(family, store, options.quiet)
+    return store
+
+
+def merge(
+    base: str | Path,
+    agents: list[str] | tuple[str, ...],
+    *,
+    out: str | Path,
+    method: str = "ram+",
+    r: float | None = None,
+    alpha: float | None = None,
+    rho_scope: RhoScope = "model",
+    lambda_rule: Literal["paper", "script"] = "paper",
+    eps: float = DEFAULT_EPS,
+    index: str | Path | None = None,
+    out_dtype: OutDtype = "auto",
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    force: bool = False,
+    options: RunOptions | None = None,
+) -> MergeResult:
+    """Merge ``agents`` into ``base`` with ``method``; rerunning the same call resumes it."""
+    options = options or RunOptions()
+    spec = get_method(method)
+    params = ram_params(method, r, alpha, rho_scope, lambda_rule)
+    eps = _eps(eps)
+    family = open_family(base, list(agents))
+    store = _probed_index(family, eps, Path(index) if index else None, options)
+    tensors = per_tensor(store.plan, *store.block_stats())
+    constants = spec.constants(params, tensors)
+    out_path = Path(out)
+    dtypes = _out_dtypes(family, out_dtype)
+    out_itemsize = max((ITEMSIZE[d] for d in dtypes), default=2)
+    plan = make_plan(family, _block_elems(family, options, out_itemsize))
+    layout = plan_shards(
+        [(t.name, dtypes[i], t.shape, t.numel * ITEMSIZE[dtypes[i]]) for i, t in enumerate(plan.tensors)],
+        shard_size,
+    )
+    run = {
+        "inputs": store.header.content_key,
+        "method": method,
+        "params": params.to_dict(),
+        "eps": eps,
+        "out_dtype": out_dtype,
+        "shard_size": shard_size,
+        "block_elems": plan.block_elems,
+        "ramstream_version": __version__,
+    }
+    lambdas = tuple(float(x) for x in constants.per_agent_model)
+    result = MergeResult(out_path, store.path, method, params.to_dict(), lambdas, False)
+    if output_dir.prepare(out_path, run, force):
+        return MergeResult(out_path, store.path, method, params.to_dict(), lambdas, True)
+    work = output_dir.work_dir(out_path)
+    job = MergeJob(family, plan, spec, constants.per_tensor, eps, dtypes, layout)
+    run_merge(job, work, options.quiet)
+    record = {
+        "run": run,
+        "method": method,
+        "params": params.to_dict(),
+        "lambdas": dict(zip(family.agent_names, lambdas, strict=True)),
+        "eps": eps,
+        "inputs": family.fingerprints(),
+        "ramstream_version": __version__,
+    }
+    output_dir.finalize(
+        out_path,
+        layout,
+        {n: work / f"{n}.partial" for n in layout.names},
+        family.base.directory,
+        _config(family, dtypes),
+        _model_card(family, record, agent_reports(store, tensors, params)),
+        record,
+    )
+    return result
+
+
+def _out_dtypes(family: Family, out_dtype: OutDtype) -> tuple[str, ...]:
+    if out_dtype != "auto" and out_dtype not in OUT_DTYPES:
+        raise ConfigError(f"--out-dtype must be one of auto, {', '.join(OUT_DTYPES)}; got {out_dtype!r}")
+    chosen = OUT_DTYPES.get(out_dtype)
+    result = []
+    for ref in family.base.tensors.values():
+        dtype = ref.entry.dtype
+        result.append(chosen if chosen and dtype in ("BF16", "F16", "F32", "F64") else dtype)
+    return tuple(result)
+
+
+def _config(family: Family, dtypes: tuple[str, ...]) -> dict[str, Any] | None:
+    directory = family.base.directory
+    if directory is None or not (directory / "config.json").is_file():
+        return None
+    try:
+        config = dict(json.loads((directory / "config.json").read_text()))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{directory / 'config.json'}: not valid JSON ({exc})") from exc
+    floats = [d for d in dtypes if d in TORCH_NAMES]
+    if floats:
+        dominant = max(set(floats), key=floats.count)
+        config["torch_dtype"] = TORCH_NAMES[dominant]
+        if "dtype" in config:
+            config["dtype"] = TORCH_NAMES[dominant]
+    return config
+
+
+def _model_card(family: Family, record: dict[str, Any], reports: list[AgentReport]) -> str:
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [merge, ramstream]",
+        "---",
+        f"# Merge of {len(family.agents)} agents into {family.base.name}",
+        "",
+        f"Made with ramstream {__version__}, method `{record['method']}`.",
+        "",
+        "## Parameters",
+        "",
+        "```json",
+        json.dumps({"method": record["method"], "eps": record["eps"], **record["params"]}, indent=2),
+        "```",
+        "",
+        "## Agents",
+        "",
+        "| agent | active | density | unique | shared | rho | lambda |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for rep in reports:
+        lines.append(
+            f"| {rep.name} | {rep.active} | {rep.density:.4f} | {rep.unique} | {rep.shared} | {rep.rho:.4g} | {rep.lam:.6g} |"
+        )
+    lines += ["", "## Inputs", ""]
+    for fp in record["inputs"]:
+        for f in fp["files"]:
+            lines.append(f"- `{fp['name']}`: `{f['file']}`, {f['size']} bytes, header sha256 `{f['header_sha256']}`")
+    return "\n".join(lines) + "\n"
+
+
+def open_index(path: str | Path) -> IndexStore:
+    """Open an index (for inspection) without its checkpoints."""
+    return open_index_store(Path(path))

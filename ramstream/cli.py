@@ -1,0 +1,159 @@
+"""The command line: thin click wrappers over ``ramstream.api``; errors become one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from ramstream import __version__
+from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions, default_cache_dir, parse_size
+from ramstream.errors import RamstreamError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Size(click.ParamType):
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except RamstreamError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _friendly(func: F) -> F:
+    """Turn ramstream's errors (and Ctrl-C) into one line on stderr and a non-zero exit."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except RamstreamError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted: rerun the same command to resume where it stopped", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _run_options(f: F) -> F:
+    f = click.option("--quiet", is_flag=True, help="No progress on stderr.")(f)
+    f = click.option(
+        "--cache-dir",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Where indexes are cached when no --index is given [default: ~/.cache/ramstream].",
+    )(f)
+    f = click.option("--threads", type=click.IntRange(min=1), default=None, help="Compute threads [default: all cores].")(f)
+    f = click.option("--memory", type=Size(), default="1GiB", show_default=True, help="RAM budget, e.g. 64MiB, 8GiB.")(f)
+    return f
+
+
+def _options(memory: int, threads: int | None, cache_dir: Path | None, quiet: bool) -> RunOptions:
+    return RunOptions(memory=memory, threads=threads, quiet=quiet, cache_dir=cache_dir or default_cache_dir())
+
+
+@click.group()
+@click.version_option(__version__, prog_name="ramstream")
+def main() -> None:
+    """Merge fine-tuned checkpoints of one base out of core (RAM / RAM+), within a RAM budget."""
+
+
+@main.command()
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("agents", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--index", "index", type=click.Path(path_type=Path), default=None, help="Index path [default: cache].")
+@click.option("--eps", type=float, default=DEFAULT_EPS, show_default=True, help="|tau| > eps marks an element active.")
+@_run_options
+@_friendly
+def probe(base: Path, agents: tuple[Path, ...], index: Path | None, eps: float, **run: Any) -> None:
+    """Gather the statistics of AGENTS against BASE into the index (resumable)."""
+    from ramstream import api
+
+    store = api.probe(base, [str(a) for a in agents], index=index, eps=eps, options=_options(**run))
+    click.echo(f"index: {store.path}")
+
+
+@main.command()
+@click.argument("base", type=click.Path(path_type=Path), required=False)
+@click.argument("agents", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output model directory.")
+@click.option("--method", type=click.Choice(["ram", "ram+", "ram+s"]), default="ram+", show_default=True)
+@click.option("--r", "r", type=float, default=None, help="RAM+ rescale strength r [default: 0.1; 0 for ram].")
+@click.option("--alpha", type=float, default=None, help="RAM+ cap on rho (paper rule) [default: 2.0].")
+@click.option("--eps", type=float, default=DEFAULT_EPS, show_default=True)
+@click.option(
+    "--rho-scope",
+    type=click.Choice(["model", "tensor"]),
+    default="model",
+    show_default=True,
+    help="rho over the whole model (paper) or per tensor (mergekit's ramplus_tl).",
+)
+@click.option(
+    "--lambda-rule",
+    type=click.Choice(["paper", "script"]),
+    default="paper",
+    show_default=True,
+    help="paper: 1 + r*clip(rho,0,alpha); script: the authors' 1 + (R-1)*min(1,rho) with R = 1 + r.",
+)
+@click.option("--index", "index", type=click.Path(path_type=Path), default=None)
+@click.option("--out-dtype", type=click.Choice(["auto", "bf16", "f16", "f32"]), default="auto", show_default=True,
+              help="auto keeps each tensor's base dtype.")
+@click.option("--shard-size", type=Size(), default=str(DEFAULT_SHARD_SIZE), show_default=True)
+@click.option("--force", is_flag=True, help="Replace what a previous merge left in --out.")
+@_run_options
+@_friendly
+def merge(base: Path | None, agents: tuple[Path, ...], out: Path, method: str, r: float | None, alpha: float | None,
+          eps: float, rho_scope: str, lambda_rule: str, index: Path | None, out_dtype: str, shard_size: int,
+          force: bool, **run: Any) -> None:
+    """Merge AGENTS into BASE and write a Hugging Face model directory to --out (resumable)."""
+    from ramstream import api
+
+    if base is None or not agents:
+        raise click.UsageError("give BASE and at least one AGENT")
+    result = api.merge(
+        base, [str(a) for a in agents], out=out, method=method, r=r, alpha=alpha, rho_scope=rho_scope,  # type: ignore[arg-type]
+        lambda_rule=lambda_rule, eps=eps, index=index, out_dtype=out_dtype, shard_size=shard_size,  # type: ignore[arg-type]
+        force=force, options=_options(**run),
+    )
+    state = "already merged" if result.resumed_finished else "merged"
+    click.echo(f"{state}: {result.out} ({method}, lambda {', '.join(f'{x:.4f}' for x in result.lambdas)})")
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--r", "r", type=float, default=0.1, show_default=True, help="r used to show lambda.")
+@click.option("--alpha", type=float, default=2.0, show_default=True, help="alpha used to show lambda.")
+@_friendly
+def inspect(path: Path, as_json: bool, r: float, alpha: float) -> None:
+    """Per-agent density, overlap, rho and lambda, from the index alone (no weights read)."""
+    from ramstream.inspection import summary
+    from ramstream.methods.ram import RamParams
+    from ramstream.report import format_table
+
+    doc, reports = summary(path, RamParams(r=r, alpha=alpha))
+    click.echo(json.dumps(doc, indent=1) if as_json else format_table(reports))
+
+
+@main.command()
+@click.option("--dir", "directory", type=click.Path(path_type=Path), default=None,
+              help="Where to write the sample family and the merge [default: a cache directory].")
+@_run_options
+@_friendly
+def demo(directory: Path | None, **run: Any) -> None:
+    """Write a small sample family, probe it, merge it with RAM+, and show the overlap table."""
+    from ramstream.demo import run_demo
+
+    run_demo(directory, _options(**run), click.echo)

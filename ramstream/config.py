@@ -1,0 +1,72 @@
+"""One frozen run configuration for the Python API and the CLI, and size parsing."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ramstream.errors import ConfigError
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1000,
+    "KB": 1000,
+    "M": 1000**2,
+    "MB": 1000**2,
+    "G": 1000**3,
+    "GB": 1000**3,
+    "T": 1000**4,
+    "TB": 1000**4,
+    "KIB": 1024,
+    "MIB": 1024**2,
+    "GIB": 1024**3,
+    "TIB": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+DEFAULT_MEMORY = 1024**3
+DEFAULT_SHARD_SIZE = 5 * 1000**3
+DEFAULT_EPS = 1e-5
+
+
+def parse_size(text: str | int) -> int:
+    """Parse ``"8GiB"``, ``"64MiB"``, ``"5GB"`` or a plain byte count into bytes."""
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _SIZE_RE.match(text)
+        unit = match.group(2).upper() if match else None
+        if match is None or unit not in _UNITS:
+            raise ConfigError(f"cannot read size {text!r}: use a number with a unit like 64MiB or 8GiB")
+        value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ConfigError(f"size {text!r} must be positive")
+    return value
+
+
+def default_cache_dir() -> Path:
+    """Where indexes live when no ``--index`` is given (the XDG cache convention)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ramstream"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a pass: budget, threads, block size and reporting; never what to compute."""
+
+    memory: int = DEFAULT_MEMORY
+    threads: int | None = None
+    block_elems: int | None = None
+    quiet: bool = False
+    cache_dir: Path = field(default_factory=default_cache_dir)
+
+    def __post_init__(self) -> None:
+        if self.memory < 16 * 1024**2:
+            raise ConfigError("--memory must be at least 16MiB")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError("--threads must be at least 1")
+        if self.block_elems is not None and (self.block_elems < 64 or self.block_elems % 64):
+            raise ConfigError("block size must be a positive multiple of 64 elements")

@@ -1,0 +1,43 @@
+"""The error hierarchy: everything a user can cause is a ``RamstreamError``.
+
+The CLI prints these as one line and exits non-zero; anything else escaping is a bug.
+Messages name the file (and tensor) and say what to do.
+"""
+
+from __future__ import annotations
+
+
+class RamstreamError(Exception):
+    """Base of every error ramstream raises on purpose."""
+
+
+class InputError(RamstreamError):
+    """A checkpoint path, file or header that cannot be used."""
+
+
+class CorruptFileError(InputError):
+    """A safetensors file whose header or size is inconsistent (truncated, garbage, overlapping)."""
+
+
+class UnsupportedDtypeError(InputError):
+    """A tensor dtype that the kernels cannot decode."""
+
+
+class MismatchError(InputError):
+    """Agents that do not match the base (missing tensor, other shape)."""
+
+
+class NonFiniteWeightError(InputError):
+    """A NaN or Inf in a weight, which would poison every statistic."""
+
+
+class IndexMismatchError(RamstreamError):
+    """An index built from other inputs, another epsilon or another schema."""
+
+
+class OutputError(RamstreamError):
+    """An output directory that holds something else, or cannot be written."""
+
+
+class ConfigError(RamstreamError):
+    """Options that are invalid or contradict each other."""

@@ -1,0 +1,1 @@
+"""Formats: the safetensors header, checkpoint discovery, fingerprints. No bulk data access."""

@@ -1,0 +1,63 @@
+"""Safetensors dtypes: their sizes, which ones the kernels decode, and their raw numpy carriers.
+
+numpy has no bfloat16, so BF16 and F16 travel as ``uint16`` and are decoded in the kernels.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+
+class FloatCode(IntEnum):
+    """The float encodings the kernels decode and encode (passed to them as plain ints)."""
+
+    BF16 = 0
+    F16 = 1
+    F32 = 2
+    F64 = 3
+
+
+ITEMSIZE: dict[str, int] = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
+
+FLOAT_CODES: dict[str, FloatCode] = {
+    "BF16": FloatCode.BF16,
+    "F16": FloatCode.F16,
+    "F32": FloatCode.F32,
+    "F64": FloatCode.F64,
+}
+
+# Float formats we cannot decode: merging them would be a silent lie, so they are refused.
+UNDECODABLE_FLOATS = frozenset({"F8_E4M3", "F8_E5M2"})
+
+RAW_CARRIER: dict[FloatCode, type[np.generic]] = {
+    FloatCode.BF16: np.uint16,
+    FloatCode.F16: np.uint16,
+    FloatCode.F32: np.float32,
+    FloatCode.F64: np.float64,
+}
+
+OUT_DTYPES: dict[str, str] = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
+TORCH_NAMES: dict[str, str] = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+
+
+def is_float(dtype: str) -> bool:
+    """True for the dtypes that are merged (the others are copied from the base)."""
+    return dtype in FLOAT_CODES

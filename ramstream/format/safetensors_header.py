@@ -1,0 +1,124 @@
+"""Parse and validate a safetensors header without touching the tensor data.
+
+The format: an 8-byte little-endian header length, a JSON object of
+``name -> {dtype, shape, data_offsets}`` (plus optional ``__metadata__``), then the data.
+Validation follows the reference implementation: a capped header size, known dtypes,
+``numel * itemsize == end - begin`` without overflow, offsets contiguous from 0 with no gap or
+overlap, and a data section that ends exactly at the end of the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from ramstream.errors import CorruptFileError
+from ramstream.format.dtypes import ITEMSIZE
+
+MAX_HEADER_BYTES = 100_000_000
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a safetensors file: where its bytes are, relative to the file start."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    path: Path
+    tensors: tuple[TensorEntry, ...]
+    metadata: dict[str, str]
+    header_bytes: bytes
+    file_size: int
+
+
+def read_header(path: Path) -> SafetensorsHeader:
+    """Read and validate the header of ``path``; raise ``CorruptFileError`` naming the file."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise CorruptFileError(f"{path}: file is {size} bytes, too short to be safetensors")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > MAX_HEADER_BYTES:
+                raise CorruptFileError(
+                    f"{path}: header claims {header_len} bytes (cap {MAX_HEADER_BYTES}); "
+                    "the file is not safetensors or is corrupt"
+                )
+            if 8 + header_len > size:
+                raise CorruptFileError(f"{path}: truncated inside the header; re-download or re-save it")
+            raw = f.read(header_len)
+    except OSError as exc:
+        raise CorruptFileError(f"{path}: cannot read ({exc.strerror})") from exc
+    return parse_header(path, raw, size)
+
+
+def parse_header(path: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
+    """Validate the JSON header ``raw`` of a file of ``file_size`` bytes."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptFileError(f"{path}: header is not valid JSON ({exc}); the file is corrupt") from exc
+    if not isinstance(doc, dict):
+        raise CorruptFileError(f"{path}: header is not a JSON object")
+    metadata = doc.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise CorruptFileError(f"{path}: __metadata__ is not an object")
+    entries = [_entry(path, name, spec) for name, spec in doc.items()]
+    entries.sort(key=lambda e: (e.offset, e.offset + e.nbytes))
+    data_start = 8 + len(raw)
+    expected = 0
+    for entry in entries:
+        if entry.offset != expected:
+            kind = "overlaps the previous tensor" if entry.offset < expected else "leaves a gap"
+            raise CorruptFileError(f"{path}: tensor {entry.name!r} {kind} (offset {entry.offset})")
+        expected = entry.offset + entry.nbytes
+    if data_start + expected != file_size:
+        what = "truncated" if data_start + expected > file_size else "has trailing bytes"
+        raise CorruptFileError(
+            f"{path}: file is {what} (header says {data_start + expected} bytes, file has {file_size}); "
+            "re-download or re-save it"
+        )
+    shifted = tuple(
+        TensorEntry(e.name, e.dtype, e.shape, data_start + e.offset, e.nbytes) for e in entries
+    )
+    return SafetensorsHeader(Path(path), shifted, {str(k): str(v) for k, v in metadata.items()}, raw, file_size)
+
+
+def _entry(path: Path, name: str, spec: object) -> TensorEntry:
+    if not isinstance(spec, dict):
+        raise CorruptFileError(f"{path}: tensor {name!r} has no dtype/shape/data_offsets object")
+    dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
+    if dtype not in ITEMSIZE:
+        raise CorruptFileError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise CorruptFileError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and o >= 0 for o in offsets)
+        or offsets[1] < offsets[0]
+    ):
+        raise CorruptFileError(f"{path}: tensor {name!r} has invalid data_offsets {offsets!r}")
+    nbytes = math.prod(shape) * ITEMSIZE[dtype]
+    if nbytes != offsets[1] - offsets[0]:
+        raise CorruptFileError(
+            f"{path}: tensor {name!r} spans {offsets[1] - offsets[0]} bytes but "
+            f"{dtype}{shape} needs {nbytes}"
+        )
+    return TensorEntry(name, dtype, tuple(shape), offsets[0], nbytes)

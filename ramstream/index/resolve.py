@@ -1,0 +1,67 @@
+"""Find, validate or create the index for a family: explicit ``--index`` or the cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ramstream.errors import IndexMismatchError
+from ramstream.format.family import Family
+from ramstream.format.fingerprint import content_key
+from ramstream.index.store import (
+    SCHEMA_VERSION,
+    IndexHeader,
+    IndexStore,
+    create_index,
+    is_unfinished_creation,
+    open_index_store,
+    remove_index,
+)
+from ramstream.plan import make_plan
+
+
+def cache_path(cache_dir: Path, key: str) -> Path:
+    return cache_dir / "index" / f"{key}.zarr"
+
+
+def family_key(family: Family, eps: float) -> str:
+    return content_key(family.fingerprints(), {"eps": float(eps), "schema": SCHEMA_VERSION})
+
+
+def open_or_create(family: Family, eps: float, path: Path | None, cache_dir: Path, block_elems: int) -> IndexStore:
+    """The index for ``family`` and ``eps``; an explicit ``path`` built from anything else is refused."""
+    key = family_key(family, eps)
+    target = path if path is not None else cache_path(cache_dir, key)
+    if target.exists() and is_unfinished_creation(target):
+        remove_index(target)
+    if target.exists():
+        store = open_index_store(target)
+        if store.header.content_key != key:
+            raise IndexMismatchError(f"{target}: {_difference(store.header, family, eps)}")
+        return store
+    fingerprints = family.fingerprints()
+    header = IndexHeader(
+        SCHEMA_VERSION,
+        key,
+        float(eps),
+        block_elems,
+        family.base.name,
+        family.agent_names,
+        tuple(fingerprints),
+        make_plan(family, block_elems).tensors,
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return create_index(target, header, make_plan(family, block_elems))
+
+
+def _difference(header: IndexHeader, family: Family, eps: float) -> str:
+    if header.eps != float(eps):
+        return f"this index was built with eps={header.eps}, not eps={eps}; use --eps {header.eps} or another --index"
+    if len(header.agents) != len(family.agents):
+        return f"this index was built for {len(header.agents)} agents, not {len(family.agents)}; use another --index"
+    for old, new in zip(header.inputs, family.fingerprints(), strict=True):
+        if old["files"] != new["files"]:
+            return (
+                f"this index was built from other inputs ({new['path']} differs from when it was probed: "
+                "size, modification time or header); use another --index or delete this one"
+            )
+    return "this index was built from other inputs or settings; use another --index or delete this one"

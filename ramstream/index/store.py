@@ -1,0 +1,211 @@
+"""Create, validate and fill the index; read its statistics back.
+
+Layout (see ``docs/index-format.md``)::
+
+    <index>/zarr.json                 group; attrs["ramstream_index"] = the header below
+    <index>/masks/<i>                 uint8 (N, ceil(numel_i / 8)), chunks (N, block/8): tensor i
+    <index>/stats/overlap             int64 (blocks, N, N): agent t active and c == k+1
+    <index>/stats/coverage            int64 (blocks, N+1): elements with c == k
+    <index>/progress/probe            uint8 (blocks,), one chunk per block: 1 = done
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import ZstdCodec
+
+from ramstream import __version__
+from ramstream.errors import IndexMismatchError
+from ramstream.index.journal import Journal
+from ramstream.plan import Plan, TensorPlan, plan_from_tensors
+
+SCHEMA_VERSION = 1
+ATTR = "ramstream_index"
+MASK_COMPRESSOR = ZstdCodec(level=1)
+
+
+@dataclass(frozen=True)
+class IndexHeader:
+    """What the index was built from; compared field by field before an index is reused."""
+
+    schema_version: int
+    content_key: str
+    eps: float
+    block_elems: int
+    base: str
+    agents: tuple[str, ...]
+    inputs: tuple[dict[str, Any], ...]
+    tensors: tuple[TensorPlan, ...]
+    ramstream_version: str = __version__
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "content_key": self.content_key,
+            "eps": self.eps,
+            "block_elems": self.block_elems,
+            "base": self.base,
+            "agents": list(self.agents),
+            "inputs": list(self.inputs),
+            "tensors": [{"name": t.name, "shape": list(t.shape), "dtypes": list(t.dtypes)} for t in self.tensors],
+            "ramstream_version": self.ramstream_version,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> IndexHeader:
+        tensors = tuple(
+            TensorPlan(t["name"], tuple(t["shape"]), int(np.prod(t["shape"], dtype=np.int64)), tuple(t["dtypes"]))
+            for t in doc["tensors"]
+        )
+        return cls(
+            int(doc["schema_version"]),
+            str(doc["content_key"]),
+            float(doc["eps"]),
+            int(doc["block_elems"]),
+            str(doc["base"]),
+            tuple(doc["agents"]),
+            tuple(doc["inputs"]),
+            tensors,
+            str(doc.get("ramstream_version", "?")),
+        )
+
+
+class IndexStore:
+    """An open index: the header, the plan it was built with, its arrays and its journal."""
+
+    def __init__(self, path: Path, group: zarr.Group, header: IndexHeader, plan: Plan) -> None:
+        self.path = path
+        self.group = group
+        self.header = header
+        self.plan = plan
+        self.journal = Journal.open(group, "progress/probe")
+        self._masks: dict[int, zarr.Array] = {}
+
+    @property
+    def n_agents(self) -> int:
+        return len(self.header.agents)
+
+    # -- writing ---------------------------------------------------------------------------
+    def write_block(self, block: int, masks: np.ndarray, overlap: np.ndarray, coverage: np.ndarray) -> None:
+        """Persist one probed block, then mark it done (in that order)."""
+        b = self.plan.blocks[block]
+        array = self._mask_array(b.tensor)
+        byte0 = b.start // 8
+        array[:, byte0 : byte0 + masks.shape[1]] = masks
+        self.group["stats/overlap"][block] = overlap  # type: ignore[index]
+        self.group["stats/coverage"][block] = coverage  # type: ignore[index]
+        self.journal.mark(block)
+
+    def _mask_array(self, tensor: int) -> zarr.Array:
+        array = self._masks.get(tensor)
+        if array is None:
+            array = self.group[f"masks/{tensor}"]
+            assert isinstance(array, zarr.Array)
+            self._masks[tensor] = array
+        return array
+
+    def done(self) -> np.ndarray:
+        return self.journal.done(len(self.plan.blocks))
+
+    def probe_complete(self) -> bool:
+        return bool(self.group.attrs.get("probe", {}).get("complete", False))
+
+    def record_probe(self, seconds: float, nbytes: int, complete: bool) -> None:
+        """Keep the last run's throughput (for status ETAs) and whether the pass finished."""
+        self.group.attrs["probe"] = {
+            "complete": complete,
+            "seconds": seconds,
+            "bytes": nbytes,
+            "finished_at": time.time() if complete else None,
+        }
+
+    # -- reading ---------------------------------------------------------------------------
+    def block_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """``overlap (blocks, N, N)`` and ``coverage (blocks, N+1)`` as stored."""
+        n = len(self.plan.blocks)
+        n_agents = self.n_agents
+        if n == 0:
+            return np.zeros((0, n_agents, n_agents), np.int64), np.zeros((0, n_agents + 1), np.int64)
+        overlap = np.asarray(self.group["stats/overlap"][:n])  # type: ignore[index]
+        coverage = np.asarray(self.group["stats/coverage"][:n])  # type: ignore[index]
+        return overlap, coverage
+
+    def tensor_mask(self, tensor: int) -> np.ndarray:
+        """The packed masks ``(N, ceil(numel/8))`` of one tensor (for inspection)."""
+        return np.asarray(self._mask_array(tensor)[:])
+
+
+def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
+    """Create a fresh index at ``path`` (replacing an unfinished creation, never other data)."""
+    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    group.attrs["state"] = "creating"
+    n_agents = len(header.agents)
+    n_blocks = max(len(plan.blocks), 1)
+    masks = group.create_group("masks")
+    for i, t in enumerate(plan.tensors):
+        if t.merged:
+            masks.create_array(
+                str(i),
+                shape=(n_agents, (t.numel + 7) // 8),
+                chunks=(n_agents, plan.block_elems // 8),
+                dtype="uint8",
+                fill_value=0,
+                compressors=MASK_COMPRESSOR,
+                attributes={"tensor": t.name},
+            )
+    stats = group.create_group("stats")
+    stats.create_array("overlap", shape=(n_blocks, n_agents, n_agents), chunks=(1, n_agents, n_agents), dtype="int64", fill_value=0)
+    stats.create_array("coverage", shape=(n_blocks, n_agents + 1), chunks=(1, n_agents + 1), dtype="int64", fill_value=0)
+    progress = group.create_group("progress")
+    Journal.create(progress, "probe", len(plan.blocks))
+    group.attrs[ATTR] = header.to_dict()
+    group.attrs["state"] = "ready"
+    return IndexStore(path, group, header, plan)
+
+
+def open_index_store(path: Path, read_only: bool = False) -> IndexStore:
+    """Open an existing index, validating its schema version."""
+    group = _open_group(path, read_only)
+    header = IndexHeader.from_dict(group.attrs[ATTR])  # type: ignore[arg-type]
+    return IndexStore(path, group, header, _plan_of(header))
+
+
+def _open_group(path: Path, read_only: bool) -> zarr.Group:
+    if not (path / "zarr.json").is_file():
+        raise IndexMismatchError(f"{path}: no ramstream index here; run probe (or merge) first, or check the path")
+    try:
+        group = zarr.open_group(str(path), mode="r" if read_only else "r+", zarr_format=3)
+    except Exception as exc:  # zarr raises several types for "not a group"
+        raise IndexMismatchError(f"{path}: not a ramstream index ({type(exc).__name__}); give another --index path") from exc
+    if group.attrs.get("state") != "ready" or ATTR not in group.attrs:
+        raise IndexMismatchError(f"{path}: not a complete ramstream index; delete it or give another --index path")
+    version = group.attrs[ATTR].get("schema_version")  # type: ignore[union-attr]
+    if version != SCHEMA_VERSION:
+        raise IndexMismatchError(
+            f"{path}: index schema version {version}, this ramstream reads {SCHEMA_VERSION}; delete it and probe again"
+        )
+    return group
+
+
+def is_unfinished_creation(path: Path) -> bool:
+    """True when ``path`` is an index whose creation was interrupted (safe to replace)."""
+    try:
+        group = zarr.open_group(str(path), mode="r", zarr_format=3)
+    except Exception:
+        return False
+    return group.attrs.get("state") == "creating"
+
+
+def remove_index(path: Path) -> None:
+    shutil.rmtree(path)
+
+
+def _plan_of(header: IndexHeader) -> Plan:
+    return plan_from_tensors(header.tensors, header.block_elems)

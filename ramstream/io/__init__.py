@@ -1,0 +1,1 @@
+"""Bulk I/O: memory-mapped block views with page release, the output writer, atomic files."""

@@ -1,0 +1,1 @@
+"""Merge methods: small frozen specs in one registry (see ``registry.py``)."""

@@ -1,0 +1,103 @@
+"""RAM, RAM+ and RAM+s (Reinforced Agent Merging, arXiv 2601.13572, section 4 and appendix E).
+
+lambda_t rescales what only agent t changed:
+  paper rule (RAM+):  1 + r * clip(rho_t, 0, alpha),  rho_t = shared_t / unique_t
+  script rule:        1 + r * min(1, rho_t)  (the authors' script, 1 + (R-1) min(1, rho), R = 1 + r)
+  RAM+s:              1 + r * shared_t / (shared_t + unique_t)
+  RAM:                1 (r = 0)
+rho comes from the whole model (the paper) or from each tensor (mergekit's ``ramplus_tl``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from ramstream.errors import ConfigError
+from ramstream.kernels.merge_ram import merge_ram_block
+from ramstream.methods.base import Constants, MethodSpec, Statistic
+from ramstream.stats import OverlapCounts, model_total
+
+RhoScope = Literal["model", "tensor"]
+LambdaRule = Literal["paper", "script", "share"]
+
+
+@dataclass(frozen=True)
+class RamParams:
+    r: float = 0.1
+    alpha: float = 2.0
+    rho_scope: RhoScope = "model"
+    lambda_rule: LambdaRule = "paper"
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.r) or self.r < 0:
+            raise ConfigError(f"--r must be a finite number >= 0, got {self.r}")
+        if not np.isfinite(self.alpha) or self.alpha < 0:
+            raise ConfigError(f"--alpha must be a finite number >= 0, got {self.alpha}")
+        if self.rho_scope not in ("model", "tensor"):
+            raise ConfigError(f"--rho-scope must be model or tensor, got {self.rho_scope!r}")
+        if self.lambda_rule not in ("paper", "script", "share"):
+            raise ConfigError(f"unknown lambda rule {self.lambda_rule!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def lambdas(counts: OverlapCounts, params: RamParams) -> np.ndarray:
+    """lambda per agent (last axis) for counts of any leading shape."""
+    if params.lambda_rule == "share":
+        shared = counts.shared.astype(np.float64)
+        touched = shared + counts.unique
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(touched > 0, shared / np.maximum(touched, 1), 0.0)
+        return 1.0 + params.r * share
+    rho = counts.rho()
+    cap = 1.0 if params.lambda_rule == "script" else params.alpha
+    return 1.0 + params.r * np.clip(rho, 0.0, cap)
+
+
+def ram_constants(params: RamParams, tensors: OverlapCounts) -> Constants:
+    model = lambdas(model_total(tensors), params)
+    if params.rho_scope == "tensor":
+        per_tensor = lambdas(tensors, params)
+    else:
+        per_tensor = np.broadcast_to(model, tensors.unique.shape)
+    return Constants(np.ascontiguousarray(per_tensor, dtype=np.float32), model)
+
+
+RAM_METHODS: dict[str, tuple[str, RamParams]] = {
+    "ram": ("RAM: mean where agents overlap, unique updates kept as they are", RamParams(r=0.0)),
+    "ram+": ("RAM+: unique updates rescaled by 1 + r * clip(shared/unique, 0, alpha)", RamParams()),
+    "ram+s": ("RAM+s: unique updates rescaled by 1 + r * shared/(shared+unique)", RamParams(lambda_rule="share")),
+}
+
+
+def ram_spec(name: str) -> MethodSpec:
+    summary, _ = RAM_METHODS[name]
+    return MethodSpec(name, summary, frozenset({Statistic.OVERLAP}), ram_constants, merge_ram_block)
+
+
+def ram_params(
+    name: str,
+    r: float | None = None,
+    alpha: float | None = None,
+    rho_scope: RhoScope = "model",
+    lambda_rule: Literal["paper", "script"] = "paper",
+) -> RamParams:
+    """Validated parameters of ``name``, refusing options that the method would ignore."""
+    default = RAM_METHODS[name][1]
+    if name == "ram" and r not in (None, 0.0):
+        raise ConfigError("--r has no effect with --method ram (lambda is 1); use ram+ to rescale")
+    if name == "ram+s" and lambda_rule != "paper":
+        raise ConfigError("--lambda-rule applies to ram+ only; ram+s has its own rule")
+    if alpha is not None and (name != "ram+" or lambda_rule == "script"):
+        raise ConfigError("--alpha applies to ram+ with the paper's lambda rule only")
+    rule: LambdaRule = "share" if name == "ram+s" else lambda_rule
+    return RamParams(
+        r=default.r if r is None else r,
+        alpha=default.alpha if alpha is None else alpha,
+        rho_scope=rho_scope,
+        lambda_rule=rule,
+    )

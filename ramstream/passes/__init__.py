@@ -1,0 +1,1 @@
+"""The two passes over the blocks: probe (statistics into the index) and merge (into shards)."""

@@ -1,0 +1,122 @@
+"""The merge pass: every block through the method's kernel into the partial shards, resumably.
+
+Work items are the merged blocks, then one item per non-float tensor (copied from the base in
+bounded chunks). The journal lives in ``<out>/.ramstream/journal`` and marks an item only after
+its bytes were handed to the OS (``pwrite``), so a kill loses at most the item in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, RAW_CARRIER
+from ramstream.format.family import Family
+from ramstream.index.journal import Journal
+from ramstream.io.reader import MappedFiles
+from ramstream.io.writer import ShardLayout, ShardWriter
+from ramstream.kernels.probe import workers
+from ramstream.methods.base import MethodSpec
+from ramstream.passes.inputs import BlockInputs
+from ramstream.passes.progress import Progress
+from ramstream.plan import Plan
+
+COPY_CHUNK = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MergeJob:
+    family: Family
+    plan: Plan
+    method: MethodSpec
+    lambdas: np.ndarray  # (tensors, N) float32
+    eps: float
+    out_dtypes: tuple[str, ...]  # per tensor, the dtype written
+    layout: ShardLayout
+
+
+def open_journal(work: Path, n_items: int) -> Journal:
+    path = work / "journal"
+    if (path / "zarr.json").exists():
+        return Journal.open(zarr.open_group(str(path), mode="r+", zarr_format=3), "merge")
+    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    return Journal.create(group, "merge", n_items)
+
+
+def copied_tensors(plan: Plan) -> list[int]:
+    return [i for i, t in enumerate(plan.tensors) if not t.merged]
+
+
+def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
+    plan = job.plan
+    copies = copied_tensors(plan)
+    n_items = len(plan.blocks) + len(copies)
+    journal = open_journal(work, n_items)
+    done = journal.done(n_items)
+    if done.all():
+        return
+    todo = [b for b in plan.blocks if not done[b.index]]
+    todo_copies = [t for k, t in enumerate(copies) if not done[len(plan.blocks) + k]]
+    total = sum(plan.block_bytes(b) for b in todo) + sum(
+        plan.tensors[t].numel * ITEMSIZE[plan.tensors[t].dtypes[0]] for t in todo_copies
+    )
+    progress = Progress.for_terminal("merge", total, quiet)
+    writer = ShardWriter(job.layout, work)
+    out_buffers: dict[str, np.ndarray] = {}
+    n_workers = workers()
+    try:
+        with MappedFiles() as files:
+            inputs = BlockInputs(job.family, plan, files)
+            for i, block in enumerate(todo):
+                if i + 1 < len(todo):
+                    inputs.prefetch(todo[i + 1])
+                tensor = plan.tensors[block.tensor]
+                out_dtype = job.out_dtypes[block.tensor]
+                buffer = out_buffers.get(out_dtype)
+                if buffer is None:
+                    buffer = np.empty(plan.block_elems, RAW_CARRIER[FLOAT_CODES[out_dtype]])
+                    out_buffers[out_dtype] = buffer
+                out = buffer[: block.size]
+                arrays = inputs.arrays(block)
+                job.method.kernel(
+                    arrays.base,
+                    arrays.base_code,
+                    arrays.agents,
+                    arrays.agent_codes,
+                    job.eps,
+                    job.lambdas[block.tensor],
+                    out,
+                    int(FLOAT_CODES[out_dtype]),
+                    n_workers,
+                )
+                del arrays
+                inputs.release(block)
+                writer.write(tensor.name, block.start * ITEMSIZE[out_dtype], out)
+                journal.mark(block.index)
+                progress.advance(plan.block_bytes(block))
+            for k, t in enumerate(copies):
+                if done[len(plan.blocks) + k]:
+                    continue
+                _copy_tensor(job, files, writer, t, progress)
+                journal.mark(len(plan.blocks) + k)
+        writer.sync()
+    finally:
+        writer.close()
+        progress.close()
+
+
+def _copy_tensor(job: MergeJob, files: MappedFiles, writer: ShardWriter, tensor: int, progress: Progress) -> None:
+    """Copy a non-float tensor's bytes from the base, a bounded chunk at a time."""
+    name = job.plan.tensors[tensor].name
+    ref = job.family.base.tensors[name]
+    nbytes = ref.entry.nbytes
+    for start in range(0, nbytes, COPY_CHUNK):
+        stop = min(start + COPY_CHUNK, nbytes)
+        writer.write(name, start, bytes(files.byte_range(ref, start, stop)))
+        progress.advance(stop - start)
+    if nbytes:
+        # byte_range maps pages of the base: drop them like any block.
+        files.release(ref, 0, ref.entry.numel)
