@@ -19,7 +19,7 @@ from ramstream.index import resolve
 from ramstream.index.store import IndexStore, open_index_store
 from ramstream.io import output_dir
 from ramstream.io.writer import plan_shards
-from ramstream.methods.ram import LambdaRule, RhoScope, ram_params
+from ramstream.methods.ram import RhoScope, ram_params
 from ramstream.methods.registry import get_method
 from ramstream.passes.merge_pass import MergeJob, run_merge
 from ramstream.passes.probe_pass import run_probe
@@ -41,7 +41,8 @@ class MergeResult:
 
 
 def _threads(options: RunOptions) -> None:
-    numba.set_num_threads(min(options.threads or numba.config.NUMBA_NUM_THREADS, numba.config.NUMBA_NUM_THREADS))
+    available = int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    numba.set_num_threads(min(options.threads or available, available))
 
 
 def _block_elems(family: Family, options: RunOptions, out_itemsize: int = 0) -> int:
@@ -200,9 +201,8 @@ def _model_card(family: Family, record: dict[str, Any], reports: list[AgentRepor
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for rep in reports:
-        lines.append(
-            f"| {rep.name} | {rep.active} | {rep.density:.4f} | {rep.unique} | {rep.shared} | {rep.rho:.4g} | {rep.lam:.6g} |"
-        )
+        cells = (rep.name, rep.active, f"{rep.density:.4f}", rep.unique, rep.shared, f"{rep.rho:.4g}", f"{rep.lam:.6g}")
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += ["", "## Inputs", ""]
     for fp in record["inputs"]:
         for f in fp["files"]:

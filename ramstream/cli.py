@@ -55,8 +55,12 @@ def _run_options(f: F) -> F:
         default=None,
         help="Where indexes are cached when no --index is given [default: ~/.cache/ramstream].",
     )(f)
-    f = click.option("--threads", type=click.IntRange(min=1), default=None, help="Compute threads [default: all cores].")(f)
-    f = click.option("--memory", type=Size(), default="1GiB", show_default=True, help="RAM budget, e.g. 64MiB, 8GiB.")(f)
+    f = click.option(
+        "--threads", type=click.IntRange(min=1), default=None, help="Compute threads [default: all cores]."
+    )(f)
+    f = click.option("--memory", type=Size(), default="1GiB", show_default=True, help="RAM budget, e.g. 64MiB, 8GiB.")(
+        f
+    )
     return f
 
 
@@ -108,24 +112,53 @@ def probe(base: Path, agents: tuple[Path, ...], index: Path | None, eps: float, 
     help="paper: 1 + r*clip(rho,0,alpha); script: the authors' 1 + (R-1)*min(1,rho) with R = 1 + r.",
 )
 @click.option("--index", "index", type=click.Path(path_type=Path), default=None)
-@click.option("--out-dtype", type=click.Choice(["auto", "bf16", "f16", "f32"]), default="auto", show_default=True,
-              help="auto keeps each tensor's base dtype.")
+@click.option(
+    "--out-dtype",
+    type=click.Choice(["auto", "bf16", "f16", "f32"]),
+    default="auto",
+    show_default=True,
+    help="auto keeps each tensor's base dtype.",
+)
 @click.option("--shard-size", type=Size(), default=str(DEFAULT_SHARD_SIZE), show_default=True)
 @click.option("--force", is_flag=True, help="Replace what a previous merge left in --out.")
 @_run_options
 @_friendly
-def merge(base: Path | None, agents: tuple[Path, ...], out: Path, method: str, r: float | None, alpha: float | None,
-          eps: float, rho_scope: str, lambda_rule: str, index: Path | None, out_dtype: str, shard_size: int,
-          force: bool, **run: Any) -> None:
+def merge(
+    base: Path | None,
+    agents: tuple[Path, ...],
+    out: Path,
+    method: str,
+    r: float | None,
+    alpha: float | None,
+    eps: float,
+    rho_scope: str,
+    lambda_rule: str,
+    index: Path | None,
+    out_dtype: str,
+    shard_size: int,
+    force: bool,
+    **run: Any,
+) -> None:
     """Merge AGENTS into BASE and write a Hugging Face model directory to --out (resumable)."""
     from ramstream import api
 
     if base is None or not agents:
         raise click.UsageError("give BASE and at least one AGENT")
     result = api.merge(
-        base, [str(a) for a in agents], out=out, method=method, r=r, alpha=alpha, rho_scope=rho_scope,  # type: ignore[arg-type]
-        lambda_rule=lambda_rule, eps=eps, index=index, out_dtype=out_dtype, shard_size=shard_size,  # type: ignore[arg-type]
-        force=force, options=_options(**run),
+        base,
+        [str(a) for a in agents],
+        out=out,
+        method=method,
+        r=r,
+        alpha=alpha,
+        rho_scope=rho_scope,  # type: ignore[arg-type]
+        lambda_rule=lambda_rule,  # type: ignore[arg-type]
+        eps=eps,
+        index=index,
+        out_dtype=out_dtype,  # type: ignore[arg-type]
+        shard_size=shard_size,
+        force=force,
+        options=_options(**run),
     )
     state = "already merged" if result.resumed_finished else "merged"
     click.echo(f"{state}: {result.out} ({method}, lambda {', '.join(f'{x:.4f}' for x in result.lambdas)})")
@@ -148,8 +181,13 @@ def inspect(path: Path, as_json: bool, r: float, alpha: float) -> None:
 
 
 @main.command()
-@click.option("--dir", "directory", type=click.Path(path_type=Path), default=None,
-              help="Where to write the sample family and the merge [default: a cache directory].")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where to write the sample family and the merge [default: a cache directory].",
+)
 @_run_options
 @_friendly
 def demo(directory: Path | None, **run: Any) -> None:
@@ -157,3 +195,7 @@ def demo(directory: Path | None, **run: Any) -> None:
     from ramstream.demo import run_demo
 
     run_demo(directory, _options(**run), click.echo)
+
+
+if __name__ == "__main__":
+    main()

@@ -39,7 +39,9 @@ class AgentReport:
         }
 
 
-def agent_reports(store: IndexStore, tensors: OverlapCounts | None = None, params: RamParams | None = None) -> list[AgentReport]:
+def agent_reports(
+    store: IndexStore, tensors: OverlapCounts | None = None, params: RamParams | None = None
+) -> list[AgentReport]:
     if tensors is None:
         tensors = per_tensor(store.plan, *store.block_stats())
     model = model_total(tensors)
@@ -62,15 +64,25 @@ def agent_reports(store: IndexStore, tensors: OverlapCounts | None = None, param
     ]
 
 
+_COLUMNS = (
+    ("agent", "<16"),
+    ("params", ">12"),
+    ("active", ">12"),
+    ("density", ">8"),
+    ("shared", ">12"),
+    ("unique", ">12"),
+    ("rho", ">8"),
+    ("lambda", ">9"),
+)
+
+
 def format_table(reports: list[AgentReport]) -> str:
-    n = len(reports)
-    hist_head = " ".join(["uniq"] + [f"+{k}" for k in range(1, n)])
-    head = f"{'agent':<16} {'params':>12} {'active':>12} {'density':>8} {'shared':>12} {'unique':>12} {'rho':>8} {'lambda':>8}  overlap[{hist_head}]"
-    rows = [head]
+    """The per-agent table printed by ``inspect`` and ``demo``."""
+    hist_head = " ".join(["uniq"] + [f"+{k}" for k in range(1, len(reports))])
+    rows = [" ".join(f"{title:{fmt}}" for title, fmt in _COLUMNS) + f"  overlap[{hist_head}]"]
     for r in reports:
         rho = "inf" if r.rho == float("inf") else f"{r.rho:.4g}"
+        cells = (r.name, r.params, r.active, f"{r.density:.4f}", r.shared, r.unique, rho, f"{r.lam:.5f}")
         hist = " ".join(str(x) for x in r.overlap)
-        rows.append(
-            f"{r.name:<16} {r.params:>12} {r.active:>12} {r.density:>8.4f} {r.shared:>12} {r.unique:>12} {rho:>8} {r.lam:>8.5f}  [{hist}]"
-        )
+        rows.append(" ".join(f"{c:{fmt}}" for c, (_, fmt) in zip(cells, _COLUMNS, strict=True)) + f"  [{hist}]")
     return "\n".join(rows)

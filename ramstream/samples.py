@@ -87,7 +87,10 @@ def write_family(
         p.mkdir(parents=True, exist_ok=True)
     tensors = shape.tensors()
     layout = plan_shards([(n, "BF16", s, int(np.prod(s)) * 2) for n, s in tensors], shard_size)
-    fds = [[_open_shard(p / name, header) for name, header in zip(layout.names, layout.headers, strict=True)] for p in paths]
+    fds = [
+        [_open_shard(p / name, header) for name, header in zip(layout.names, layout.headers, strict=True)]
+        for p in paths
+    ]
     try:
         for name, tshape in tensors:
             numel = int(np.prod(tshape))

@@ -21,9 +21,7 @@ class OverlapCounts:
 
     @classmethod
     def zeros(cls, n_agents: int, leading: tuple[int, ...] = ()) -> OverlapCounts:
-        return cls(
-            np.zeros((*leading, n_agents, n_agents), np.int64), np.zeros((*leading, n_agents + 1), np.int64)
-        )
+        return cls(np.zeros((*leading, n_agents, n_agents), np.int64), np.zeros((*leading, n_agents + 1), np.int64))
 
     def combine(self, other: OverlapCounts) -> OverlapCounts:
         return OverlapCounts(self.overlap + other.overlap, self.coverage + other.coverage)

@@ -54,7 +54,9 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     for header in headers:
         for entry in header.tensors:
             if entry.name in tensors:
-                raise CorruptFileError(f"{header.path}: tensor {entry.name!r} also appears in {tensors[entry.name].file}")
+                raise CorruptFileError(
+                    f"{header.path}: tensor {entry.name!r} also appears in {tensors[entry.name].file}"
+                )
             tensors[entry.name] = TensorRef(header.path, entry)
     if not tensors:
         raise InputError(f"{path}: holds no tensors")

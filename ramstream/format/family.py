@@ -69,7 +69,7 @@ def _check_agent(base: Checkpoint, agent: Checkpoint) -> None:
                 f"{other.file}: tensor {name!r} has shape {list(other.entry.shape)} "
                 f"but the base has {list(ref.entry.shape)}; agents must share the base architecture"
             )
-        for ckpt, r in ((base, ref), (agent, other)):
+        for r in (ref, other):
             if r.entry.dtype in UNDECODABLE_FLOATS:
                 raise UnsupportedDtypeError(
                     f"{r.file}: tensor {name!r} is {r.entry.dtype}, which ramstream cannot decode; "

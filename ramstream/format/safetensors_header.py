@@ -94,9 +94,7 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
             f"{path}: file is {what} (header says {data_start + expected} bytes, file has {file_size}); "
             "re-download or re-save it"
         )
-    shifted = tuple(
-        TensorEntry(e.name, e.dtype, e.shape, data_start + e.offset, e.nbytes) for e in entries
-    )
+    shifted = tuple(TensorEntry(e.name, e.dtype, e.shape, data_start + e.offset, e.nbytes) for e in entries)
     return SafetensorsHeader(Path(path), shifted, {str(k): str(v) for k, v in metadata.items()}, raw, file_size)
 
 
@@ -118,7 +116,6 @@ def _entry(path: Path, name: str, spec: object) -> TensorEntry:
     nbytes = math.prod(shape) * ITEMSIZE[dtype]
     if nbytes != offsets[1] - offsets[0]:
         raise CorruptFileError(
-            f"{path}: tensor {name!r} spans {offsets[1] - offsets[0]} bytes but "
-            f"{dtype}{shape} needs {nbytes}"
+            f"{path}: tensor {name!r} spans {offsets[1] - offsets[0]} bytes but {dtype}{shape} needs {nbytes}"
         )
     return TensorEntry(name, dtype, tuple(shape), offsets[0], nbytes)

@@ -99,23 +99,28 @@ class IndexStore:
         array = self._mask_array(b.tensor)
         byte0 = b.start // 8
         array[:, byte0 : byte0 + masks.shape[1]] = masks
-        self.group["stats/overlap"][block] = overlap  # type: ignore[index]
-        self.group["stats/coverage"][block] = coverage  # type: ignore[index]
+        self._array("stats/overlap")[block] = overlap
+        self._array("stats/coverage")[block] = coverage
         self.journal.mark(block)
+
+    def _array(self, key: str) -> zarr.Array:
+        node = self.group.get(key)
+        if not isinstance(node, zarr.Array):
+            raise IndexMismatchError(f"{self.path}: array {key!r} is missing; the index is damaged, delete it")
+        return node
 
     def _mask_array(self, tensor: int) -> zarr.Array:
         array = self._masks.get(tensor)
         if array is None:
-            array = self.group[f"masks/{tensor}"]
-            assert isinstance(array, zarr.Array)
-            self._masks[tensor] = array
+            array = self._masks[tensor] = self._array(f"masks/{tensor}")
         return array
 
     def done(self) -> np.ndarray:
         return self.journal.done(len(self.plan.blocks))
 
     def probe_complete(self) -> bool:
-        return bool(self.group.attrs.get("probe", {}).get("complete", False))
+        record = self.group.attrs.get("probe")
+        return isinstance(record, dict) and bool(record.get("complete", False))
 
     def record_probe(self, seconds: float, nbytes: int, complete: bool) -> None:
         """Keep the last run's throughput (for status ETAs) and whether the pass finished."""
@@ -133,8 +138,8 @@ class IndexStore:
         n_agents = self.n_agents
         if n == 0:
             return np.zeros((0, n_agents, n_agents), np.int64), np.zeros((0, n_agents + 1), np.int64)
-        overlap = np.asarray(self.group["stats/overlap"][:n])  # type: ignore[index]
-        coverage = np.asarray(self.group["stats/coverage"][:n])  # type: ignore[index]
+        overlap = np.asarray(self._array("stats/overlap")[:n])
+        coverage = np.asarray(self._array("stats/coverage")[:n])
         return overlap, coverage
 
     def tensor_mask(self, tensor: int) -> np.ndarray:
@@ -161,8 +166,12 @@ def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
                 attributes={"tensor": t.name},
             )
     stats = group.create_group("stats")
-    stats.create_array("overlap", shape=(n_blocks, n_agents, n_agents), chunks=(1, n_agents, n_agents), dtype="int64", fill_value=0)
-    stats.create_array("coverage", shape=(n_blocks, n_agents + 1), chunks=(1, n_agents + 1), dtype="int64", fill_value=0)
+    stats.create_array(
+        "overlap", shape=(n_blocks, n_agents, n_agents), chunks=(1, n_agents, n_agents), dtype="int64", fill_value=0
+    )
+    stats.create_array(
+        "coverage", shape=(n_blocks, n_agents + 1), chunks=(1, n_agents + 1), dtype="int64", fill_value=0
+    )
     progress = group.create_group("progress")
     Journal.create(progress, "probe", len(plan.blocks))
     group.attrs[ATTR] = header.to_dict()
@@ -183,7 +192,9 @@ def _open_group(path: Path, read_only: bool) -> zarr.Group:
     try:
         group = zarr.open_group(str(path), mode="r" if read_only else "r+", zarr_format=3)
     except Exception as exc:  # zarr raises several types for "not a group"
-        raise IndexMismatchError(f"{path}: not a ramstream index ({type(exc).__name__}); give another --index path") from exc
+        raise IndexMismatchError(
+            f"{path}: not a ramstream index ({type(exc).__name__}); give another --index path"
+        ) from exc
     if group.attrs.get("state") != "ready" or ATTR not in group.attrs:
         raise IndexMismatchError(f"{path}: not a complete ramstream index; delete it or give another --index path")
     version = group.attrs[ATTR].get("schema_version")  # type: ignore[union-attr]

@@ -121,4 +121,6 @@ def finalize(
         fsync_directory(out)
         shutil.rmtree(work_dir(out))
     except OSError as exc:
-        raise OutputError(f"{out}: finishing the output failed ({exc.strerror}); free space and rerun to finish") from exc
+        raise OutputError(
+            f"{out}: finishing the output failed ({exc.strerror}); free space and rerun to finish"
+        ) from exc

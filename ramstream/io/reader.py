@@ -85,5 +85,3 @@ class MappedFiles:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ramstream.errors import OutputError
 
 HEADER_ALIGN = 8
@@ -89,12 +91,12 @@ class ShardWriter:
     def partial_path(self, name: str) -> Path:
         return self.directory / f"{name}.partial"
 
-    def write(self, tensor: str, byte_start: int, data: memoryview | bytes) -> None:
+    def write(self, tensor: str, byte_start: int, data: memoryview | bytes | np.ndarray) -> None:
         """Write ``data`` at byte ``byte_start`` of ``tensor``'s data."""
         place = self.layout.placements[tensor]
         fd = self._fds[place.shard]
         offset = place.offset + byte_start
-        view = memoryview(data).cast("B")
+        view = memoryview(data).cast("B")  # type: ignore[arg-type]
         try:
             while view:
                 written = os.pwrite(fd, view, offset)

@@ -32,7 +32,15 @@ def run_probe(family: Family, index: IndexStore, quiet: bool) -> None:
             coverage = np.zeros((n_workers, n_agents + 1), np.int64)
             nonfinite = np.full(n_workers, -1, np.int64)
             probe_block(
-                arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, eps, masks, overlap, coverage, nonfinite
+                arrays.base,
+                arrays.base_code,
+                arrays.agents,
+                arrays.agent_codes,
+                eps,
+                masks,
+                overlap,
+                coverage,
+                nonfinite,
             )
             if (nonfinite >= 0).any():
                 raise inputs.nonfinite_error(block, int(nonfinite[nonfinite >= 0].min()))

@@ -1,0 +1,5 @@
+"""``python -m ramstream`` runs the CLI."""
+
+from ramstream.cli import main
+
+main()
