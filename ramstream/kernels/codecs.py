@@ -23,46 +23,44 @@ _F16_TO_F32_SCALE = np.float32(2.0**112)
 @njit(inline="always", cache=True)
 def decode_tile(raw, lo, m, code, bits):  # type: ignore[no-untyped-def]
     """Decode ``raw[lo:lo+m]`` (format ``code``) into ``bits.view(float32)[:m]``."""
+    src = raw[lo : lo + m]  # a slice with known bounds lets LLVM vectorise the loops
     vals = bits.view(np.float32)
     if code == BF16:
         for i in range(m):
-            bits[i] = np.uint32(raw[lo + i]) << np.uint32(16)
+            bits[i] = np.uint32(src[i]) << np.uint32(16)
     elif code == F16:
         for i in range(m):
-            h = np.uint32(raw[lo + i])
-            bits[i] = (h & np.uint32(0x7FFF)) << np.uint32(13)
+            bits[i] = (np.uint32(src[i]) & np.uint32(0x7FFF)) << np.uint32(13)
         for i in range(m):
             vals[i] = vals[i] * _F16_TO_F32_SCALE
         for i in range(m):
-            h = np.uint32(raw[lo + i])
+            h = np.uint32(src[i])
             sign = (h & np.uint32(0x8000)) << np.uint32(16)
-            if (h & np.uint32(0x7C00)) == np.uint32(0x7C00):
-                bits[i] = sign | np.uint32(0x7F800000) | ((h & np.uint32(0x3FF)) << np.uint32(13))
-            else:
-                bits[i] = bits[i] | sign
+            special = sign | np.uint32(0x7F800000) | ((h & np.uint32(0x3FF)) << np.uint32(13))
+            bits[i] = special if (h & np.uint32(0x7C00)) == np.uint32(0x7C00) else bits[i] | sign
     else:
         for i in range(m):
-            vals[i] = np.float32(raw[lo + i])
+            vals[i] = np.float32(src[i])
 
 
 @njit(inline="always", cache=True)
 def encode_tile(bits, lo, m, code, out):  # type: ignore[no-untyped-def]
     """Encode ``bits.view(float32)[:m]`` into ``out[lo:lo+m]`` in format ``code``."""
+    dst = out[lo : lo + m]
     vals = bits.view(np.float32)
     if code == BF16:
         for i in range(m):
             b = bits[i]
-            if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-                out[lo + i] = np.uint16((b >> np.uint32(16)) | np.uint32(0x40))
-            else:
-                rounded = b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))
-                out[lo + i] = np.uint16(rounded >> np.uint32(16))
+            quiet_nan = (b >> np.uint32(16)) | np.uint32(0x40)
+            rounded = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+            is_nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+            dst[i] = np.uint16(quiet_nan if is_nan else rounded)
     elif code == F16:
         for i in range(m):
-            out[lo + i] = _f32_bits_to_f16(bits[i], vals[i])
+            dst[i] = _f32_bits_to_f16(bits[i], vals[i])
     else:
         for i in range(m):
-            out[lo + i] = vals[i]
+            dst[i] = vals[i]
 
 
 @njit(inline="always", cache=True)

@@ -13,12 +13,13 @@ from numba import njit, prange
 from ramstream.kernels.codecs import TILE, decode_tile, encode_tile
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def merge_ram_block(base, base_code, agents, agent_codes, eps, lambdas, out, out_code, workers):  # type: ignore[no-untyped-def]
     n = base.shape[0]
     n_agents = len(agents)
     n_tiles = (n + TILE - 1) // TILE
     eps32 = np.float32(eps)
+    zero, one, two = np.float32(0.0), np.float32(1.0), np.float32(2.0)
     for w in prange(workers):
         base_bits = np.empty(TILE, np.uint32)
         agent_bits = np.empty(TILE, np.uint32)
@@ -32,24 +33,21 @@ def merge_ram_block(base, base_code, agents, agent_codes, eps, lambdas, out, out
             m = min(TILE, n - lo)
             decode_tile(base, lo, m, base_code, base_bits)
             for i in range(m):
-                total[i] = 0.0
-                scaled[i] = 0.0
-                count[i] = 0.0
+                total[i] = zero
+                scaled[i] = zero
+                count[i] = zero
             for t in range(n_agents):
                 decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
                 lam = lambdas[t]
                 for i in range(m):
                     tau = agent_vals[i] - base_vals[i]
-                    if abs(tau) > eps32:
-                        total[i] += tau
-                        scaled[i] += lam * tau
-                        count[i] += 1.0
+                    active = abs(tau) > eps32
+                    total[i] += tau if active else zero
+                    scaled[i] += lam * tau if active else zero
+                    count[i] += one if active else zero
             for i in range(m):
                 c = count[i]
-                merged = np.float32(0.0)
-                if c == 1.0:
-                    merged = scaled[i]
-                elif c >= 2.0:
-                    merged = total[i] / c
+                mean = total[i] / max(c, one)
+                merged = scaled[i] if c == one else (mean if c >= two else zero)
                 base_vals[i] = base_vals[i] + merged
             encode_tile(base_bits, lo, m, out_code, out)

@@ -16,18 +16,20 @@ from numba import njit, prange
 from ramstream.kernels.codecs import TILE, decode_tile
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def probe_block(base, base_code, agents, agent_codes, eps, masks, overlap, coverage, nonfinite):  # type: ignore[no-untyped-def]
     n = base.shape[0]
     n_agents = len(agents)
     workers = overlap.shape[0]
     n_tiles = (n + TILE - 1) // TILE
     eps32 = np.float32(eps)
+    zero = np.float32(0.0)
     for w in prange(workers):
         base_bits = np.empty(TILE, np.uint32)
         agent_bits = np.empty(TILE, np.uint32)
         active = np.empty((n_agents, TILE), np.uint8)
         count = np.empty(TILE, np.uint8)
+        equal = np.empty((n_agents + 1, TILE), np.uint8)
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
         first_bad = -1
@@ -35,51 +37,76 @@ def probe_block(base, base_code, agents, agent_codes, eps, masks, overlap, cover
             lo = tile * TILE
             m = min(TILE, n - lo)
             decode_tile(base, lo, m, base_code, base_bits)
-            bad = 0
+            bad = np.int32(0)
             for i in range(m):
                 count[i] = 0
-                bad += base_vals[i] - base_vals[i] != 0
+                bad += np.int32(base_vals[i] - base_vals[i] != zero)
             for t in range(n_agents):
                 decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                row = active[t]
                 for i in range(m):
                     a = agent_vals[i]
-                    bad += a - a != 0
+                    bad += np.int32(a - a != zero)
                     act = np.uint8(abs(a - base_vals[i]) > eps32)
-                    active[t, i] = act
+                    row[i] = act
                     count[i] += act
             if bad and first_bad < 0:
                 first_bad = lo + _first_nonfinite(base_vals, agents, agent_codes, lo, m, agent_bits)
+            _pad(active, count, m)
             _pack(active, lo, m, masks)
-            _count(active, count, m, overlap[w], coverage[w])
+            _count(active, count, equal, m, overlap[w], coverage[w])
         nonfinite[w] = first_bad
+
+
+# (w * PACK_MULTIPLIER) >> 56 gathers the low bits of the 8 bytes of w into one byte, byte k -> bit k;
+# (w * BYTE_SUM) >> 56 adds up the 8 bytes of w (each 0 or 1 here).
+PACK_MULTIPLIER = np.uint64(0x0102040810204080)
+BYTE_SUM = np.uint64(0x0101010101010101)
+SHIFT = np.uint64(56)
+
+
+@njit(inline="always", cache=True)
+def _pad(active, count, m):  # type: ignore[no-untyped-def]
+    """Past the end of a partial tile: no agent active, and a count no k can equal."""
+    for i in range(m, (m + 7) // 8 * 8):
+        count[i] = 255
+        for t in range(active.shape[0]):
+            active[t, i] = 0
 
 
 @njit(inline="always", cache=True)
 def _pack(active, lo, m, masks):  # type: ignore[no-untyped-def]
     byte0 = lo // 8
+    n_words = (m + 7) // 8
     for t in range(active.shape[0]):
-        for j in range((m + 7) // 8):
-            v = np.uint8(0)
-            for k in range(8):
-                i = 8 * j + k
-                if i < m:
-                    v |= active[t, i] << np.uint8(k)
-            masks[t, byte0 + j] = v
+        words = active[t].view(np.uint64)
+        dst = masks[t, byte0 : byte0 + n_words]
+        for j in range(n_words):
+            dst[j] = np.uint8((words[j] * PACK_MULTIPLIER) >> SHIFT)
 
 
 @njit(inline="always", cache=True)
-def _count(active, count, m, overlap_w, coverage_w):  # type: ignore[no-untyped-def]
+def _count(active, count, equal, m, overlap_w, coverage_w):  # type: ignore[no-untyped-def]
+    """Add this tile's coverage and overlap counts, eight elements per 64-bit word."""
     n_agents = active.shape[0]
+    n_words = (m + 7) // 8
     for k in range(n_agents + 1):
-        s = 0
-        for i in range(m):
-            s += count[i] == k
+        kk = np.uint8(k)
+        eq = equal[k]
+        for i in range(n_words * 8):
+            eq[i] = np.uint8(count[i] == kk)
+        words = eq.view(np.uint64)
+        s = np.uint64(0)
+        for j in range(n_words):
+            s += (words[j] * BYTE_SUM) >> SHIFT
         coverage_w[k] += s
     for t in range(n_agents):
+        rows = active[t].view(np.uint64)
         for k in range(1, n_agents + 1):
-            s = 0
-            for i in range(m):
-                s += active[t, i] & (count[i] == k)
+            eqs = equal[k].view(np.uint64)
+            s = np.uint64(0)
+            for j in range(n_words):
+                s += ((rows[j] & eqs[j]) * BYTE_SUM) >> SHIFT
             overlap_w[t, k - 1] += s
 
 
