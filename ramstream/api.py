@@ -21,7 +21,7 @@ from ramstream.io import output_dir
 from ramstream.io.writer import plan_shards
 from ramstream.methods.ram import RhoScope, ram_params
 from ramstream.methods.registry import get_method
-from ramstream.passes.merge_pass import MergeJob, run_merge
+from ramstream.passes.merge_pass import MergeJob, run_merge, stored_block_elems
 from ramstream.passes.probe_pass import run_probe
 from ramstream.plan import block_elems_for, bytes_per_element, make_plan
 from ramstream.report import AgentReport, agent_reports
@@ -107,12 +107,6 @@ def merge(
     constants = spec.constants(params, tensors)
     out_path = Path(out)
     dtypes = _out_dtypes(family, out_dtype)
-    out_itemsize = max((ITEMSIZE[d] for d in dtypes), default=2)
-    plan = make_plan(family, _block_elems(family, options, out_itemsize))
-    layout = plan_shards(
-        [(t.name, dtypes[i], t.shape, t.numel * ITEMSIZE[dtypes[i]]) for i, t in enumerate(plan.tensors)],
-        shard_size,
-    )
     run = {
         "inputs": store.header.content_key,
         "method": method,
@@ -120,7 +114,6 @@ def merge(
         "eps": eps,
         "out_dtype": out_dtype,
         "shard_size": shard_size,
-        "block_elems": plan.block_elems,
         "ramstream_version": __version__,
     }
     lambdas = tuple(float(x) for x in constants.per_agent_model)
@@ -128,6 +121,13 @@ def merge(
     if output_dir.prepare(out_path, run, force):
         return MergeResult(out_path, store.path, method, params.to_dict(), lambdas, True)
     work = output_dir.work_dir(out_path)
+    # A resumed merge keeps the block size its journal was written with, whatever --memory says now.
+    out_itemsize = max((ITEMSIZE[d] for d in dtypes), default=2)
+    plan = make_plan(family, stored_block_elems(work) or _block_elems(family, options, out_itemsize))
+    layout = plan_shards(
+        [(t.name, dtypes[i], t.shape, t.numel * ITEMSIZE[dtypes[i]]) for i, t in enumerate(plan.tensors)],
+        shard_size,
+    )
     job = MergeJob(family, plan, spec, constants.per_tensor, eps, dtypes, layout)
     run_merge(job, work, options.quiet)
     record = {

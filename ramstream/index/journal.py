@@ -27,6 +27,10 @@ class Journal:
         assert isinstance(array, zarr.Array)
         return cls(array)
 
+    @property
+    def size(self) -> int:
+        return int(self._array.shape[0])
+
     def done(self, n_blocks: int) -> np.ndarray:
         """A boolean per block."""
         if n_blocks == 0:

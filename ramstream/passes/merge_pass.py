@@ -38,12 +38,29 @@ class MergeJob:
     layout: ShardLayout
 
 
-def open_journal(work: Path, n_items: int) -> Journal:
-    path = work / "journal"
-    if (path / "zarr.json").exists():
-        return Journal.open(zarr.open_group(str(path), mode="r+", zarr_format=3), "merge")
+def _journal_path(work: Path) -> Path:
+    return work / "journal"
+
+
+def stored_block_elems(work: Path) -> int | None:
+    """The block size of an unfinished merge's journal, if there is one."""
+    path = _journal_path(work)
+    if not (path / "zarr.json").exists():
+        return None
+    value = zarr.open_group(str(path), mode="r", zarr_format=3).attrs.get("block_elems")
+    return int(value) if isinstance(value, int) else None
+
+
+def open_journal(work: Path, n_items: int, block_elems: int) -> Journal:
+    path = _journal_path(work)
+    if stored_block_elems(work) == block_elems:
+        journal = Journal.open(zarr.open_group(str(path), mode="r+", zarr_format=3), "merge")
+        if journal.size == max(n_items, 1):
+            return journal
     group = zarr.open_group(str(path), mode="w", zarr_format=3)
-    return Journal.create(group, "merge", n_items)
+    journal = Journal.create(group, "merge", n_items)
+    group.attrs["block_elems"] = block_elems  # last: a journal without it is recreated
+    return journal
 
 
 def copied_tensors(plan: Plan) -> list[int]:
@@ -54,7 +71,7 @@ def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
     plan = job.plan
     copies = copied_tensors(plan)
     n_items = len(plan.blocks) + len(copies)
-    journal = open_journal(work, n_items)
+    journal = open_journal(work, n_items, plan.block_elems)
     done = journal.done(n_items)
     if done.all():
         return
