@@ -72,13 +72,13 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
     """Validate the JSON header ``raw`` of a file of ``file_size`` bytes."""
     try:
         doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, huge integers, absurd nesting
         raise CorruptFileError(f"{path}: header is not valid JSON ({exc}); the file is corrupt") from exc
     if not isinstance(doc, dict):
         raise CorruptFileError(f"{path}: header is not a JSON object")
-    metadata = doc.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict):
-        raise CorruptFileError(f"{path}: __metadata__ is not an object")
+    metadata = doc.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CorruptFileError(f"{path}: __metadata__ is not an object of strings")
     entries = [_entry(path, name, spec) for name, spec in doc.items()]
     entries.sort(key=lambda e: (e.offset, e.offset + e.nbytes))
     data_start = 8 + len(raw)
@@ -95,7 +95,7 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
             "re-download or re-save it"
         )
     shifted = tuple(TensorEntry(e.name, e.dtype, e.shape, data_start + e.offset, e.nbytes) for e in entries)
-    return SafetensorsHeader(Path(path), shifted, {str(k): str(v) for k, v in metadata.items()}, raw, file_size)
+    return SafetensorsHeader(Path(path), shifted, dict(metadata), raw, file_size)
 
 
 def _entry(path: Path, name: str, spec: object) -> TensorEntry:
@@ -104,12 +104,12 @@ def _entry(path: Path, name: str, spec: object) -> TensorEntry:
     dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
     if dtype not in ITEMSIZE:
         raise CorruptFileError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(_is_size(d) for d in shape):
         raise CorruptFileError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
-        or not all(isinstance(o, int) and o >= 0 for o in offsets)
+        or not all(_is_size(o) for o in offsets)
         or offsets[1] < offsets[0]
     ):
         raise CorruptFileError(f"{path}: tensor {name!r} has invalid data_offsets {offsets!r}")
@@ -119,3 +119,8 @@ def _entry(path: Path, name: str, spec: object) -> TensorEntry:
             f"{path}: tensor {name!r} spans {offsets[1] - offsets[0]} bytes but {dtype}{shape} needs {nbytes}"
         )
     return TensorEntry(name, dtype, tuple(shape), offsets[0], nbytes)
+
+
+def _is_size(value: object) -> bool:
+    """A non-negative JSON integer (``bool`` is an ``int`` in Python, but not a size)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
