@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,7 +169,9 @@ def build_family(
     return fam
 
 
-def _write(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]], shards: int, single_file: bool) -> None:
+def _write(
+    path: Path, tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]], shards: int, single_file: bool
+) -> None:
     if single_file:
         write_safetensors(path, tensors)
         return
@@ -186,3 +189,51 @@ def _write(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray
         write_safetensors(path / fname, {n: tensors[n] for n in group})
         weight_map.update({n: fname for n in group})
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def write_safetensors_chunked(
+    path: Path,
+    specs: list[tuple[str, str, tuple[int, ...]]],
+    chunk: Callable[[str, int, int], np.ndarray],
+    chunk_elems: int = 1 << 22,
+) -> None:
+    """Write ``(name, dtype, shape)`` tensors whose raw data ``chunk(name, start, stop)`` yields
+    a piece at a time, so a tensor larger than memory is never held whole."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, dtype, shape in specs:
+        nbytes = int(np.prod(shape)) * np.dtype(np.uint16 if dtype == "BF16" else NP_OF[dtype]).itemsize
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name, _dtype, shape in specs:
+            numel = int(np.prod(shape))
+            for start in range(0, numel, chunk_elems):
+                f.write(np.ascontiguousarray(chunk(name, start, min(start + chunk_elems, numel))).tobytes())
+
+
+def read_elements(path: Path, name: str, indices: np.ndarray) -> np.ndarray:
+    """The raw stored values of tensor ``name`` at flat ``indices`` (uint16 for BF16), read one
+    element at a time so a large file is never loaded."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        spec = json.loads(f.read(n))[name]
+        carrier = np.dtype(np.uint16 if spec["dtype"] == "BF16" else NP_OF[spec["dtype"]])
+        data = 8 + n + spec["data_offsets"][0]
+        out = np.empty(len(indices), carrier)
+        for k, i in enumerate(np.asarray(indices, dtype=np.int64)):
+            f.seek(data + int(i) * carrier.itemsize)
+            out[k] = np.frombuffer(f.read(carrier.itemsize), carrier)[0]
+    return out
+
+
+def model_file_of(directory: Path, name: str) -> Path:
+    """The file of a model directory (sharded or not) that holds tensor ``name``."""
+    index = Path(directory) / "model.safetensors.index.json"
+    if index.is_file():
+        return Path(directory) / json.loads(index.read_text())["weight_map"][name]
+    return Path(directory) / "model.safetensors"

@@ -7,8 +7,10 @@ import uuid
 from pathlib import Path
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+def atomic_write_bytes(path: Path, data: bytes, tmp_dir: Path | None = None) -> None:
+    """Replace ``path`` with ``data`` in one step; the temporary file lives in ``tmp_dir``
+    (same filesystem) when given, so a kill never leaves debris beside ``path``."""
+    tmp = (tmp_dir or path.parent) / f"{path.name}.{uuid.uuid4().hex}.partial"
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -20,8 +22,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             tmp.unlink()
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, tmp_dir: Path | None = None) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), tmp_dir)
 
 
 def fsync_directory(path: Path) -> None:

@@ -1,0 +1,141 @@
+"""Bounded memory: a merge whose largest tensor is twice the budget stays within the budget.
+
+DESIGN.md promises "peak RSS <= --memory budget + a fixed interpreter overhead, for any model
+size, including a single tensor larger than the budget; mapped file pages count". The family is a
+bf16 base and three agents with a 128 MiB embedding (64M elements); the merge runs with
+``--memory 64MiB`` in a child of a fresh intermediate process, which reports its children's peak
+RSS (``RUSAGE_CHILDREN``), so neither the test process nor the family writing is measured.
+
+The agents' task vectors follow a pattern with period 64 over each tensor's flat index, so the
+whole-model overlap counts, rho and lambda are known without reading the files back, and a few
+sampled output elements are checked bit for bit against a direct computation.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.families import bf16_to_f32, f32_to_bf16, model_file_of, read_elements, write_safetensors_chunked
+
+MiB = 1024**2
+BUDGET = 64 * MiB
+OVERHEAD = 250 * MiB  # the interpreter, numba, zarr and their caches
+SHAPES: dict[str, tuple[int, ...]] = {
+    "model.embed_tokens.weight": (32768, 2048),  # 64M elements, 128 MiB in bf16: twice the budget
+    "model.norm.weight": (2048,),
+    "lm_head.weight": (512, 2048),
+}
+PERIOD = 64
+# Agent t changes element i of every tensor iff i % PERIOD is in ACTIVE[t].
+ACTIVE: tuple[frozenset[int], ...] = (
+    frozenset(range(4)),  # sparse, half of it shared
+    frozenset({0, 1, *range(8, 16)}),
+    frozenset({1, *range(12, 20)}),
+)
+N_AGENTS = len(ACTIVE)
+R, ALPHA, EPS = 0.1, 2.0, 1e-5
+
+# Runs argv[1:] as its only child; prints that child's peak RSS in KiB.
+MEASURE = (
+    "import resource, subprocess, sys\n"
+    "done = subprocess.run(sys.argv[1:])\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    "sys.exit(done.returncode)\n"
+)
+
+
+def base_values(name: str, start: int, stop: int) -> np.ndarray:
+    """bf16-exact float32 values in [-0.05, 0.05) for elements [start, stop), seeded by both."""
+    rng = np.random.default_rng([len(name), sum(map(ord, name)), start])
+    values = (rng.random(stop - start, dtype=np.float32) - np.float32(0.5)) * np.float32(0.1)
+    return bf16_to_f32(f32_to_bf16(values))
+
+
+def deltas(t: int) -> np.ndarray:
+    """Agent t's change over two periods (the sign flips every period): +-0.01 (t + 1) or 0."""
+    row = np.array([0.01 * (t + 1) if q in ACTIVE[t] else 0.0 for q in range(PERIOD)], np.float32)
+    return np.concatenate([row, -row])
+
+
+def agent_values(t: int, name: str, start: int, stop: int) -> np.ndarray:
+    assert start % (2 * PERIOD) == 0 and (stop - start) % (2 * PERIOD) == 0
+    base = base_values(name, start, stop).reshape(-1, 2 * PERIOD)
+    return (base + deltas(t)).ravel()
+
+
+def write_family(root: Path) -> tuple[Path, list[Path]]:
+    specs = [(name, "BF16", shape) for name, shape in SHAPES.items()]
+    paths = [root / "base", *(root / f"agent{t}" for t in range(N_AGENTS))]
+    for m, path in enumerate(paths):
+        path.mkdir(parents=True)
+        (path / "config.json").write_text('{"model_type": "llama", "torch_dtype": "bfloat16"}')
+
+        def chunk(name: str, start: int, stop: int, m: int = m) -> np.ndarray:
+            values = base_values(name, start, stop) if m == 0 else agent_values(m - 1, name, start, stop)
+            return f32_to_bf16(values)
+
+        write_safetensors_chunked(path / "model.safetensors", specs, chunk)
+    return paths[0], paths[1:]
+
+
+def expected_lambdas() -> np.ndarray:
+    """lambda_t from the whole-model counts of the periodic pattern (float64, as the spec)."""
+    shared, unique = np.zeros(N_AGENTS), np.zeros(N_AGENTS)
+    periods = sum(int(np.prod(shape)) for shape in SHAPES.values()) // PERIOD
+    for q in range(PERIOD):
+        c = sum(q in a for a in ACTIVE)
+        for t in range(N_AGENTS):
+            if q in ACTIVE[t]:
+                shared[t] += periods * (c >= 2)
+                unique[t] += periods * (c == 1)
+    assert (unique > 0).all()
+    return 1.0 + R * np.clip(shared / unique, 0.0, ALPHA)
+
+
+def direct_merge(base: np.ndarray, agents: list[np.ndarray], lam32: np.ndarray) -> np.ndarray:
+    """RAM+ of a few elements, written from the spec: float32 throughout, bf16 out (RNE)."""
+    taus = [(a - base).astype(np.float32) for a in agents]
+    active = [np.abs(tau) > np.float32(EPS) for tau in taus]
+    c = np.sum(active, axis=0)
+    total = np.zeros_like(base)
+    for t in range(N_AGENTS):  # in agent order
+        total = np.where(active[t], total + taus[t], total)
+    merged = np.zeros_like(base)
+    for t in range(N_AGENTS):
+        merged = np.where(active[t] & (c == 1), lam32[t] * taus[t], merged)
+    merged = np.where(c >= 2, total / np.maximum(c, 1).astype(np.float32), merged)
+    return f32_to_bf16((base + merged).astype(np.float32))
+
+
+def test_merge_of_a_tensor_twice_the_budget_stays_within_budget(tmp_path: Path) -> None:
+    base, agents = write_family(tmp_path / "family")
+    out = tmp_path / "out"
+    merge = [sys.executable, "-m", "ramstream.cli", "merge", str(base), *map(str, agents)]
+    merge += ["--out", str(out), "--memory", "64MiB", "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+    done = subprocess.run([sys.executable, "-c", MEASURE, *merge], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith(f"merged: {out} (ram+"), done.stdout
+    peak = int(lines[-1]) * 1024  # ru_maxrss is in KiB on Linux
+    assert 32 * MiB < peak < BUDGET + OVERHEAD, f"peak RSS {peak / MiB:.0f} MiB for a {BUDGET // MiB} MiB budget"
+
+    lam32 = expected_lambdas().astype(np.float32)
+    lambdas_printed = lines[0].rsplit("lambda ", 1)[1].rstrip(")").split(", ")
+    np.testing.assert_allclose([float(x) for x in lambdas_printed], lam32, atol=5e-5)
+    for name, shape in SHAPES.items():
+        numel = int(np.prod(shape))
+        starts = sorted({0, (numel // 2) // PERIOD * PERIOD, numel - PERIOD})
+        picks = np.array([s + q for s in starts for q in (*range(20), PERIOD - 1)], dtype=np.int64)
+        raw_base = read_elements(base / "model.safetensors", name, picks)
+        values = [bf16_to_f32(read_elements(a / "model.safetensors", name, picks)) for a in agents]
+        for t, v in enumerate(values):  # the files hold the intended pattern
+            changed = v != bf16_to_f32(raw_base)
+            np.testing.assert_array_equal(changed, [int(i % PERIOD) in ACTIVE[t] for i in picks])
+        want = direct_merge(bf16_to_f32(raw_base), values, lam32)
+        got = read_elements(model_file_of(out, name), name, picks)
+        np.testing.assert_array_equal(got, want, err_msg=name)
