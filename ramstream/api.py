@@ -16,7 +16,9 @@ from ramstream.errors import ConfigError, InputError
 from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES, TORCH_NAMES
 from ramstream.format.family import Family, open_family
 from ramstream.index import resolve
-from ramstream.index.store import IndexStore, open_index_store
+from ramstream.index.store import IndexStore
+from ramstream.inspect.view import IndexView
+from ramstream.inspect.view import open_index as open_index_view
 from ramstream.io import output_dir
 from ramstream.io.writer import plan_shards
 from ramstream.methods.ram import RhoScope, ram_params
@@ -118,6 +120,7 @@ def merge(
     }
     lambdas = tuple(float(x) for x in constants.per_agent_model)
     result = MergeResult(out_path, store.path, method, params.to_dict(), lambdas, False)
+    output_dir.check_output_path(out_path, [m.path for m in family.members])
     if output_dir.prepare(out_path, run, force):
         return MergeResult(out_path, store.path, method, params.to_dict(), lambdas, True)
     work = output_dir.work_dir(out_path)
@@ -128,7 +131,7 @@ def merge(
         [(t.name, dtypes[i], t.shape, t.numel * ITEMSIZE[dtypes[i]]) for i, t in enumerate(plan.tensors)],
         shard_size,
     )
-    job = MergeJob(family, plan, spec, constants.per_tensor, eps, dtypes, layout)
+    job = MergeJob(family, plan, spec, constants.per_tensor, eps, dtypes, layout, index=store.path)
     run_merge(job, work, options.quiet)
     record = {
         "run": run,
@@ -170,9 +173,13 @@ def _config(family: Family, dtypes: tuple[str, ...]) -> dict[str, Any] | None:
         config = dict(json.loads((directory / "config.json").read_text()))
     except (OSError, ValueError) as exc:
         raise InputError(f"{directory / 'config.json'}: not valid JSON ({exc})") from exc
-    floats = [d for d in dtypes if d in TORCH_NAMES]
-    if floats:
-        dominant = max(set(floats), key=floats.count)
+    elements: dict[str, int] = {}
+    for dtype, ref in zip(dtypes, family.base.tensors.values(), strict=True):
+        if dtype in TORCH_NAMES:
+            elements[dtype] = elements.get(dtype, 0) + ref.entry.numel
+    if elements:
+        # The dtype holding most elements; ties go to the first in TORCH_NAMES order (no set order).
+        dominant = max(TORCH_NAMES, key=lambda d: (elements.get(d, -1), -list(TORCH_NAMES).index(d)))
         config["torch_dtype"] = TORCH_NAMES[dominant]
         if "dtype" in config:
             config["dtype"] = TORCH_NAMES[dominant]
@@ -210,6 +217,7 @@ def _model_card(family: Family, record: dict[str, Any], reports: list[AgentRepor
     return "\n".join(lines) + "\n"
 
 
-def open_index(path: str | Path) -> IndexStore:
-    """Open an index (for inspection) without its checkpoints."""
-    return open_index_store(Path(path))
+def open_index(path: str | Path) -> IndexView:
+    """Open a finished index for inspection (``ramstream.open_index``); no checkpoint is read.
+    The raw store stays available as ``.store``."""
+    return open_index_view(path)

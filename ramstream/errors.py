@@ -41,3 +41,7 @@ class OutputError(RamstreamError):
 
 class ConfigError(RamstreamError):
     """Options that are invalid or contradict each other."""
+
+
+class MissingDependencyError(RamstreamError):
+    """An optional dependency (matplotlib for plots, pandas for DataFrames) that is not installed."""

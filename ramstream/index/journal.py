@@ -2,17 +2,28 @@
 
 A block is marked only after its data has been written (zarr's local store writes each chunk
 to a temporary file and renames it into place), so a kill loses at most the blocks in flight.
+
+The journal also keeps the current run's throughput (attribute ``rate``: bytes and seconds of
+this run so far), rewritten at most every ``RATE_EVERY`` seconds and at the end, so that
+``ramstream status`` can give an ETA during and after an interrupted pass.
 """
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
 import zarr
+
+RATE_EVERY = 2.0  # seconds between two throughput records of a running pass
+RATE_ATTR = "rate"
 
 
 class Journal:
     def __init__(self, array: zarr.Array) -> None:
         self._array = array
+        self._rate_noted = time.monotonic()
 
     @classmethod
     def create(cls, group: zarr.Group, name: str, n_blocks: int) -> Journal:
@@ -39,3 +50,23 @@ class Journal:
 
     def mark(self, block: int) -> None:
         self._array[block] = 1
+
+    def record_rate(self, nbytes: int, seconds: float, *, final: bool = False) -> None:
+        """Keep this run's throughput (input bytes done and seconds spent so far): at most every
+        ``RATE_EVERY`` seconds, and always when ``final``. A run that did nothing keeps the last
+        run's record."""
+        now = time.monotonic()
+        if nbytes <= 0 or (not final and now - self._rate_noted < RATE_EVERY):
+            return
+        self._rate_noted = now
+        self._array.attrs[RATE_ATTR] = {
+            "bytes": int(nbytes),
+            "seconds": float(seconds),
+            "recorded_at": time.time(),
+            "final": final,
+        }
+
+    def rate(self) -> dict[str, Any] | None:
+        """The last throughput record (``bytes``, ``seconds``, ``recorded_at``, ``final``), if any."""
+        record = self._array.attrs.get(RATE_ATTR)
+        return dict(record) if isinstance(record, dict) else None

@@ -6,6 +6,8 @@ Layout (see ``docs/index-format.md``)::
     <index>/masks/<i>                 uint8 (N, ceil(numel_i / 8)), chunks (N, block/8): tensor i
     <index>/stats/overlap             int64 (blocks, N, N): agent t active and c == k+1
     <index>/stats/coverage            int64 (blocks, N+1): elements with c == k
+    <index>/stats/tensor_overlap      int64 (tensors, N, N): per-tensor sums, written when the probe ends
+    <index>/stats/tensor_coverage     int64 (tensors, N+1): likewise
     <index>/progress/probe            uint8 (blocks,), one chunk per block: 1 = done
 """
 
@@ -25,6 +27,7 @@ from ramstream import __version__
 from ramstream.errors import IndexMismatchError
 from ramstream.index.journal import Journal
 from ramstream.plan import Plan, TensorPlan, plan_from_tensors
+from ramstream.stats import OverlapCounts, per_tensor
 
 SCHEMA_VERSION = 1
 ATTR = "ramstream_index"
@@ -142,15 +145,50 @@ class IndexStore:
         coverage = np.asarray(self._array("stats/coverage")[:n])
         return overlap, coverage
 
+    def write_rollup(self) -> None:
+        """Persist the per-tensor sums of the block statistics (one chunk each), so that readers
+        of a finished index read two chunks instead of every block's. Call after the last block,
+        before ``record_probe(complete=True)``: readers trust the roll-up only once complete."""
+        counts = per_tensor(self.plan, *self.block_stats())
+        stats = self.group["stats"]
+        assert isinstance(stats, zarr.Group)
+        for name, data in (("tensor_overlap", counts.overlap), ("tensor_coverage", counts.coverage)):
+            chunks = (max(data.shape[0], 1), *data.shape[1:])
+            array = stats.create_array(
+                name, shape=data.shape, chunks=chunks, dtype="int64", fill_value=0, overwrite=True
+            )
+            array[...] = data
+
+    def tensor_counts(self) -> OverlapCounts:
+        """Per-tensor totals ``(tensors, N, N)`` / ``(tensors, N+1)``: the roll-up of a finished
+        probe when present, else summed from the blocks (the same integers either way)."""
+        n_tensors, n_agents = len(self.plan.tensors), self.n_agents
+        overlap, coverage = self.group.get("stats/tensor_overlap"), self.group.get("stats/tensor_coverage")
+        if (
+            self.probe_complete()
+            and isinstance(overlap, zarr.Array)
+            and isinstance(coverage, zarr.Array)
+            and overlap.shape == (n_tensors, n_agents, n_agents)
+            and coverage.shape == (n_tensors, n_agents + 1)
+        ):
+            return OverlapCounts(np.asarray(overlap[...]), np.asarray(coverage[...]))
+        return per_tensor(self.plan, *self.block_stats())
+
     def tensor_mask(self, tensor: int) -> np.ndarray:
         """The packed masks ``(N, ceil(numel/8))`` of one tensor (for inspection)."""
         return np.asarray(self._mask_array(tensor)[:])
 
+    def block_mask(self, block: int) -> np.ndarray:
+        """The packed masks ``(N, ceil(size/8))`` of one block (for bounded-memory inspection)."""
+        b = self.plan.blocks[block]
+        byte0 = b.start // 8
+        return np.asarray(self._mask_array(b.tensor)[:, byte0 : byte0 + (b.size + 7) // 8])
+
 
 def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
     """Create a fresh index at ``path`` (replacing an unfinished creation, never other data)."""
-    group = zarr.open_group(str(path), mode="w", zarr_format=3)
-    group.attrs["state"] = "creating"
+    # The state is in the very first metadata written, so a kill at any later point is recognisable.
+    group = zarr.open_group(str(path), mode="w", zarr_format=3, attributes={"state": "creating"})
     n_agents = len(header.agents)
     n_blocks = max(len(plan.blocks), 1)
     masks = group.create_group("masks")
@@ -206,7 +244,13 @@ def _open_group(path: Path, read_only: bool) -> zarr.Group:
 
 
 def is_unfinished_creation(path: Path) -> bool:
-    """True when ``path`` is an index whose creation was interrupted (safe to replace)."""
+    """True when ``path`` is an index whose creation was interrupted (safe to replace).
+
+    That is: an empty directory, one holding only zarr's temporary ``*.partial`` file of its
+    first metadata, or a group whose state is still ``creating``.
+    """
+    if path.is_dir() and not (path / "zarr.json").exists():
+        return all(p.name.endswith(".partial") and p.is_file() for p in path.iterdir())
     try:
         group = zarr.open_group(str(path), mode="r", zarr_format=3)
     except Exception:

@@ -36,6 +36,7 @@ class MergeJob:
     eps: float
     out_dtypes: tuple[str, ...]  # per tensor, the dtype written
     layout: ShardLayout
+    index: Path | None = None  # the index used, recorded in the journal for ``ramstream status``
 
 
 def _journal_path(work: Path) -> Path:
@@ -51,7 +52,7 @@ def stored_block_elems(work: Path) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def open_journal(work: Path, n_items: int, block_elems: int) -> Journal:
+def open_journal(work: Path, n_items: int, block_elems: int, index: Path | None = None) -> Journal:
     path = _journal_path(work)
     if stored_block_elems(work) == block_elems:
         journal = Journal.open(zarr.open_group(str(path), mode="r+", zarr_format=3), "merge")
@@ -59,6 +60,8 @@ def open_journal(work: Path, n_items: int, block_elems: int) -> Journal:
             return journal
     group = zarr.open_group(str(path), mode="w", zarr_format=3)
     journal = Journal.create(group, "merge", n_items)
+    if index is not None:
+        group.attrs["index"] = str(Path(index).resolve())
     group.attrs["block_elems"] = block_elems  # last: a journal without it is recreated
     return journal
 
@@ -71,7 +74,7 @@ def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
     plan = job.plan
     copies = copied_tensors(plan)
     n_items = len(plan.blocks) + len(copies)
-    journal = open_journal(work, n_items, plan.block_elems)
+    journal = open_journal(work, n_items, plan.block_elems, job.index)
     done = journal.done(n_items)
     if done.all():
         return
@@ -114,12 +117,15 @@ def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
                 writer.write(tensor.name, block.start * ITEMSIZE[out_dtype], out)
                 journal.mark(block.index)
                 progress.advance(plan.block_bytes(block))
+                journal.record_rate(progress.done, progress.elapsed)
             for k, t in enumerate(copies):
                 if done[len(plan.blocks) + k]:
                     continue
                 _copy_tensor(job, files, writer, t, progress)
                 journal.mark(len(plan.blocks) + k)
+                journal.record_rate(progress.done, progress.elapsed)
         writer.sync()
+        journal.record_rate(progress.done, progress.elapsed, final=True)
     finally:
         writer.close()
         progress.close()

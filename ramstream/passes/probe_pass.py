@@ -49,5 +49,8 @@ def run_probe(family: Family, index: IndexStore, quiet: bool) -> None:
             nbytes = (block.size + 7) // 8
             index.write_block(block.index, masks[:, :nbytes], overlap.sum(axis=0), coverage.sum(axis=0))
             progress.advance(plan.block_bytes(block))
+            index.journal.record_rate(progress.done, progress.elapsed)
     progress.close()
+    index.journal.record_rate(progress.done, progress.elapsed, final=True)
+    index.write_rollup()
     index.record_probe(progress.elapsed, progress.done, complete=True)

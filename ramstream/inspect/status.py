@@ -1,0 +1,311 @@
+"""``ramstream status``: how far the passes over an index or an output directory have got.
+
+Read from what the passes persist, never from the checkpoints: the probe's journal
+(``progress/probe`` in the index, and its ``probe`` attribute), the merge's journal
+(``<out>/.ramstream/journal``: array ``merge``, attributes ``block_elems`` and ``index``) and
+``run.json``; a finished merge from ``ramstream_merge.json``. Both journals keep the throughput
+of their last run (attribute ``rate``), which gives the ETA. Bytes are input bytes (base plus
+every agent), as in the progress line of the passes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import zarr
+
+from ramstream.errors import IndexMismatchError, RamstreamError
+from ramstream.format.dtypes import ITEMSIZE
+from ramstream.index.journal import Journal
+from ramstream.index.store import IndexStore, open_index_store
+from ramstream.io import output_dir
+from ramstream.plan import Plan, plan_from_tensors
+
+STATUS_SCHEMA = 1
+State = Literal["done", "partial", "not started"]
+
+
+@dataclass(frozen=True)
+class PassStatus:
+    name: Literal["probe", "merge"]
+    state: State
+    blocks_done: int | None
+    blocks_total: int | None
+    bytes_done: int | None
+    bytes_total: int | None
+    rate: float | None = None  # input bytes per second of the last run
+    rate_from: str | None = None  # which run the rate comes from
+    recorded_at: float | None = None  # when that rate was last recorded (Unix time)
+
+    @property
+    def eta_seconds(self) -> float | None:
+        if self.state == "done":
+            return 0.0
+        if self.rate is None or self.rate <= 0 or self.bytes_total is None or self.bytes_done is None:
+            return None
+        return (self.bytes_total - self.bytes_done) / self.rate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "blocks_done": self.blocks_done,
+            "blocks_total": self.blocks_total,
+            "bytes_done": self.bytes_done,
+            "bytes_total": self.bytes_total,
+            "rate_bytes_per_s": self.rate,
+            "rate_from": self.rate_from,
+            "rate_recorded_at": self.recorded_at,
+            "eta_seconds": self.eta_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class Status:
+    path: Path
+    kind: Literal["index", "output"]
+    index: Path | None
+    passes: tuple[PassStatus, ...]
+    inputs: tuple[dict[str, Any], ...]
+    details: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": STATUS_SCHEMA,
+            "path": str(self.path),
+            "kind": self.kind,
+            "index": str(self.index) if self.index is not None else None,
+            "passes": {p.name: p.to_dict() for p in self.passes},
+            "inputs": [_input_entry(fp) for fp in self.inputs],
+            **self.details,
+            "notes": list(self.notes),
+        }
+
+
+def _input_entry(fp: dict[str, Any]) -> dict[str, Any]:
+    files = fp.get("files", [])
+    return {
+        "name": fp.get("name"),
+        "path": fp.get("path"),
+        "files": len(files),
+        "bytes": int(sum(int(f.get("size", 0)) for f in files)),
+    }
+
+
+# -- bytes per work item --------------------------------------------------------------------
+def probe_block_bytes(plan: Plan) -> np.ndarray:
+    """Input bytes of each block (base plus agents), as the probe pass counts them."""
+    per_elem = np.array([sum(ITEMSIZE[d] for d in t.dtypes) for t in plan.tensors], np.int64)
+    tensor = np.fromiter((b.tensor for b in plan.blocks), np.int64, len(plan.blocks))
+    size = np.fromiter((b.size for b in plan.blocks), np.int64, len(plan.blocks))
+    return per_elem[tensor] * size if len(plan.blocks) else np.zeros(0, np.int64)
+
+
+def merge_item_bytes(plan: Plan) -> np.ndarray:
+    """Bytes of each merge work item: every block, then each copied (non-float) tensor."""
+    copies = [t.numel * ITEMSIZE[t.dtypes[0]] for t in plan.tensors if not t.merged]
+    return np.concatenate([probe_block_bytes(plan), np.array(copies, np.int64)])
+
+
+def _rate(record: dict[str, Any] | None, source: str) -> tuple[float | None, str | None, float | None]:
+    if not record:
+        return None, None, None
+    seconds, nbytes = float(record.get("seconds") or 0.0), float(record.get("bytes") or 0.0)
+    if seconds <= 0 or nbytes <= 0:
+        return None, None, None
+    at = record.get("recorded_at", record.get("finished_at"))
+    return nbytes / seconds, source, float(at) if isinstance(at, int | float) else None
+
+
+# -- an index -------------------------------------------------------------------------------
+def probe_status(store: IndexStore) -> PassStatus:
+    plan = store.plan
+    sizes = probe_block_bytes(plan)
+    complete = store.probe_complete()
+    done = np.ones(len(plan.blocks), bool) if complete else store.done()
+    rate = _rate(store.journal.rate(), "last probe run")
+    if rate[0] is None:
+        record = store.group.attrs.get("probe")
+        rate = _rate(record if isinstance(record, dict) else None, "last probe run")
+    state: State = "done" if complete else ("partial" if done.any() else "not started")
+    return PassStatus(
+        "probe", state, int(done.sum()), len(plan.blocks), int(sizes[done].sum()), int(sizes.sum()), *rate
+    )
+
+
+def index_status(path: Path) -> Status:
+    store = open_index_store(path, read_only=True)
+    header = store.header
+    details = {
+        "eps": header.eps,
+        "block_elems": header.block_elems,
+        "base": header.base,
+        "agents": list(header.agents),
+        "tensors": len(header.tensors),
+        "ramstream_version": header.ramstream_version,
+    }
+    return Status(path, "index", path, (probe_status(store),), header.inputs, {"index_info": details})
+
+
+# -- an output directory --------------------------------------------------------------------
+def _journal_group(out: Path) -> zarr.Group | None:
+    path = output_dir.work_dir(out) / "journal"
+    if not (path / "zarr.json").is_file():
+        return None
+    return zarr.open_group(str(path), mode="r", zarr_format=3)
+
+
+def _find_index(
+    key: str | None, explicit: Path | None, journal: zarr.Group | None, cache_dir: Path | None
+) -> Path | None:
+    candidates: list[Path] = []
+    if explicit is not None:
+        candidates.append(explicit)
+    recorded = journal.attrs.get("index") if journal is not None else None
+    if isinstance(recorded, str):
+        candidates.append(Path(recorded))
+    if cache_dir is not None and key:
+        from ramstream.index.resolve import cache_path
+
+        candidates.append(cache_path(cache_dir, key))
+    for candidate in candidates:
+        if (candidate / "zarr.json").is_file():
+            return candidate
+    return None
+
+
+def _merge_pass(journal: zarr.Group | None, store: IndexStore | None, probe: PassStatus | None) -> PassStatus:
+    bytes_total = int(merge_item_bytes(store.plan).sum()) if store is not None else None
+    fallback = (probe.rate, "last probe run", probe.recorded_at) if probe and probe.rate else (None, None, None)
+    if journal is None:
+        return PassStatus("merge", "not started", 0, None, 0, bytes_total, *fallback)
+    array = Journal.open(journal, "merge")
+    block_elems = journal.attrs.get("block_elems")
+    sizes = None
+    if store is not None and isinstance(block_elems, int):
+        sizes = merge_item_bytes(plan_from_tensors(store.header.tensors, block_elems))
+        if max(len(sizes), 1) != array.size:
+            sizes = None  # a journal of another plan: counts are still right, bytes are not known
+    n_items = len(sizes) if sizes is not None else array.size
+    done = array.done(n_items)
+    rate = _rate(array.rate(), "last merge run")
+    state: State = "partial" if done.any() else "not started"
+    return PassStatus(
+        "merge",
+        state,
+        int(done.sum()),
+        n_items,
+        int(sizes[done].sum()) if sizes is not None else None,
+        int(sizes.sum()) if sizes is not None else bytes_total,
+        *(rate if rate[0] is not None else fallback),
+    )
+
+
+def output_status(out: Path, index: Path | None = None, cache_dir: Path | None = None) -> Status:
+    record = output_dir.finished_record(out)
+    if record is not None:
+        details = {"merge": {k: record.get(k) for k in ("method", "params", "eps", "lambdas")}}
+        passes = tuple(PassStatus(name, "done", None, None, None, None) for name in ("probe", "merge"))
+        return Status(out, "output", None, passes, tuple(record.get("inputs", ())), details)
+    run_file = output_dir.work_dir(out) / output_dir.RUN_FILE
+    try:
+        run = json.loads(run_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise RamstreamError(f"{out}: cannot read {run_file.name} of the unfinished merge ({exc})") from exc
+    journal = _journal_group(out)
+    found = _find_index(run.get("inputs"), index, journal, cache_dir)
+    store, notes = None, []
+    if found is not None:
+        store = open_index_store(found, read_only=True)
+        if store.header.content_key != run.get("inputs"):
+            notes.append(f"{found} was built from other inputs than this merge; not used")
+            store, found = None, None
+    if store is None:
+        notes.append("the merge's index was not found: pass --index PATH for bytes, inputs and the probe's state")
+    probe = probe_status(store) if store is not None else None
+    merge = _merge_pass(journal, store, probe)
+    passes = (probe, merge) if probe is not None else (merge,)
+    details = {"merge": {k: run.get(k) for k in ("method", "params", "eps", "out_dtype")}}
+    inputs = store.header.inputs if store is not None else ()
+    return Status(out, "output", found, passes, tuple(inputs), details, tuple(notes))
+
+
+def status(path: str | Path, index: str | Path | None = None, cache_dir: Path | None = None) -> Status:
+    """The status of an index or of a merge's output directory."""
+    path = Path(path)
+    if (path / "zarr.json").is_file():
+        return index_status(path)
+    if (path / output_dir.RECORD_FILE).is_file() or (output_dir.work_dir(path) / output_dir.RUN_FILE).is_file():
+        return output_status(path, Path(index) if index is not None else None, cache_dir)
+    if path.is_dir() and (path / ".ramstream").is_dir():
+        raise IndexMismatchError(f"{path}: a merge was prepared here but recorded nothing yet; rerun it")
+    raise IndexMismatchError(f"{path}: neither a ramstream index nor a merge output directory; check the path")
+
+
+# -- text -----------------------------------------------------------------------------------
+def _size(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _pass_line(p: PassStatus, now: float) -> str:
+    if p.blocks_total is None and p.state == "done":
+        return f"{p.name:<6} done"
+    blocks = f"{p.blocks_done if p.blocks_done is not None else '?'} / {p.blocks_total or '?'} blocks"
+    line = f"{p.name:<6} {p.state:<12} {blocks:<22} {_size(p.bytes_done)} / {_size(p.bytes_total)}"
+    if p.bytes_total and p.bytes_done is not None and p.state != "done":
+        line += f" ({100 * p.bytes_done / p.bytes_total:.1f} %)"
+    if p.rate is not None:
+        eta = p.eta_seconds
+        if p.state != "done" and eta is not None:
+            line += f", ETA {_duration(eta)} at {_size(p.rate)}/s ({p.rate_from})"
+        else:
+            line += f", {_size(p.rate)}/s ({p.rate_from})"
+        if p.state == "partial" and p.recorded_at is not None and p.rate_from == f"last {p.name} run":
+            line += f", last recorded {_duration(max(now - p.recorded_at, 0))} ago"
+    elif p.state == "partial":
+        line += ", ETA unknown (no throughput recorded yet)"
+    return line
+
+
+def render(status: Status) -> str:
+    doc = status.to_dict()
+    lines = [f"{status.kind} {status.path}"]
+    if status.kind == "output" and status.index is not None:
+        lines.append(f"index  {status.index}")
+    if "index_info" in doc:
+        info = doc["index_info"]
+        lines.append(
+            f"  eps {info['eps']}, {len(info['agents'])} agents, {info['tensors']} tensors, "
+            f"blocks of {info['block_elems']} elements, made by ramstream {info['ramstream_version']}"
+        )
+    if "merge" in doc and isinstance(doc["merge"], dict):
+        m = doc["merge"]
+        lines.append(f"  method {m.get('method')}, params {json.dumps(m.get('params'))}, eps {m.get('eps')}")
+    if doc["inputs"]:
+        lines.append("inputs")
+        for k, fp in enumerate(doc["inputs"]):
+            role = "base" if k == 0 else "agent"
+            files = f"{fp['files']} file{'s' if fp['files'] != 1 else ''}"
+            lines.append(f"  {role:<6} {fp['name']!s:<16} {_size(fp['bytes']):>10}  {files:<8} {fp['path']}")
+    now = time.time()
+    lines += [_pass_line(p, now) for p in status.passes]
+    if any(p.state == "partial" for p in status.passes):
+        lines.append("a partial pass is running, or was stopped: rerun the same command to resume it")
+    lines += [f"note: {n}" for n in status.notes]
+    return "\n".join(lines)
