@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,13 +22,13 @@ from ramstream.inspect.view import IndexView
 from ramstream.inspect.view import open_index as open_index_view
 from ramstream.io import output_dir
 from ramstream.io.writer import plan_shards
-from ramstream.methods.ram import RhoScope, ram_params
+from ramstream.methods.ram import RhoScope
 from ramstream.methods.registry import get_method
 from ramstream.passes.merge_pass import MergeJob, run_merge, stored_block_elems
 from ramstream.passes.probe_pass import run_probe
 from ramstream.plan import block_elems_for, bytes_per_element, make_plan
 from ramstream.report import AgentReport, agent_reports
-from ramstream.stats import per_tensor
+from ramstream.statistics.context import StatsContext
 
 OutDtype = Literal["auto", "bf16", "f16", "f32"]
 
@@ -35,11 +36,16 @@ OutDtype = Literal["auto", "bf16", "f16", "f32"]
 @dataclass(frozen=True)
 class MergeResult:
     out: Path
-    index: Path
+    index: Path | None  # None for methods that need no statistics
     method: str
     params: dict[str, Any]
-    lambdas: tuple[float, ...]
+    per_agent: dict[str, tuple[float, ...]]
     resumed_finished: bool
+
+    @property
+    def lambdas(self) -> tuple[float, ...]:
+        """RAM's lambda per agent (empty for methods without one)."""
+        return self.per_agent.get("lambda", ())
 
 
 def _threads(options: RunOptions) -> None:
@@ -89,8 +95,9 @@ def merge(
     method: str = "ram+",
     r: float | None = None,
     alpha: float | None = None,
-    rho_scope: RhoScope = "model",
-    lambda_rule: Literal["paper", "script"] = "paper",
+    rho_scope: RhoScope | None = None,
+    lambda_rule: Literal["paper", "script"] | None = None,
+    method_options: Mapping[str, Any] | None = None,
     eps: float = DEFAULT_EPS,
     index: str | Path | None = None,
     out_dtype: OutDtype = "auto",
@@ -98,19 +105,22 @@ def merge(
     force: bool = False,
     options: RunOptions | None = None,
 ) -> MergeResult:
-    """Merge ``agents`` into ``base`` with ``method``; rerunning the same call resumes it."""
+    """Merge ``agents`` into ``base`` with ``method``; rerunning the same call resumes it.
+
+    ``r``, ``alpha``, ``rho_scope`` and ``lambda_rule`` are RAM's parameters; other methods take
+    theirs in ``method_options`` (e.g. ``{"density": [0.2], "lambda": 1.0}``). Options a method
+    would ignore are refused.
+    """
     options = options or RunOptions()
     spec = get_method(method)
-    params = ram_params(method, r, alpha, rho_scope, lambda_rule)
+    given = {"r": r, "alpha": alpha, "rho_scope": rho_scope, "lambda_rule": lambda_rule, **(method_options or {})}
+    params = spec.parse({k: v for k, v in given.items() if v is not None}, len(agents))
     eps = _eps(eps)
-    family = open_family(base, list(agents))
-    store = _probed_index(family, eps, Path(index) if index else None, options)
-    tensors = per_tensor(store.plan, *store.block_stats())
-    constants = spec.constants(params, tensors)
+    family = open_family(base, list(agents), min_agents=spec.min_agents)
     out_path = Path(out)
     dtypes = _out_dtypes(family, out_dtype)
     run = {
-        "inputs": store.header.content_key,
+        "inputs": resolve.family_key(family, eps),
         "method": method,
         "params": params.to_dict(),
         "eps": eps,
@@ -118,40 +128,47 @@ def merge(
         "shard_size": shard_size,
         "ramstream_version": __version__,
     }
-    lambdas = tuple(float(x) for x in constants.per_agent_model)
-    result = MergeResult(out_path, store.path, method, params.to_dict(), lambdas, False)
     output_dir.check_output_path(out_path, [m.path for m in family.members])
     if output_dir.prepare(out_path, run, force):
-        return MergeResult(out_path, store.path, method, params.to_dict(), lambdas, True)
+        record = output_dir.finished_record(out_path) or {}
+        per_agent = {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
+        return MergeResult(out_path, None, method, params.to_dict(), per_agent, True)
+    _threads(options)
+    ctx = StatsContext(family, eps, Path(index) if index else None, options, _block_elems(family, options))
+    prepared = spec.prepare(params, ctx)
     work = output_dir.work_dir(out_path)
     # A resumed merge keeps the block size its journal was written with, whatever --memory says now.
     out_itemsize = max((ITEMSIZE[d] for d in dtypes), default=2)
-    plan = make_plan(family, stored_block_elems(work) or _block_elems(family, options, out_itemsize))
+    block_elems = stored_block_elems(work) or _block_elems(family, options, out_itemsize)
+    plan = make_plan(family, block_elems, row_aligned=spec.row_aligned)
     layout = plan_shards(
         [(t.name, dtypes[i], t.shape, t.numel * ITEMSIZE[dtypes[i]]) for i, t in enumerate(plan.tensors)],
         shard_size,
     )
-    job = MergeJob(family, plan, spec, constants.per_tensor, eps, dtypes, layout, index=store.path)
+    index_path = ctx.store.path if ctx.used_index else None
+    job = MergeJob(family, plan, prepared.merge_block, dtypes, layout, index=index_path)
     run_merge(job, work, options.quiet)
     record = {
         "run": run,
         "method": method,
         "params": params.to_dict(),
-        "lambdas": dict(zip(family.agent_names, lambdas, strict=True)),
+        "per_agent": {k: list(v) for k, v in prepared.per_agent.items()},
+        "agents": list(family.agent_names),
         "eps": eps,
         "inputs": family.fingerprints(),
         "ramstream_version": __version__,
     }
+    reports = agent_reports(ctx.store, ctx.overlap()) if ctx.used_index and ctx.store.probe_complete() else []
     output_dir.finalize(
         out_path,
         layout,
         {n: work / f"{n}.partial" for n in layout.names},
         family.base.directory,
         _config(family, dtypes),
-        _model_card(family, record, agent_reports(store, tensors, params)),
+        _model_card(family, record, reports),
         record,
     )
-    return result
+    return MergeResult(out_path, index_path, method, params.to_dict(), prepared.per_agent, False)
 
 
 def _out_dtypes(family: Family, out_dtype: OutDtype) -> tuple[str, ...]:
@@ -204,12 +221,19 @@ def _model_card(family: Family, record: dict[str, Any], reports: list[AgentRepor
         "",
         "## Agents",
         "",
-        "| agent | active | density | unique | shared | rho | lambda |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for rep in reports:
-        cells = (rep.name, rep.active, f"{rep.density:.4f}", rep.unique, rep.shared, f"{rep.rho:.4g}", f"{rep.lam:.6g}")
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    values = record["per_agent"]
+    if reports:
+        lines += ["| agent | active | density | unique | shared | rho | " + " | ".join(values) + " |"]
+        lines += ["|---|---:|---:|---:|---:|---:|" + "---:|" * len(values)]
+        for t, rep in enumerate(reports):
+            cells = [rep.name, rep.active, f"{rep.density:.4f}", rep.unique, rep.shared, f"{rep.rho:.4g}"]
+            cells += [f"{v[t]:.6g}" for v in values.values()]
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    else:
+        lines += ["| agent | " + " | ".join(values) + " |", "|---|" + "---:|" * len(values)]
+        for t, name in enumerate(record["agents"]):
+            lines.append("| " + " | ".join([name, *(f"{v[t]:.6g}" for v in values.values())]) + " |")
     lines += ["", "## Inputs", ""]
     for fp in record["inputs"]:
         for f in fp["files"]:

@@ -100,16 +100,14 @@ def probe(base: Path, agents: tuple[Path, ...], index: Path | None, eps: float, 
 @click.option(
     "--rho-scope",
     type=click.Choice(["model", "tensor"]),
-    default="model",
-    show_default=True,
-    help="rho over the whole model (paper) or per tensor (mergekit's ramplus_tl).",
+    default=None,
+    help="rho over the whole model (paper, the default) or per tensor (mergekit's ramplus_tl).",
 )
 @click.option(
     "--lambda-rule",
     type=click.Choice(["paper", "script"]),
-    default="paper",
-    show_default=True,
-    help="paper: 1 + r*clip(rho,0,alpha); script: the authors' 1 + (R-1)*min(1,rho) with R = 1 + r.",
+    default=None,
+    help="paper (default): 1 + r*clip(rho,0,alpha); script: the authors' 1 + (R-1)*min(1,rho), R = 1 + r.",
 )
 @click.option("--index", "index", type=click.Path(path_type=Path), default=None)
 @click.option(

@@ -8,6 +8,7 @@ A tensor larger than the budget simply has many blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ramstream.format.dtypes import ITEMSIZE, is_float
 from ramstream.format.family import Family
@@ -52,24 +53,24 @@ class Plan:
 
     def blocks_of(self, tensor: int) -> range:
         """The indices of the blocks of tensor ``tensor`` (they are consecutive)."""
-        first = self._first_block[tensor]
-        return range(first, first + _count(self.tensors[tensor].numel, self.block_elems))
+        return self._ranges.get(tensor, range(0))
+
+    @cached_property
+    def _ranges(self) -> dict[int, range]:
+        ranges: dict[int, range] = {}
+        for b in self.blocks:
+            first = ranges.get(b.tensor, range(b.index, b.index)).start
+            ranges[b.tensor] = range(first, b.index + 1)
+        return ranges
 
     @property
-    def _first_block(self) -> list[int]:
-        starts, k = [], 0
-        for t in self.tensors:
-            starts.append(k)
-            k += _count(t.numel, self.block_elems) if t.merged else 0
-        return starts
+    def max_block(self) -> int:
+        """Elements of the largest block (the size of reusable block buffers)."""
+        return max((b.size for b in self.blocks), default=0)
 
     def block_bytes(self, block: Block) -> int:
         """Input bytes a block reads (base plus every agent)."""
         return block.size * sum(ITEMSIZE[d] for d in self.tensors[block.tensor].dtypes)
-
-
-def _count(numel: int, block: int) -> int:
-    return (numel + block - 1) // block
 
 
 def bytes_per_element(family: Family, out_itemsize: int = 0) -> int:
@@ -87,7 +88,7 @@ def block_elems_for(memory: int, per_element: int) -> int:
     return size
 
 
-def make_plan(family: Family, block_elems: int) -> Plan:
+def make_plan(family: Family, block_elems: int, row_aligned: bool = False) -> Plan:
     tensors = tuple(
         TensorPlan(
             name,
@@ -97,15 +98,25 @@ def make_plan(family: Family, block_elems: int) -> Plan:
         )
         for name, ref in family.base.tensors.items()
     )
-    return plan_from_tensors(tensors, block_elems)
+    return plan_from_tensors(tensors, block_elems, row_aligned)
 
 
-def plan_from_tensors(tensors: tuple[TensorPlan, ...], block_elems: int) -> Plan:
-    """Blocks of ``block_elems`` elements over the merged tensors, in tensor order."""
+def _row(t: TensorPlan) -> int:
+    """Elements of one row: the last dimensions after the first (the whole of a 1-D tensor)."""
+    return max(1, t.numel // t.shape[0]) if len(t.shape) >= 2 and t.shape[0] else max(t.numel, 1)
+
+
+def plan_from_tensors(tensors: tuple[TensorPlan, ...], block_elems: int, row_aligned: bool = False) -> Plan:
+    """Blocks of ``block_elems`` elements over the merged tensors, in tensor order.
+
+    With ``row_aligned`` (methods that rank elements within a row), a block holds whole rows:
+    as many as fit in ``block_elems``, and at least one.
+    """
     blocks: list[Block] = []
     for ti, t in enumerate(tensors):
         if not t.merged:
             continue
-        for start in range(0, t.numel, block_elems):
-            blocks.append(Block(len(blocks), ti, start, min(start + block_elems, t.numel)))
+        step = max(1, block_elems // _row(t)) * _row(t) if row_aligned else block_elems
+        for start in range(0, t.numel, step):
+            blocks.append(Block(len(blocks), ti, start, min(start + step, t.numel)))
     return Plan(tensors, block_elems, tuple(blocks))

@@ -174,6 +174,38 @@ class IndexStore:
             return OverlapCounts(np.asarray(overlap[...]), np.asarray(coverage[...]))
         return per_tensor(self.plan, *self.block_stats())
 
+    # -- method statistics (see ramstream/statistics) --------------------------------------
+    def statistic(self, key: str, shape: tuple[int, ...], dtype: str) -> tuple[zarr.Array, Journal]:
+        """The per-block array ``stats/<key>`` and its journal ``progress/<key>``, created on first use."""
+        n_blocks = max(len(self.plan.blocks), 1)
+        name = f"stats/{key}"
+        node = self.group.get(name)
+        if node is None:
+            node = self.group.create_array(
+                name,
+                shape=(n_blocks, *shape),
+                chunks=(1, *shape),
+                dtype=dtype,
+                fill_value=0,
+                compressors=MASK_COMPRESSOR,
+            )
+            journal = Journal.create(self.group, f"progress/{key}", len(self.plan.blocks))
+        else:
+            journal = Journal.open(self.group, f"progress/{key}")
+        if not isinstance(node, zarr.Array) or node.shape != (n_blocks, *shape):
+            raise IndexMismatchError(f"{self.path}: statistic {key!r} has an unexpected layout; delete the index")
+        return node, journal
+
+    def statistic_complete(self, key: str) -> bool:
+        done = self.group.attrs.get("statistics")
+        return isinstance(done, dict) and bool(done.get(key))
+
+    def mark_statistic_complete(self, key: str) -> None:
+        done = self.group.attrs.get("statistics")
+        merged = dict(done) if isinstance(done, dict) else {}
+        merged[key] = True
+        self.group.attrs["statistics"] = merged
+
     def tensor_mask(self, tensor: int) -> np.ndarray:
         """The packed masks ``(N, ceil(numel/8))`` of one tensor (for inspection)."""
         return np.asarray(self._mask_array(tensor)[:])

@@ -1,42 +1,61 @@
 """The contract of a merge method.
 
-A method is a frozen spec: a name, its validated parameters, the statistics it needs from the
-probe pass, how those statistics become per-tensor constants (e.g. lambda per agent), and the
-block kernel that applies them. The merge pass knows nothing else about methods.
+A method is a frozen spec: a name, how it parses and validates its parameters, and how it
+prepares: it asks a ``StatsContext`` for the statistics it needs (none, RAM's overlap counts,
+|tau| histograms, exact sums...), turns them into constants, and returns the function that
+merges one block. The merge pass knows nothing else about methods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from ramstream.stats import OverlapCounts
-
-
-class Statistic(str, Enum):
-    OVERLAP = "overlap"  # RAM's per-agent overlap counts (needs the probe pass)
+from ramstream.passes.inputs import BlockArrays
+from ramstream.plan import Block
+from ramstream.statistics.context import StatsContext
 
 
 class MethodParams(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-@dataclass(frozen=True)
-class Constants:
-    """What a method's kernel receives per tensor: one float32 per agent."""
+# merge_block(arrays, block, out, out_code, workers): write the merged block into ``out``.
+BlockMerger = Callable[[BlockArrays, Block, np.ndarray, int, int], None]
 
-    per_tensor: np.ndarray  # (tensors, N) float32
-    per_agent_model: np.ndarray  # (N,) float64, the model-scope values for reports
+
+@dataclass(frozen=True)
+class Prepared:
+    """A method ready to merge: its block function and per-agent values worth reporting."""
+
+    merge_block: BlockMerger
+    per_agent: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
     summary: str
-    needs: frozenset[Statistic]
-    constants: Callable[[Any, OverlapCounts], Constants]
-    kernel: Callable[..., None]
+    # parse(options the user gave, number of agents) -> validated parameters (ConfigError otherwise)
+    parse: Callable[[Mapping[str, Any], int], MethodParams]
+    prepare: Callable[[Any, StatsContext], Prepared]
+    # True when blocks must hold whole rows (methods that rank elements within a row)
+    row_aligned: bool = False
+    min_agents: int = 1
+
+
+def refuse_unknown(method: str, options: Mapping[str, Any], allowed: set[str]) -> None:
+    """Options a method would ignore are refused by name, never silently dropped."""
+    extra = sorted(set(options) - allowed)
+    if extra:
+        flags = ", ".join("--" + name.replace("_", "-") for name in extra)
+        raise_config(f"{flags} has no effect with --method {method}")
+
+
+def raise_config(message: str) -> None:
+    from ramstream.errors import ConfigError
+
+    raise ConfigError(message)

@@ -10,6 +10,7 @@ rho comes from the whole model (the paper) or from each tensor (mergekit's ``ram
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -17,7 +18,10 @@ import numpy as np
 
 from ramstream.errors import ConfigError
 from ramstream.kernels.merge_ram import merge_ram_block
-from ramstream.methods.base import Constants, MethodSpec, Statistic
+from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
+from ramstream.passes.inputs import BlockArrays
+from ramstream.plan import Block
+from ramstream.statistics.context import StatsContext
 from ramstream.stats import OverlapCounts, model_total
 
 RhoScope = Literal["model", "tensor"]
@@ -58,13 +62,34 @@ def lambdas(counts: OverlapCounts, params: RamParams) -> np.ndarray:
     return 1.0 + params.r * np.clip(rho, 0.0, cap)
 
 
-def ram_constants(params: RamParams, tensors: OverlapCounts) -> Constants:
+def ram_lambdas(params: RamParams, tensors: OverlapCounts) -> tuple[np.ndarray, np.ndarray]:
+    """lambda per tensor and agent (float32, what the kernel uses) and per agent over the model."""
     model = lambdas(model_total(tensors), params)
     if params.rho_scope == "tensor":
         per_tensor = lambdas(tensors, params)
     else:
         per_tensor = np.broadcast_to(model, tensors.unique.shape)
-    return Constants(np.ascontiguousarray(per_tensor, dtype=np.float32), model)
+    return np.ascontiguousarray(per_tensor, dtype=np.float32), model
+
+
+def prepare_ram(params: RamParams, ctx: StatsContext) -> Prepared:
+    per_tensor, model = ram_lambdas(params, ctx.overlap())
+    eps = ctx.eps
+
+    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, workers: int) -> None:
+        merge_ram_block(
+            arrays.base,
+            arrays.base_code,
+            arrays.agents,
+            arrays.agent_codes,
+            eps,
+            per_tensor[block.tensor],
+            out,
+            out_code,
+            workers,
+        )
+
+    return Prepared(merge_block, {"lambda": tuple(float(x) for x in model)})
 
 
 RAM_METHODS: dict[str, tuple[str, RamParams]] = {
@@ -72,32 +97,38 @@ RAM_METHODS: dict[str, tuple[str, RamParams]] = {
     "ram+": ("RAM+: unique updates rescaled by 1 + r * clip(shared/unique, 0, alpha)", RamParams()),
     "ram+s": ("RAM+s: unique updates rescaled by 1 + r * shared/(shared+unique)", RamParams(lambda_rule="share")),
 }
+RAM_OPTIONS = {"r", "alpha", "rho_scope", "lambda_rule"}
 
 
 def ram_spec(name: str) -> MethodSpec:
     summary, _ = RAM_METHODS[name]
-    return MethodSpec(name, summary, frozenset({Statistic.OVERLAP}), ram_constants, merge_ram_block)
+
+    def parse(options: Mapping[str, Any], n_agents: int) -> RamParams:
+        refuse_unknown(name, options, RAM_OPTIONS)
+        return ram_params(name, **options)
+
+    return MethodSpec(name, summary, parse, prepare_ram)
 
 
 def ram_params(
     name: str,
     r: float | None = None,
     alpha: float | None = None,
-    rho_scope: RhoScope = "model",
-    lambda_rule: Literal["paper", "script"] = "paper",
+    rho_scope: RhoScope | None = None,
+    lambda_rule: Literal["paper", "script"] | None = None,
 ) -> RamParams:
     """Validated parameters of ``name``, refusing options that the method would ignore."""
     default = RAM_METHODS[name][1]
     if name == "ram" and r not in (None, 0.0):
         raise ConfigError("--r has no effect with --method ram (lambda is 1); use ram+ to rescale")
-    if name == "ram+s" and lambda_rule != "paper":
+    if name == "ram+s" and lambda_rule not in (None, "paper"):
         raise ConfigError("--lambda-rule applies to ram+ only; ram+s has its own rule")
     if alpha is not None and (name != "ram+" or lambda_rule == "script"):
         raise ConfigError("--alpha applies to ram+ with the paper's lambda rule only")
-    rule: LambdaRule = "share" if name == "ram+s" else lambda_rule
+    rule: LambdaRule = "share" if name == "ram+s" else (lambda_rule or "paper")
     return RamParams(
         r=default.r if r is None else r,
         alpha=default.alpha if alpha is None else alpha,
-        rho_scope=rho_scope,
+        rho_scope=rho_scope or "model",
         lambda_rule=rule,
     )

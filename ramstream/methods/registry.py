@@ -1,12 +1,20 @@
-"""The one registry of merge methods, filled by explicit calls listed here."""
+"""The one registry of merge methods, filled by the explicit list in ``_builtin_methods``."""
 
 from __future__ import annotations
 
 from ramstream.errors import ConfigError
 from ramstream.methods.base import MethodSpec
-from ramstream.methods.ram import RAM_METHODS, ram_spec
 
 _REGISTRY: dict[str, MethodSpec] = {}
+
+
+def _builtin_methods() -> list[MethodSpec]:
+    """Every method ramstream ships, in the order ``--help`` lists them."""
+    from ramstream.methods import ram
+
+    return [
+        *(ram.ram_spec(name) for name in ram.RAM_METHODS),
+    ]
 
 
 def register(spec: MethodSpec) -> None:
@@ -15,7 +23,14 @@ def register(spec: MethodSpec) -> None:
     _REGISTRY[spec.name] = spec
 
 
+def _ensure_builtins() -> None:
+    if not _REGISTRY:
+        for spec in _builtin_methods():
+            register(spec)
+
+
 def get_method(name: str) -> MethodSpec:
+    _ensure_builtins()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -23,8 +38,5 @@ def get_method(name: str) -> MethodSpec:
 
 
 def method_names() -> list[str]:
+    _ensure_builtins()
     return list(_REGISTRY)
-
-
-for _name in RAM_METHODS:
-    register(ram_spec(_name))

@@ -19,7 +19,7 @@ from ramstream.index.journal import Journal
 from ramstream.io.reader import MappedFiles
 from ramstream.io.writer import ShardLayout, ShardWriter
 from ramstream.kernels.probe import workers
-from ramstream.methods.base import MethodSpec
+from ramstream.methods.base import BlockMerger
 from ramstream.passes.inputs import BlockInputs
 from ramstream.passes.progress import Progress
 from ramstream.plan import Plan
@@ -31,9 +31,7 @@ COPY_CHUNK = 16 * 1024 * 1024
 class MergeJob:
     family: Family
     plan: Plan
-    method: MethodSpec
-    lambdas: np.ndarray  # (tensors, N) float32
-    eps: float
+    merge_block: BlockMerger
     out_dtypes: tuple[str, ...]  # per tensor, the dtype written
     layout: ShardLayout
     index: Path | None = None  # the index used, recorded in the journal for ``ramstream status``
@@ -97,21 +95,11 @@ def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
                 out_dtype = job.out_dtypes[block.tensor]
                 buffer = out_buffers.get(out_dtype)
                 if buffer is None:
-                    buffer = np.empty(plan.block_elems, RAW_CARRIER[FLOAT_CODES[out_dtype]])
+                    buffer = np.empty(plan.max_block, RAW_CARRIER[FLOAT_CODES[out_dtype]])
                     out_buffers[out_dtype] = buffer
                 out = buffer[: block.size]
                 arrays = inputs.arrays(block)
-                job.method.kernel(
-                    arrays.base,
-                    arrays.base_code,
-                    arrays.agents,
-                    arrays.agent_codes,
-                    job.eps,
-                    job.lambdas[block.tensor],
-                    out,
-                    int(FLOAT_CODES[out_dtype]),
-                    n_workers,
-                )
+                job.merge_block(arrays, block, out, int(FLOAT_CODES[out_dtype]), n_workers)
                 del arrays
                 inputs.release(block)
                 writer.write(tensor.name, block.start * ITEMSIZE[out_dtype], out)
