@@ -22,10 +22,10 @@ from ramstream.inspect.view import IndexView
 from ramstream.inspect.view import open_index as open_index_view
 from ramstream.io import output_dir
 from ramstream.io.writer import plan_shards
+from ramstream.methods.base import MethodSpec
 from ramstream.methods.ram import RhoScope
 from ramstream.methods.registry import get_method
 from ramstream.passes.merge_pass import MergeJob, run_merge, stored_block_elems
-from ramstream.passes.probe_pass import run_probe
 from ramstream.plan import block_elems_for, bytes_per_element, make_plan
 from ramstream.report import AgentReport, agent_reports
 from ramstream.statistics.context import StatsContext
@@ -71,20 +71,22 @@ def probe(
     *,
     index: str | Path | None = None,
     eps: float = DEFAULT_EPS,
+    allow_nonfinite: bool = False,
     options: RunOptions | None = None,
 ) -> IndexStore:
-    """Run (or finish) the probe pass; return the complete index."""
+    """Run (or finish) the probe pass; return the complete index.
+
+    NaN/Inf in any weight is refused unless ``allow_nonfinite`` (a non-finite task vector
+    element then counts as inactive).
+    """
     options = options or RunOptions()
     family = open_family(base, list(agents))
-    return _probed_index(family, _eps(eps), Path(index) if index else None, options)
-
-
-def _probed_index(family: Family, eps: float, index: Path | None, options: RunOptions) -> IndexStore:
     _threads(options)
-    store = resolve.open_or_create(family, eps, index, options.cache_dir, _block_elems(family, options))
-    if not store.probe_complete():
-        run_probe(family, store, options.quiet)
-    return store
+    ctx = StatsContext(
+        family, _eps(eps), Path(index) if index else None, options, _block_elems(family, options), allow_nonfinite
+    )
+    ctx.overlap()
+    return ctx.store
 
 
 def merge(
@@ -103,6 +105,7 @@ def merge(
     out_dtype: OutDtype = "auto",
     shard_size: int = DEFAULT_SHARD_SIZE,
     force: bool = False,
+    allow_nonfinite: bool = False,
     options: RunOptions | None = None,
 ) -> MergeResult:
     """Merge ``agents`` into ``base`` with ``method``; rerunning the same call resumes it.
@@ -127,14 +130,39 @@ def merge(
         "out_dtype": out_dtype,
         "shard_size": shard_size,
         "ramstream_version": __version__,
+        **({"allow_nonfinite": True} if allow_nonfinite else {}),
     }
     output_dir.check_output_path(out_path, [m.path for m in family.members])
+    with output_dir.lock(out_path):
+        return _merge_into(
+            out_path, spec, params, family, run, dtypes, eps, index, shard_size, force, allow_nonfinite, options
+        )
+
+
+def _merge_into(
+    out_path: Path,
+    spec: MethodSpec,
+    params: Any,
+    family: Family,
+    run: dict[str, Any],
+    dtypes: tuple[str, ...],
+    eps: float,
+    index: str | Path | None,
+    shard_size: int,
+    force: bool,
+    allow_nonfinite: bool,
+    options: RunOptions,
+) -> MergeResult:
+    """The merge proper, with the output directory locked."""
+    method = spec.name
     if output_dir.prepare(out_path, run, force):
         record = output_dir.finished_record(out_path) or {}
         per_agent = {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
         return MergeResult(out_path, None, method, params.to_dict(), per_agent, True)
     _threads(options)
-    ctx = StatsContext(family, eps, Path(index) if index else None, options, _block_elems(family, options))
+    ctx = StatsContext(
+        family, eps, Path(index) if index else None, options, _block_elems(family, options), allow_nonfinite
+    )
     prepared = spec.prepare(params, ctx)
     work = output_dir.work_dir(out_path)
     # A resumed merge keeps the block size its journal was written with, whatever --memory says now.
@@ -146,7 +174,8 @@ def merge(
         shard_size,
     )
     index_path = ctx.store.path if ctx.used_index else None
-    job = MergeJob(family, plan, prepared.merge_block, dtypes, layout, index=index_path)
+    check = not allow_nonfinite and not ctx.checked_nonfinite
+    job = MergeJob(family, plan, prepared.merge_block, dtypes, layout, index=index_path, check_nonfinite=check)
     run_merge(job, work, options.quiet)
     record = {
         "run": run,

@@ -45,3 +45,15 @@ class ConfigError(RamstreamError):
 
 class MissingDependencyError(RamstreamError):
     """An optional dependency (matplotlib for plots, pandas for DataFrames) that is not installed."""
+
+
+class StoreWriteError(RamstreamError):
+    """The index or the merge journal could not be written (disk full, permissions)."""
+
+
+class StoreCorruptError(RamstreamError):
+    """A chunk of the index or journal failed its checksum or could not be decoded."""
+
+
+class ConcurrentRunError(RamstreamError):
+    """Another ramstream process is writing the same index or output directory."""

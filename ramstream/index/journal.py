@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.codecs import Crc32cCodec
+
+from ramstream.index.guard import store_io
 
 RATE_EVERY = 2.0  # seconds between two throughput records of a running pass
 RATE_ATTR = "rate"
@@ -24,11 +27,12 @@ class Journal:
     def __init__(self, array: zarr.Array) -> None:
         self._array = array
         self._rate_noted = time.monotonic()
+        self.where = getattr(array.store, "root", array.store)
 
     @classmethod
     def create(cls, group: zarr.Group, name: str, n_blocks: int) -> Journal:
         array = group.create_array(
-            name, shape=(max(n_blocks, 1),), chunks=(1,), dtype="uint8", fill_value=0, compressors=None
+            name, shape=(max(n_blocks, 1),), chunks=(1,), dtype="uint8", fill_value=0, compressors=Crc32cCodec()
         )
         return cls(array)
 
@@ -46,10 +50,12 @@ class Journal:
         """A boolean per block."""
         if n_blocks == 0:
             return np.zeros(0, dtype=bool)
-        return np.asarray(self._array[:n_blocks]) != 0
+        with store_io(self.where, "reading the journal"):
+            return np.asarray(self._array[:n_blocks]) != 0
 
     def mark(self, block: int) -> None:
-        self._array[block] = 1
+        with store_io(self.where, f"marking block {block} done"):
+            self._array[block] = 1
 
     def record_rate(self, nbytes: int, seconds: float, *, final: bool = False) -> None:
         """Keep this run's throughput (input bytes done and seconds spent so far): at most every
@@ -59,12 +65,13 @@ class Journal:
         if nbytes <= 0 or (not final and now - self._rate_noted < RATE_EVERY):
             return
         self._rate_noted = now
-        self._array.attrs[RATE_ATTR] = {
-            "bytes": int(nbytes),
-            "seconds": float(seconds),
-            "recorded_at": time.time(),
-            "final": final,
-        }
+        with store_io(self.where, "recording the throughput"):
+            self._array.attrs[RATE_ATTR] = {
+                "bytes": int(nbytes),
+                "seconds": float(seconds),
+                "recorded_at": time.time(),
+                "final": final,
+            }
 
     def rate(self) -> dict[str, Any] | None:
         """The last throughput record (``bytes``, ``seconds``, ``recorded_at``, ``final``), if any."""

@@ -27,10 +27,15 @@ def family_key(family: Family, eps: float) -> str:
     return content_key(family.fingerprints(), {"eps": float(eps), "schema": SCHEMA_VERSION})
 
 
+def index_path(family: Family, eps: float, path: Path | None, cache_dir: Path) -> Path:
+    """Where the index of ``family`` and ``eps`` lives: ``path`` if given, else in the cache."""
+    return path if path is not None else cache_path(cache_dir, family_key(family, eps))
+
+
 def open_or_create(family: Family, eps: float, path: Path | None, cache_dir: Path, block_elems: int) -> IndexStore:
     """The index for ``family`` and ``eps``; an explicit ``path`` built from anything else is refused."""
     key = family_key(family, eps)
-    target = path if path is not None else cache_path(cache_dir, key)
+    target = index_path(family, eps, path, cache_dir)
     if target.exists() and is_unfinished_creation(target):
         remove_index(target)
     if target.exists():

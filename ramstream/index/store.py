@@ -21,17 +21,20 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import ZstdCodec
+from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from ramstream import __version__
 from ramstream.errors import IndexMismatchError
+from ramstream.index.guard import store_io
 from ramstream.index.journal import Journal
 from ramstream.plan import Plan, TensorPlan, plan_from_tensors
 from ramstream.stats import OverlapCounts, per_tensor
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ATTR = "ramstream_index"
-MASK_COMPRESSOR = ZstdCodec(level=1)
+# Every chunk carries a CRC32C of its stored bytes, so a truncated or altered chunk is detected.
+COMPRESSED = (ZstdCodec(level=1), Crc32cCodec())
+CHECKED = (Crc32cCodec(),)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,14 @@ class IndexHeader:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> IndexHeader:
+        """Parse a header; anything malformed raises ``IndexMismatchError``."""
+        try:
+            return cls._from_dict(doc)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise IndexMismatchError(f"the index header is damaged ({type(exc).__name__}: {exc})") from exc
+
+    @classmethod
+    def _from_dict(cls, doc: dict[str, Any]) -> IndexHeader:
         tensors = tuple(
             TensorPlan(t["name"], tuple(t["shape"]), int(np.prod(t["shape"], dtype=np.int64)), tuple(t["dtypes"]))
             for t in doc["tensors"]
@@ -101,10 +112,17 @@ class IndexStore:
         b = self.plan.blocks[block]
         array = self._mask_array(b.tensor)
         byte0 = b.start // 8
-        array[:, byte0 : byte0 + masks.shape[1]] = masks
-        self._array("stats/overlap")[block] = overlap
-        self._array("stats/coverage")[block] = coverage
+        with store_io(self.path, f"writing block {block} of the index"):
+            array[:, byte0 : byte0 + masks.shape[1]] = masks
+            self._array("stats/overlap")[block] = overlap
+            self._array("stats/coverage")[block] = coverage
         self.journal.mark(block)
+
+    def write_statistic(self, array: zarr.Array, journal: Journal, block: int, partial: np.ndarray) -> None:
+        """Persist one block's partial of a method statistic, then mark it done."""
+        with store_io(self.path, f"writing block {block} of statistic {array.basename!r}"):
+            array[block] = partial
+        journal.mark(block)
 
     def _array(self, key: str) -> zarr.Array:
         node = self.group.get(key)
@@ -127,12 +145,13 @@ class IndexStore:
 
     def record_probe(self, seconds: float, nbytes: int, complete: bool) -> None:
         """Keep the last run's throughput (for status ETAs) and whether the pass finished."""
-        self.group.attrs["probe"] = {
-            "complete": complete,
-            "seconds": seconds,
-            "bytes": nbytes,
-            "finished_at": time.time() if complete else None,
-        }
+        with store_io(self.path, "recording the probe pass"):
+            self.group.attrs["probe"] = {
+                "complete": complete,
+                "seconds": seconds,
+                "bytes": nbytes,
+                "finished_at": time.time() if complete else None,
+            }
 
     # -- reading ---------------------------------------------------------------------------
     def block_stats(self) -> tuple[np.ndarray, np.ndarray]:
@@ -141,8 +160,9 @@ class IndexStore:
         n_agents = self.n_agents
         if n == 0:
             return np.zeros((0, n_agents, n_agents), np.int64), np.zeros((0, n_agents + 1), np.int64)
-        overlap = np.asarray(self._array("stats/overlap")[:n])
-        coverage = np.asarray(self._array("stats/coverage")[:n])
+        with store_io(self.path, "reading the overlap statistics"):
+            overlap = np.asarray(self._array("stats/overlap")[:n])
+            coverage = np.asarray(self._array("stats/coverage")[:n])
         return overlap, coverage
 
     def write_rollup(self) -> None:
@@ -154,10 +174,17 @@ class IndexStore:
         assert isinstance(stats, zarr.Group)
         for name, data in (("tensor_overlap", counts.overlap), ("tensor_coverage", counts.coverage)):
             chunks = (max(data.shape[0], 1), *data.shape[1:])
-            array = stats.create_array(
-                name, shape=data.shape, chunks=chunks, dtype="int64", fill_value=0, overwrite=True
-            )
-            array[...] = data
+            with store_io(self.path, f"writing the roll-up {name}"):
+                array = stats.create_array(
+                    name,
+                    shape=data.shape,
+                    chunks=chunks,
+                    dtype="int64",
+                    fill_value=0,
+                    overwrite=True,
+                    compressors=CHECKED,
+                )
+                array[...] = data
 
     def tensor_counts(self) -> OverlapCounts:
         """Per-tensor totals ``(tensors, N, N)`` / ``(tensors, N+1)``: the roll-up of a finished
@@ -171,7 +198,8 @@ class IndexStore:
             and overlap.shape == (n_tensors, n_agents, n_agents)
             and coverage.shape == (n_tensors, n_agents + 1)
         ):
-            return OverlapCounts(np.asarray(overlap[...]), np.asarray(coverage[...]))
+            with store_io(self.path, "reading the per-tensor roll-up"):
+                return OverlapCounts(np.asarray(overlap[...]), np.asarray(coverage[...]))
         return per_tensor(self.plan, *self.block_stats())
 
     # -- method statistics (see ramstream/statistics) --------------------------------------
@@ -181,15 +209,16 @@ class IndexStore:
         name = f"stats/{key}"
         node = self.group.get(name)
         if node is None:
-            node = self.group.create_array(
-                name,
-                shape=(n_blocks, *shape),
-                chunks=(1, *shape),
-                dtype=dtype,
-                fill_value=0,
-                compressors=MASK_COMPRESSOR,
-            )
-            journal = Journal.create(self.group, f"progress/{key}", len(self.plan.blocks))
+            with store_io(self.path, f"creating statistic {key!r}"):
+                node = self.group.create_array(
+                    name,
+                    shape=(n_blocks, *shape),
+                    chunks=(1, *shape),
+                    dtype=dtype,
+                    fill_value=0,
+                    compressors=COMPRESSED,
+                )
+                journal = Journal.create(self.group, f"progress/{key}", len(self.plan.blocks))
         else:
             journal = Journal.open(self.group, f"progress/{key}")
         if not isinstance(node, zarr.Array) or node.shape != (n_blocks, *shape):
@@ -204,11 +233,13 @@ class IndexStore:
         done = self.group.attrs.get("statistics")
         merged = dict(done) if isinstance(done, dict) else {}
         merged[key] = True
-        self.group.attrs["statistics"] = merged
+        with store_io(self.path, f"recording statistic {key!r}"):
+            self.group.attrs["statistics"] = merged
 
     def tensor_mask(self, tensor: int) -> np.ndarray:
         """The packed masks ``(N, ceil(numel/8))`` of one tensor (for inspection)."""
-        return np.asarray(self._mask_array(tensor)[:])
+        with store_io(self.path, f"reading the masks of tensor {self.plan.tensors[tensor].name!r}"):
+            return np.asarray(self._mask_array(tensor)[:])
 
     def block_mask(self, block: int) -> np.ndarray:
         """The packed masks ``(N, ceil(size/8))`` of one block (for bounded-memory inspection)."""
@@ -220,6 +251,11 @@ class IndexStore:
 def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
     """Create a fresh index at ``path`` (replacing an unfinished creation, never other data)."""
     # The state is in the very first metadata written, so a kill at any later point is recognisable.
+    with store_io(path, "creating the index"):
+        return _create(path, header, plan)
+
+
+def _create(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
     group = zarr.open_group(str(path), mode="w", zarr_format=3, attributes={"state": "creating"})
     n_agents = len(header.agents)
     n_blocks = max(len(plan.blocks), 1)
@@ -232,15 +268,25 @@ def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
                 chunks=(n_agents, plan.block_elems // 8),
                 dtype="uint8",
                 fill_value=0,
-                compressors=MASK_COMPRESSOR,
+                compressors=COMPRESSED,
                 attributes={"tensor": t.name},
             )
     stats = group.create_group("stats")
     stats.create_array(
-        "overlap", shape=(n_blocks, n_agents, n_agents), chunks=(1, n_agents, n_agents), dtype="int64", fill_value=0
+        "overlap",
+        shape=(n_blocks, n_agents, n_agents),
+        chunks=(1, n_agents, n_agents),
+        dtype="int64",
+        fill_value=0,
+        compressors=CHECKED,
     )
     stats.create_array(
-        "coverage", shape=(n_blocks, n_agents + 1), chunks=(1, n_agents + 1), dtype="int64", fill_value=0
+        "coverage",
+        shape=(n_blocks, n_agents + 1),
+        chunks=(1, n_agents + 1),
+        dtype="int64",
+        fill_value=0,
+        compressors=CHECKED,
     )
     progress = group.create_group("progress")
     Journal.create(progress, "probe", len(plan.blocks))
@@ -252,7 +298,13 @@ def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
 def open_index_store(path: Path, read_only: bool = False) -> IndexStore:
     """Open an existing index, validating its schema version."""
     group = _open_group(path, read_only)
-    header = IndexHeader.from_dict(group.attrs[ATTR])  # type: ignore[arg-type]
+    doc = group.attrs[ATTR]
+    if not isinstance(doc, dict):
+        raise IndexMismatchError(f"{path}: the index header is damaged; delete it and probe again")
+    try:
+        header = IndexHeader.from_dict(dict(doc))
+    except IndexMismatchError as exc:
+        raise IndexMismatchError(f"{path}: {exc}; delete it and probe again") from exc
     return IndexStore(path, group, header, _plan_of(header))
 
 

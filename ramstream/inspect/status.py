@@ -209,10 +209,10 @@ def _merge_pass(journal: zarr.Group | None, store: IndexStore | None, probe: Pas
 def output_status(out: Path, index: Path | None = None, cache_dir: Path | None = None) -> Status:
     record = output_dir.finished_record(out)
     if record is not None:
-        details = {"merge": {k: record.get(k) for k in ("method", "params", "eps")}}
         agents, values = record.get("agents", []), record.get("per_agent", {})
-        details["merge"]["per_agent"] = {key: dict(zip(agents, v, strict=False)) for key, v in values.items()}
-        details["merge"]["lambdas"] = details["merge"]["per_agent"].get("lambda")
+        per_agent = {key: dict(zip(agents, v, strict=False)) for key, v in values.items()}
+        summary = {k: record.get(k) for k in ("method", "params", "eps")}
+        details = {"merge": {**summary, "per_agent": per_agent, "lambdas": per_agent.get("lambda")}}
         passes = tuple(PassStatus(name, "done", None, None, None, None) for name in ("probe", "merge"))
         return Status(out, "output", None, passes, tuple(record.get("inputs", ())), details)
     run_file = output_dir.work_dir(out) / output_dir.RUN_FILE

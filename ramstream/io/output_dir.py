@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from ramstream.errors import OutputError
 from ramstream.io.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
+from ramstream.io.lock import hold
 from ramstream.io.writer import ShardLayout
 
 WORK_DIR = ".ramstream"
@@ -38,15 +40,21 @@ COPIED_FILES = (
 )
 ALWAYS_WRITTEN = (SHARD_INDEX, "config.json", "README.md", RECORD_FILE)
 TRASH_PREFIX = ".ramstream-done-"
+LOCK_FILE = ".ramstream.lock"
 
 
 def work_dir(out: Path) -> Path:
     return out / WORK_DIR
 
 
+def lock(out: Path) -> AbstractContextManager[None]:
+    """The output's lock: a second merge into the same directory is refused while one runs."""
+    return hold(out / LOCK_FILE, f"the output directory {out}", wait=False)
+
+
 def _is_ours(entry: Path) -> bool:
     """The work area and the trash of an earlier finalisation (see ``finalize``)."""
-    return entry.name == WORK_DIR or entry.name.startswith(TRASH_PREFIX)
+    return entry.name in (WORK_DIR, LOCK_FILE) or entry.name.startswith(TRASH_PREFIX)
 
 
 def finished_record(out: Path) -> dict[str, Any] | None:

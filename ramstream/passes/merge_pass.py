@@ -18,6 +18,7 @@ from ramstream.format.family import Family
 from ramstream.index.journal import Journal
 from ramstream.io.reader import MappedFiles
 from ramstream.io.writer import ShardLayout, ShardWriter
+from ramstream.kernels.nonfinite import first_nonfinite
 from ramstream.kernels.probe import workers
 from ramstream.methods.base import BlockMerger
 from ramstream.passes.inputs import BlockInputs
@@ -35,6 +36,7 @@ class MergeJob:
     out_dtypes: tuple[str, ...]  # per tensor, the dtype written
     layout: ShardLayout
     index: Path | None = None  # the index used, recorded in the journal for ``ramstream status``
+    check_nonfinite: bool = True  # refuse NaN/Inf inputs (off when the probe pass already checked)
 
 
 def _journal_path(work: Path) -> Path:
@@ -99,6 +101,10 @@ def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
                     out_buffers[out_dtype] = buffer
                 out = buffer[: block.size]
                 arrays = inputs.arrays(block)
+                if job.check_nonfinite:
+                    bad = first_nonfinite(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, n_workers)
+                    if bad >= 0:
+                        raise inputs.nonfinite_error(block, int(bad))
                 job.merge_block(arrays, block, out, int(FLOAT_CODES[out_dtype]), n_workers)
                 del arrays
                 inputs.release(block)

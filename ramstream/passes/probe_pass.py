@@ -12,7 +12,7 @@ from ramstream.passes.inputs import BlockInputs
 from ramstream.passes.progress import Progress
 
 
-def run_probe(family: Family, index: IndexStore, quiet: bool) -> None:
+def run_probe(family: Family, index: IndexStore, quiet: bool, allow_nonfinite: bool = False) -> None:
     """Probe the blocks the index's journal lacks; mark the pass complete at the end."""
     plan = index.plan
     done = index.done()
@@ -42,7 +42,7 @@ def run_probe(family: Family, index: IndexStore, quiet: bool) -> None:
                 coverage,
                 nonfinite,
             )
-            if (nonfinite >= 0).any():
+            if (nonfinite >= 0).any() and not allow_nonfinite:
                 raise inputs.nonfinite_error(block, int(nonfinite[nonfinite >= 0].min()))
             del arrays
             inputs.release(block)

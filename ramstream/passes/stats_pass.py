@@ -37,8 +37,7 @@ def run_statistics(family: Family, index: IndexStore, stats: list[BlockStatistic
             tensor = plan.tensors[block.tensor]
             for stat, (array, journal), flags in zip(pending, stores, done, strict=True):
                 if not flags[block.index]:
-                    array[block.index] = stat.compute(arrays, block, tensor, n_workers)
-                    journal.mark(block.index)
+                    index.write_statistic(array, journal, block.index, stat.compute(arrays, block, tensor, n_workers))
             del arrays
             inputs.release(block)
             progress.advance(plan.block_bytes(block))

@@ -6,6 +6,7 @@ none (linear, task arithmetic, DARE with the 1/(1-p) rescale) merge in a single 
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from ramstream.config import RunOptions
 from ramstream.format.family import Family
 from ramstream.index import resolve
 from ramstream.index.store import IndexStore
+from ramstream.io.lock import hold
 from ramstream.passes.probe_pass import run_probe
 from ramstream.passes.stats_pass import run_statistics
 from ramstream.plan import Plan
@@ -22,8 +24,17 @@ from ramstream.stats import OverlapCounts, per_tensor
 
 
 class StatsContext:
-    def __init__(self, family: Family, eps: float, index: Path | None, options: RunOptions, block_elems: int) -> None:
+    def __init__(
+        self,
+        family: Family,
+        eps: float,
+        index: Path | None,
+        options: RunOptions,
+        block_elems: int,
+        allow_nonfinite: bool = False,
+    ) -> None:
         self.family = family
+        self.allow_nonfinite = allow_nonfinite
         self.eps = eps
         self.options = options
         self._index_path = index
@@ -35,10 +46,24 @@ class StatsContext:
     def store(self) -> IndexStore:
         """The index (opened or created on first use)."""
         if self._store is None:
-            self._store = resolve.open_or_create(
-                self.family, self.eps, self._index_path, self.options.cache_dir, self._block_elems
-            )
+            with self._writing():
+                self._store = self._open()
         return self._store
+
+    def _open(self) -> IndexStore:
+        return resolve.open_or_create(
+            self.family, self.eps, self._index_path, self.options.cache_dir, self._block_elems
+        )
+
+    def _writing(self) -> AbstractContextManager[None]:
+        """The index's lock: a second process wanting to write it waits for the first."""
+        path = resolve.index_path(self.family, self.eps, self._index_path, self.options.cache_dir)
+        return hold(path.with_name(path.name + ".lock"), f"the index {path}", wait=True)
+
+    @property
+    def checked_nonfinite(self) -> bool:
+        """True once the probe pass has vouched that no input holds NaN/Inf."""
+        return self._overlap is not None and not self.allow_nonfinite
 
     @property
     def used_index(self) -> bool:
@@ -53,17 +78,31 @@ class StatsContext:
         """RAM's overlap counts per tensor (running the probe pass if it is not complete)."""
         if self._overlap is None:
             if not self.store.probe_complete():
-                run_probe(self.family, self.store, self.options.quiet)
+                with self._writing():
+                    self._store = self._open()  # another process may have finished it meanwhile
+                    if not self._store.probe_complete():
+                        run_probe(self.family, self._store, self.options.quiet, self.allow_nonfinite)
             self._overlap = per_tensor(self.store.plan, *self.store.block_stats())
         return self._overlap
 
     def gather(self, *stats: BlockStatistic) -> list[np.ndarray]:
         """Each statistic's per-block partials ``(blocks, *shape)``, computing what is missing."""
-        run_statistics(self.family, self.store, list(stats), self.options.quiet)
-        n = len(self.store.plan.blocks)
-        n_agents = len(self.family.agents)
-        out = []
-        for stat in stats:
-            array, _ = self.store.statistic(stat.key, stat.shape(n_agents), stat.dtype)
-            out.append(np.asarray(array[:n]) if n else np.zeros((0, *stat.shape(n_agents)), stat.dtype))
-        return out
+        self.compute(*stats)
+        blocks = range(len(self.store.plan.blocks))
+        return [self.partials(stat, blocks) for stat in stats]
+
+    def compute(self, *stats: BlockStatistic) -> None:
+        """Compute what is missing of each statistic (in one pass), without reading it back:
+        large partials are then read a few blocks at a time with ``partials``."""
+        if not all(self.store.statistic_complete(s.key) for s in stats):
+            with self._writing():
+                self._store = self._open()
+                run_statistics(self.family, self._store, list(stats), self.options.quiet)
+
+    def partials(self, stat: BlockStatistic, blocks: range) -> np.ndarray:
+        """The partials ``(len(blocks), *shape)`` of consecutive blocks of a computed statistic."""
+        shape = stat.shape(len(self.family.agents))
+        if not len(blocks):
+            return np.zeros((0, *shape), stat.dtype)
+        array, _ = self.store.statistic(stat.key, shape, stat.dtype)
+        return np.asarray(array[blocks.start : blocks.stop])

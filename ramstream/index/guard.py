@@ -1,0 +1,31 @@
+"""Turn failures of Zarr stores (ours: the index and the merge journal) into clear errors.
+
+Zarr reports a full disk as an ``OSError`` and a damaged chunk (checksum mismatch, truncated or
+altered file) as whatever its codecs raise; at this boundary both become ramstream errors that
+name the store and say what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ramstream.errors import RamstreamError, StoreCorruptError, StoreWriteError
+
+
+@contextmanager
+def store_io(where: object, doing: str) -> Iterator[None]:
+    try:
+        yield
+    except RamstreamError:
+        raise
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise StoreWriteError(
+            f"{where}: {doing} failed ({reason}); free space (or fix permissions) and rerun the same command to resume"
+        ) from exc
+    except Exception as exc:  # codec errors: checksum mismatch, truncated or altered chunk
+        raise StoreCorruptError(
+            f"{where}: {doing} failed, the store is damaged ({type(exc).__name__}: {exc}); "
+            "delete it and run the command again"
+        ) from exc
