@@ -270,6 +270,7 @@ def _create(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
                 fill_value=0,
                 compressors=COMPRESSED,
                 attributes={"tensor": t.name},
+                config={"write_empty_chunks": True},  # type: ignore[arg-type]  # no "all fill value" scan per write
             )
     stats = group.create_group("stats")
     stats.create_array(

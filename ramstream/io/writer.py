@@ -85,7 +85,9 @@ class ShardWriter:
                     os.ftruncate(fd, size)
                 os.pwrite(fd, header, 0)
             except OSError as exc:
-                raise OutputError(f"{path}: cannot create the output shard ({exc.strerror})") from exc
+                raise OutputError(
+                    f"{path}: cannot create the output shard ({exc.strerror}); free space and rerun the same command"
+                ) from exc
             self._fds.append(fd)
 
     def partial_path(self, name: str) -> Path:
