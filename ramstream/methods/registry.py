@@ -10,10 +10,17 @@ _REGISTRY: dict[str, MethodSpec] = {}
 
 def _builtin_methods() -> list[MethodSpec]:
     """Every method ramstream ships, in the order ``--help`` lists them."""
-    from ramstream.methods import ram
+    from ramstream.methods import dare, della, linear, magnitude, model_stock, ram, task_arithmetic
 
     return [
         *(ram.ram_spec(name) for name in ram.RAM_METHODS),
+        linear.LINEAR,
+        task_arithmetic.TASK_ARITHMETIC,
+        dare.DARE_LINEAR,
+        dare.DARE_TIES,
+        model_stock.MODEL_STOCK,
+        *(magnitude.magnitude_spec(name) for name in magnitude.MAGNITUDE_METHODS),
+        *(della.della_spec(name) for name in della.DELLA_METHODS),
     ]
 
 

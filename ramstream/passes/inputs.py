@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,6 +22,10 @@ class BlockArrays:
     base_code: int
     agents: tuple[np.ndarray, ...]
     agent_codes: np.ndarray  # int64 (N,)
+    # span(start, stop): the same inputs over elements [start, stop) of the block's tensor, for
+    # statistics and mergers that must look past the block's edges (whole rows, preceding
+    # elements). Its pages are released with the block's.
+    span: Callable[[int, int], BlockArrays] | None = field(default=None, compare=False, repr=False)
 
 
 class BlockInputs:
@@ -29,25 +35,39 @@ class BlockInputs:
         self.family = family
         self.plan = plan
         self.files = files
+        self._spans: dict[int, list[tuple[int, int]]] = {}  # block index -> extra ranges handed out
 
     def _refs(self, block: Block):  # type: ignore[no-untyped-def]
         name = self.plan.tensors[block.tensor].name
         return [m.tensors[name] for m in self.family.members]
 
     def arrays(self, block: Block) -> BlockArrays:
+        return self._views(block, block.start, block.stop)
+
+    def _span(self, block: Block, start: int, stop: int) -> BlockArrays:
+        numel = self.plan.tensors[block.tensor].numel
+        if not 0 <= start <= stop <= numel:
+            raise ValueError(f"span [{start}, {stop}) lies outside tensor {block.tensor} ({numel} elements)")
+        self._spans.setdefault(block.index, []).append((start, stop))
+        return self._views(block, start, stop)
+
+    def _views(self, block: Block, start: int, stop: int) -> BlockArrays:
         refs = self._refs(block)
-        views = [self.files.float_view(r, block.start, block.stop) for r in refs]
+        views = [self.files.float_view(r, start, stop) for r in refs]
         codes = [int(FLOAT_CODES[r.entry.dtype]) for r in refs]
         agents, agent_codes = views[1:], codes[1:]
         if len({a.dtype for a in agents}) > 1:
             # Agents stored in different carriers (say f32 and bf16): decode all to float32.
             agents = [_as_readonly(decode_array(a, c)) for a, c in zip(agents, agent_codes, strict=True)]
             agent_codes = [int(FloatCode.F32)] * len(agents)
-        return BlockArrays(views[0], codes[0], tuple(agents), np.array(agent_codes, dtype=np.int64))
+        span = functools.partial(self._span, block)
+        return BlockArrays(views[0], codes[0], tuple(agents), np.array(agent_codes, dtype=np.int64), span)
 
     def release(self, block: Block) -> None:
+        ranges = [(block.start, block.stop), *self._spans.pop(block.index, [])]
         for ref in self._refs(block):
-            self.files.release(ref, block.start, block.stop)
+            for start, stop in ranges:
+                self.files.release(ref, start, stop)
 
     def prefetch(self, block: Block) -> None:
         for ref in self._refs(block):

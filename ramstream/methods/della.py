@@ -1,0 +1,229 @@
+"""DELLA and linear DELLA (arXiv 2406.11617), as mergekit 0.1.5's ``della`` / ``della_linear``.
+
+Per agent t and tensor, MAGPRUNE keeps element i with probability
+p_i = (density - epsilon) + rank_norm_i * 2 epsilon, where rank_norm is the element's rank of |tau|
+within its row scaled to [0, 1] (``ramstream.kernels.della``), drawn with the counter RNG keyed
+by (seed, agent, tensor, element index). Survivors are then rescaled:
+
+- ``rescale="l1"`` (``True``, the default, mergekit): by sum|tau| / sum|tau kept| per tensor and
+  agent, from exact sums (skipped when either is below 1e-7);
+- ``rescale="inverse"``: each survivor by 1/p_i, as the DELLA paper;
+- ``rescale="none"`` (``False``): not at all.
+
+Then generalized task arithmetic: ``della`` elects signs by summed mass (consensus ``sum``) and
+normalizes by default; ``della_linear`` sums without consensus and does not normalize.
+density >= 1 keeps a tensor whole (no rescale), density <= 0 drops it; otherwise
+density - epsilon and density + epsilon must lie in (0, 1).
+
+Ranks need whole rows: merge blocks hold whole dim-0 slices (``row_aligned``), and the L1
+statistic widens each index block to the slices it touches (``BlockArrays.span``), counting only
+the block's own elements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from ramstream.errors import ConfigError
+from ramstream.kernels import della as kernels
+from ramstream.kernels import gta
+from ramstream.methods import options
+from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
+from ramstream.methods.trim import l1_factors
+from ramstream.passes.inputs import BlockArrays
+from ramstream.plan import Block, TensorPlan
+from ramstream.statistics.context import StatsContext
+from ramstream.statistics.exact_sums import random_keys
+from ramstream.statistics.magnitude import KeptL1, digest
+
+Rescale = Literal["l1", "inverse", "none"]
+OPTIONS = {"weights", "density", "epsilon", "lambda", "normalize", "rescale", "seed"}
+
+
+@dataclass(frozen=True)
+class DellaParams:
+    weights: tuple[float, ...]
+    density: tuple[float, ...]
+    epsilon: tuple[float, ...]
+    lam: float
+    normalize: bool
+    rescale: Rescale
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "weights": list(self.weights),
+            "density": list(self.density),
+            "epsilon": list(self.epsilon),
+            "lambda": self.lam,
+            "normalize": self.normalize,
+            "rescale": self.rescale,
+            "seed": self.seed,
+        }
+
+
+def parse_della(name: str, given: Mapping[str, Any], n_agents: int) -> DellaParams:
+    refuse_unknown(name, given, OPTIONS)
+    density = options.per_agent("density", given.get("density", 1.0), n_agents)
+    options.in_range("density", density, 0.0, 1.0)
+    epsilon = options.per_agent("epsilon", given.get("epsilon", 0.15), n_agents)
+    options.in_range("epsilon", epsilon, 0.0, 1.0)
+    for d, e in zip(density, epsilon, strict=True):
+        if 0 < d < 1 and not (d - e > 0 and d + e < 1):
+            raise ConfigError(
+                f"--density {d:g} with --epsilon {e:g}: density - epsilon and density + epsilon must lie in (0, 1)"
+            )
+    return DellaParams(
+        weights=options.per_agent("weights", given.get("weights", 1.0), n_agents),
+        density=density,
+        epsilon=epsilon,
+        lam=options.number("lambda", given.get("lambda", 1.0)),
+        normalize=options.boolean("normalize", given.get("normalize", name == "della")),
+        rescale=rescale_choice(given.get("rescale", "l1")),
+        seed=options.seed("seed", given.get("seed", 0)),
+    )
+
+
+def rescale_choice(value: Any) -> Rescale:
+    if value is True or value == "l1":
+        return "l1"
+    if value is False or value == "none":
+        return "none"
+    if value == "inverse":
+        return "inverse"
+    raise ConfigError(f"--rescale must be l1, inverse or none (or true / false), got {value!r}")
+
+
+def geometry(tensor: TensorPlan) -> tuple[int, int]:
+    """(slice size, rows): dim-0 slices of ``rows`` x (slice size / rows) elements; ranks run over
+    dim 1 (a 1-D tensor is one row; a scalar one element)."""
+    shape = tensor.shape
+    if len(shape) >= 2:
+        return tensor.numel // shape[0], shape[1]
+    return max(tensor.numel, 1), max(tensor.numel, 1)
+
+
+@dataclass(frozen=True, eq=False)
+class Magprune:
+    seed: int
+    mode: np.ndarray  # int64 (N,): kernels.PRUNE / KEEP_ALL / DROP_ALL
+    lo: np.ndarray  # float32 (N,): density - epsilon
+    width: np.ndarray  # float32 (N,): 2 epsilon
+
+    @classmethod
+    def of(cls, params: DellaParams) -> Magprune:
+        mode = [kernels.KEEP_ALL if d >= 1 else kernels.DROP_ALL if d <= 0 else kernels.PRUNE for d in params.density]
+        lo = [d - e for d, e in zip(params.density, params.epsilon, strict=True)]
+        return cls(
+            params.seed,
+            np.array(mode, np.int64),
+            np.array(lo, np.float32),
+            np.array([2 * e for e in params.epsilon], np.float32),
+        )
+
+    def digest(self) -> str:
+        return digest(np.array([self.seed], np.uint64), self.mode, self.lo, self.width)
+
+    def keep(
+        self, arrays: BlockArrays, tensor: TensorPlan, start: int, stop: int, inverse: bool, workers: int
+    ) -> np.ndarray:
+        """float32 (N, stop - start): 0 where dropped, 1 (or 1/p) where kept. ``arrays`` hold
+        elements [start, stop) of the tensor, or lie inside them; rows are read whole."""
+        size, rows = geometry(tensor)
+        lo, hi = start // size * size, min(-(-stop // size) * size, tensor.numel)
+        whole = arrays if arrays.base.shape[0] == hi - lo else _span(arrays, lo, hi)
+        keep = np.empty((len(arrays.agents), hi - lo), np.float32)
+        keys = random_keys(self.seed, len(arrays.agents), tensor.name)
+        kernels.della_keep(
+            whole.base,
+            whole.base_code,
+            whole.agents,
+            whole.agent_codes,
+            lo,
+            size,
+            rows,
+            keys,
+            self.mode,
+            self.lo,
+            self.width,
+            inverse,
+            keep,
+            workers,
+        )
+        return keep if (lo, hi) == (start, stop) else np.ascontiguousarray(keep[:, start - lo : stop - lo])
+
+
+def _span(arrays: BlockArrays, start: int, stop: int) -> BlockArrays:
+    assert arrays.span is not None, "block inputs without span()"
+    return arrays.span(start, stop)
+
+
+def prepare_della(name: str, params: DellaParams, ctx: StatsContext) -> Prepared:
+    prune = Magprune.of(params)
+    n_tensors, n_agents = len(ctx.family.base.tensors), len(params.weights)
+    if params.rescale == "l1" and (prune.mode == kernels.PRUNE).any():
+
+        def select(arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
+            return prune.keep(arrays, tensor, block.start, block.stop, False, workers)
+
+        stat = KeptL1("della", prune.digest(), select)
+        ctx.compute(stat)
+        scale = l1_factors(ctx, stat)
+    else:
+        scale = np.ones((n_tensors, n_agents), np.float32)
+    tensors = [_tensor_plan(ctx, name) for name in ctx.family.base.tensors]
+    weights = np.array(params.weights, np.float32)
+    lam = np.float32(params.lam)
+    consensus = gta.CONSENSUS_SUM if name == "della" else gta.CONSENSUS_NONE
+    normalize = params.normalize
+    inverse = params.rescale == "inverse"
+
+    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, workers: int) -> None:
+        keep = prune.keep(arrays, tensors[block.tensor], block.start, block.stop, inverse, workers)
+        gta.gta_merge_block(
+            arrays.base,
+            arrays.base_code,
+            arrays.agents,
+            arrays.agent_codes,
+            weights,
+            scale[block.tensor],
+            gta.KEEP_ARRAY,
+            keep,
+            gta.NO_KEYS,
+            gta.NO_DENSITY,
+            block.start,
+            consensus,
+            normalize,
+            lam,
+            out,
+            out_code,
+            workers,
+        )
+
+    return Prepared(merge_block, {"weight": params.weights, "density": params.density, "epsilon": params.epsilon})
+
+
+def _tensor_plan(ctx: StatsContext, name: str) -> TensorPlan:
+    """Name, shape and size of a tensor (without opening the index)."""
+    entry = ctx.family.base.tensors[name].entry
+    return TensorPlan(name, entry.shape, entry.numel, (entry.dtype,))
+
+
+DELLA_METHODS = {
+    "della": "DELLA: MAGPRUNE (rank-based random drop, rescaled), sign election, disjoint mean",
+    "della_linear": "linear DELLA: MAGPRUNE (rank-based random drop, rescaled), weighted sum",
+}
+
+
+def della_spec(name: str) -> MethodSpec:
+    def parse(given: Mapping[str, Any], n_agents: int) -> DellaParams:
+        return parse_della(name, given, n_agents)
+
+    def prepare(params: DellaParams, ctx: StatsContext) -> Prepared:
+        return prepare_della(name, params, ctx)
+
+    return MethodSpec(name, DELLA_METHODS[name], parse, prepare, row_aligned=True)

@@ -1,0 +1,69 @@
+"""Block mergers over the generalized task arithmetic kernel (``ramstream.kernels.gta``).
+
+``gta_merger`` turns per-tensor constants into the ``BlockMerger`` a ``Prepared`` holds, for the
+methods whose survivors are all elements or a counter-RNG draw (task arithmetic, DARE, model
+stock). Methods that build keep arrays themselves call ``kernels.gta.gta_merge_block`` directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ramstream.kernels import gta
+from ramstream.methods.base import BlockMerger
+from ramstream.passes.inputs import BlockArrays
+from ramstream.plan import Block
+
+CONSENSUS = {"none": gta.CONSENSUS_NONE, "sum": gta.CONSENSUS_SUM, "count": gta.CONSENSUS_COUNT}
+
+
+@dataclass(frozen=True)
+class RandomDrop:
+    """DARE's drop: agent t keeps element i of tensor T where uniform(keys[T, t], i) < density[t]."""
+
+    keys: np.ndarray  # uint64 (tensors, N)
+    density: np.ndarray  # float32 (N,)
+
+
+def gta_merger(
+    weights: np.ndarray,
+    scale: np.ndarray,
+    lam: np.ndarray,
+    *,
+    consensus: str = "none",
+    normalize: bool = False,
+    drop: RandomDrop | None = None,
+) -> BlockMerger:
+    """A block merger with float32 ``weights`` (N,), ``scale`` (tensors, N) and ``lam`` (tensors,)."""
+    weights = np.ascontiguousarray(weights, np.float32)
+    scale = np.ascontiguousarray(scale, np.float32)
+    lam = np.ascontiguousarray(lam, np.float32)
+    mode = gta.KEEP_RANDOM if drop is not None else gta.KEEP_ALL
+    density = drop.density if drop is not None else gta.NO_DENSITY
+    code = CONSENSUS[consensus]
+
+    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, workers: int) -> None:
+        keys = drop.keys[block.tensor] if drop is not None else gta.NO_KEYS
+        gta.gta_merge_block(
+            arrays.base,
+            arrays.base_code,
+            arrays.agents,
+            arrays.agent_codes,
+            weights,
+            scale[block.tensor],
+            mode,
+            gta.NO_KEEP,
+            keys,
+            density,
+            block.start,
+            code,
+            normalize,
+            lam[block.tensor],
+            out,
+            out_code,
+            workers,
+        )
+
+    return merge_block

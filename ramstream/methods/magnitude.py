@@ -1,0 +1,226 @@
+"""TIES, breadcrumbs and breadcrumbs with TIES: magnitude trimming, then generalized task arithmetic.
+
+As mergekit 0.1.5 (``sparsify.magnitude`` / ``magnitude_outliers`` and
+``GeneralizedTaskArithmeticMerge``), per agent t over a scope (each tensor, or with
+``trim_scope="model"`` the whole model: the original TIES code):
+
+- ``ties``: keep the k = max(1, int(density * n)) largest |tau| (n = elements of the scope;
+  density >= 1 keeps all, density <= 0 none); sign election by summed mass (consensus ``sum``);
+  normalize by default.
+- ``breadcrumbs`` / ``breadcrumbs_ties``: with target = int(density * n), top = int(gamma * n) and
+  bottom = max(0, n - target - top), keep the elements of ascending ranks [bottom, bottom + target)
+  (density >= 1 keeps all); no consensus / consensus ``sum``; no normalization by default.
+
+Ranks are exact and ties are broken by position (see ``ramstream.methods.trim`` and
+docs/methods-magnitude.md): TIES keeps, of the elements equal to its threshold, those of lowest
+index; breadcrumbs orders ties by index in the ascending order (a stable sort), so at its lower
+boundary the lowest-index ties are dropped and at its upper boundary the lowest-index ties kept.
+With ``rescale="l1"`` (``True``) the survivors of each tensor are scaled by sum|tau| / sum|tau kept|
+(mergekit's L1 norm matching, exact sums; skipped when either is below 1e-7); the default is
+``"none"`` (``False``), as mergekit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from ramstream.errors import ConfigError
+from ramstream.kernels import gta
+from ramstream.methods import options, trim
+from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
+from ramstream.passes.inputs import BlockArrays
+from ramstream.plan import Block
+from ramstream.statistics.context import StatsContext
+
+TrimScope = Literal["tensor", "model"]
+Consensus = Literal["none", "sum"]
+Rescale = Literal["l1", "none"]
+
+
+@dataclass(frozen=True)
+class MagnitudeMethod:
+    name: str
+    summary: str
+    outliers: bool  # breadcrumbs' window (with gamma) rather than TIES' top-k
+    consensus: Consensus
+    normalize: bool  # mergekit's default
+
+
+MAGNITUDE_METHODS = {
+    m.name: m
+    for m in (
+        MagnitudeMethod(
+            "ties", "TIES: keep the top-density |tau|, elect signs by summed mass, disjoint mean", False, "sum", True
+        ),
+        MagnitudeMethod(
+            "breadcrumbs",
+            "Model Breadcrumbs: drop the largest gamma and the smallest |tau|, then add",
+            True,
+            "none",
+            False,
+        ),
+        MagnitudeMethod("breadcrumbs_ties", "Model Breadcrumbs with TIES sign election", True, "sum", False),
+    )
+}
+
+
+@dataclass(frozen=True)
+class MagnitudeParams:
+    weights: tuple[float, ...]
+    density: tuple[float, ...]
+    gamma: tuple[float, ...] | None  # breadcrumbs only
+    lam: float
+    normalize: bool
+    rescale: Rescale
+    trim_scope: TrimScope
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"weights": list(self.weights), "density": list(self.density)}
+        if self.gamma is not None:
+            out["gamma"] = list(self.gamma)
+        out["lambda"] = self.lam
+        out["normalize"] = self.normalize
+        out["rescale"] = self.rescale
+        out["trim_scope"] = self.trim_scope
+        return out
+
+
+def parse_magnitude(method: MagnitudeMethod, given: Mapping[str, Any], n_agents: int) -> MagnitudeParams:
+    allowed = {"weights", "density", "lambda", "normalize", "rescale", "trim_scope"}
+    if method.outliers:
+        allowed.add("gamma")
+    refuse_unknown(method.name, given, allowed)
+    density = options.per_agent("density", given.get("density", 1.0), n_agents)
+    options.in_range("density", density, 0.0, 1.0)
+    gamma = None
+    if method.outliers:
+        gamma = options.per_agent("gamma", given.get("gamma", 0.01), n_agents)
+        options.in_range("gamma", gamma, 0.0, 1.0)
+    return MagnitudeParams(
+        weights=options.per_agent("weights", given.get("weights", 1.0), n_agents),
+        density=density,
+        gamma=gamma,
+        lam=options.number("lambda", given.get("lambda", 1.0)),
+        normalize=options.boolean("normalize", given.get("normalize", method.normalize)),
+        rescale=rescale_choice(given.get("rescale", "none")),
+        trim_scope=trim_scope(given.get("trim_scope", "tensor")),
+    )
+
+
+def rescale_choice(value: Any) -> Rescale:
+    if value is True or value == "l1":
+        return "l1"
+    if value is False or value == "none":
+        return "none"
+    raise ConfigError(f"--rescale must be l1 or none (or true / false) with magnitude trimming, got {value!r}")
+
+
+def trim_scope(value: Any) -> TrimScope:
+    if value == "tensor":
+        return "tensor"
+    if value == "model":
+        return "model"
+    raise ConfigError(f"--trim-scope must be tensor or model, got {value!r}")
+
+
+def top_k_counts(density: tuple[float, ...]) -> trim.CutCounts:
+    """TIES: one cut per agent at n - k (the dropped lower set), k = max(1, int(density * n))."""
+
+    def counts(n: int) -> np.ndarray:
+        out = np.empty((len(density), 1), np.int64)
+        for t, d in enumerate(density):
+            if d >= 1:
+                out[t, 0] = 0
+            elif d <= 0:
+                out[t, 0] = n
+            else:
+                out[t, 0] = max(0, n - max(1, int(d * n)))
+        return out
+
+    return counts
+
+
+def outlier_counts(density: tuple[float, ...], gamma: tuple[float, ...]) -> trim.CutCounts:
+    """Breadcrumbs: cuts at bottom and bottom + target (keep the ascending ranks between them)."""
+
+    def counts(n: int) -> np.ndarray:
+        out = np.empty((len(density), 2), np.int64)
+        for t, (d, g) in enumerate(zip(density, gamma, strict=True)):
+            if d >= 1:
+                out[t] = (0, n)
+                continue
+            target = int(d * n)
+            bottom = max(0, n - target - int(g * n))
+            out[t] = (bottom, bottom + target)
+        return out
+
+    return counts
+
+
+def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: StatsContext) -> Prepared:
+    if method.outliers:
+        assert params.gamma is not None
+        counts, n_cuts = outlier_counts(params.density, params.gamma), 2
+    else:
+        counts, n_cuts = top_k_counts(params.density), 1
+    solved = trim.solve(ctx, counts, n_cuts, params.trim_scope, lower_takes_first=method.outliers)
+    n_tensors, n_agents = len(ctx.plan.tensors), len(params.weights)
+    if params.rescale == "l1":
+        scale = solved.l1_factors(ctx, method.name)  # exactly 1 where an agent keeps everything
+    else:
+        scale = np.ones((n_tensors, n_agents), np.float32)
+    weights = np.array(params.weights, np.float32)
+    lam = np.float32(params.lam)
+    consensus = gta.CONSENSUS_SUM if method.consensus == "sum" else gta.CONSENSUS_NONE
+    normalize = params.normalize
+
+    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, workers: int) -> None:
+        keep = solved.keep(arrays, block, workers)
+        gta.gta_merge_block(
+            arrays.base,
+            arrays.base_code,
+            arrays.agents,
+            arrays.agent_codes,
+            weights,
+            scale[block.tensor],
+            gta.KEEP_ARRAY,
+            keep,
+            gta.NO_KEYS,
+            gta.NO_DENSITY,
+            block.start,
+            consensus,
+            normalize,
+            lam,
+            out,
+            out_code,
+            workers,
+        )
+
+    kept = kept_fraction(counts, n_cuts, [t.numel for t in ctx.plan.tensors if t.merged], params.trim_scope)
+    return Prepared(merge_block, {"weight": params.weights, "density": params.density, "kept": kept})
+
+
+def kept_fraction(counts: trim.CutCounts, n_cuts: int, sizes: list[int], scope: TrimScope) -> tuple[float, ...]:
+    """The exact share of the model's merged elements each agent keeps."""
+    total = sum(sizes)
+    if total == 0:
+        return (0.0,) * counts(0).shape[0]
+    scopes = [total] if scope == "model" else [n for n in sizes if n]
+    kept = sum((c[:, 1] if n_cuts == 2 else n) - c[:, 0] for n in scopes for c in [counts(n)])
+    return tuple(float(k) / total for k in np.atleast_1d(kept))
+
+
+def magnitude_spec(name: str) -> MethodSpec:
+    method = MAGNITUDE_METHODS[name]
+
+    def parse(given: Mapping[str, Any], n_agents: int) -> MagnitudeParams:
+        return parse_magnitude(method, given, n_agents)
+
+    def prepare(params: MagnitudeParams, ctx: StatsContext) -> Prepared:
+        return prepare_magnitude(method, params, ctx)
+
+    return MethodSpec(name, method.summary, parse, prepare)

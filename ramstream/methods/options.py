@@ -1,0 +1,74 @@
+"""Validation of the options baseline methods share: per-agent lists, lambda, flags and seeds.
+
+Options arrive from the Python API or the CLI as plain values: a per-agent option is a list with
+one value per agent, or one value for every agent. Every check raises ``ConfigError`` naming the
+option as the CLI spells it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ramstream.errors import ConfigError
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def number(name: str, value: Any) -> float:
+    """A finite real number (bools and strings are refused: ``True`` is not a weight)."""
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        result = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag_name(name)} must be a number, got {value!r}") from None
+    if not math.isfinite(result):
+        raise ConfigError(f"{flag_name(name)} must be a finite number, got {value!r}")
+    return result
+
+
+def per_agent(name: str, value: Any, n_agents: int) -> tuple[float, ...]:
+    """One finite number per agent, from a list of ``n_agents`` values or one value for all."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        values: list[Any] = list(np.ravel(value)) if isinstance(value, np.ndarray) else list(value)
+        if len(values) == 1:
+            values = values * n_agents
+        if len(values) != n_agents:
+            raise ConfigError(
+                f"{flag_name(name)} needs one value per agent ({n_agents}) or one for all, got {len(values)}"
+            )
+        return tuple(number(name, v) for v in values)
+    return (number(name, value),) * n_agents
+
+
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{flag_name(name)} must be true or false, got {value!r}")
+    return value
+
+
+def seed(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise ConfigError(f"{flag_name(name)} must be an integer in [0, 2**63), got {value!r}")
+    return int(value)
+
+
+def in_range(name: str, values: tuple[float, ...], low: float, high: float, low_open: bool = False) -> None:
+    """Every value in [low, high] (or (low, high] with ``low_open``)."""
+    for v in values:
+        if v > high or v < low or (low_open and v == low):
+            bracket = "(" if low_open else "["
+            raise ConfigError(f"{flag_name(name)} must lie in {bracket}{low:g}, {high:g}], got {v:g}")
+
+
+def float32_sum(values: tuple[float, ...]) -> np.float32:
+    """The float32 sum of ``values`` in order, from +0.0 (as the kernels add weights)."""
+    total = np.float32(0.0)
+    for v in values:
+        total = np.float32(total + np.float32(v))
+    return total

@@ -1,0 +1,279 @@
+"""Exact magnitude trimming out of core: rank cuts of |tau| from two histogram passes.
+
+A *cut* at count c of a scope (one tensor, or the whole model per agent) is its lower set: the
+c smallest elements by |tau| (float32), ties at the boundary value V broken by position. With
+the high-half histogram (``AbsHighHistogram``) the bin of the c-th smallest value is known; the
+low-half histogram of that bin (``AbsLowHistogram``) gives V exactly and, per index block, how
+many elements equal V. Which of the tied elements belong to the lower set is decided by
+position: the tie order is the flat index within a tensor, and for the model scope tensors in
+the order of their names. Either the *first* ties in that order belong to the lower set
+(``lower_takes_first``: an ascending stable sort, as breadcrumbs') or the last ones (the kept
+upper set takes the first ties: a descending stable sort, as TIES' top-k).
+
+A method asks for one or two cuts per agent; an element is kept when it lies in cut 1's lower set
+(everything when there is one cut) and not in cut 0's. Inside a block the ties of the lower set
+are a range of positions, found from the per-block tie counts: only the one index block where the
+boundary falls is scanned, and a merge block that starts inside it counts the ties that precede
+it by reading them (``BlockArrays.span``), so the result never depends on the block split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ramstream.kernels import magnitude as kernels
+from ramstream.kernels.exact_sum import finish
+from ramstream.passes.inputs import BlockArrays
+from ramstream.plan import Block, TensorPlan
+from ramstream.statistics.context import StatsContext
+from ramstream.statistics.magnitude import (
+    AbsHighHistogram,
+    AbsLowHistogram,
+    KeptL1,
+    block_values,
+    check_finite,
+    digest,
+    tensor_totals,
+)
+
+REAL, EMPTY, FULL = 0, 1, 2  # a cut inside the scope; the empty lower set; the whole scope
+
+# counts(n) -> int64 (N, C): the ascending counts of each agent's cuts in a scope of n elements
+CutCounts = Callable[[int], np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
+class Trim:
+    """The solved cuts: per tensor, agent and cut (arrays (tensors, N, C))."""
+
+    kind: np.ndarray  # int8: REAL, EMPTY or FULL
+    value: np.ndarray  # uint32: the bit pattern V of the boundary value
+    ties: np.ndarray  # int64: elements of the tensor equal to V
+    first: np.ndarray  # int64: how many of them, first in the tie order, form the "first" group
+    straddle: np.ndarray  # int64 (..., 3): index block holding the last of the first group: start, stop, ties before
+    lower_takes_first: bool
+
+    @property
+    def n_cuts(self) -> int:
+        return int(self.kind.shape[2])
+
+    def digest(self) -> str:
+        flag = b"first" if self.lower_takes_first else b"last"
+        return digest(self.kind, self.value, self.ties, self.first, self.straddle, flag)
+
+    def keep(self, arrays: BlockArrays, block: Block, workers: int) -> np.ndarray:
+        """uint8 (N, block.size): 1 where an agent keeps the element."""
+        n_agents = len(arrays.agents)
+        cut_v = np.empty((n_agents, 2), np.uint32)
+        cut_range = np.zeros((n_agents, 2, 2), np.int64)
+        cut_v[:, 1] = kernels.ALL  # one cut: everything above it
+        for t in range(n_agents):
+            for j in range(self.n_cuts):
+                cut_v[t, j], cut_range[t, j] = self._cut(arrays, block, t, j, workers)
+        keep = np.empty((n_agents, block.size), np.uint8)
+        kernels.cut_keep(
+            arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, cut_v, cut_range, keep, workers
+        )
+        return keep
+
+    def _cut(self, arrays: BlockArrays, block: Block, t: int, j: int, workers: int) -> tuple[int, tuple[int, int]]:
+        at = (block.tensor, t, j)
+        kind = self.kind[at]
+        if kind == EMPTY:
+            return 0, (0, 0)
+        if kind == FULL:
+            return int(kernels.ALL), (0, 0)
+        v = int(self.value[at])
+        limit = self._first_limit(
+            arrays, block, t, v, int(self.first[at]), int(self.ties[at]), self.straddle[at], workers
+        )
+        return v, ((0, limit) if self.lower_takes_first else (limit, block.size))
+
+    @staticmethod
+    def _first_limit(
+        arrays: BlockArrays, block: Block, t: int, v: int, first: int, ties: int, straddle: np.ndarray, workers: int
+    ) -> int:
+        """The block position P such that the ties of the first group are those before P."""
+        size = block.size
+        if first == 0:
+            return 0
+        if first == ties:
+            return size
+        s0, s1, before = (int(x) for x in straddle)
+        if block.stop <= s0:
+            return size
+        if block.start >= s1:
+            return 0
+        if block.start > s0:  # the block starts inside the index block where the group ends
+            assert arrays.span is not None, "block inputs without span()"
+            head = arrays.span(s0, block.start)
+            before += kernels.find_tie(
+                head.base, head.base_code, head.agents[t], int(head.agent_codes[t]), v, 0, 0, workers
+            )[1]
+        begin = max(s0, block.start) - block.start
+        need = first - before
+        if need <= 0:
+            return begin
+        pos, _ = kernels.find_tie(
+            arrays.base, arrays.base_code, arrays.agents[t], int(arrays.agent_codes[t]), v, begin, need, workers
+        )
+        return size if pos < 0 else pos + 1
+
+    def l1_factors(self, ctx: StatsContext, name: str) -> np.ndarray:
+        """float32 (tensors, N): mergekit's L1 norm matching, sum|tau| / sum|tau kept| per tensor
+        and agent (1 where either sum is below 1e-7)."""
+        stat = KeptL1(name, self.digest(), lambda arrays, block, tensor, workers: self.keep(arrays, block, workers))
+        ctx.compute(stat)
+        return l1_factors(ctx, stat)
+
+
+def l1_factors(ctx: StatsContext, stat: KeptL1) -> np.ndarray:
+    n_agents = len(ctx.family.agents)
+    factors = np.ones((len(ctx.plan.tensors), n_agents), np.float32)
+    for ti, total in tensor_totals(ctx, stat):
+        for t in range(n_agents):
+            before, after = finish(total[t, 0]), finish(total[t, 1])
+            if before >= 1e-7 and after >= 1e-7:
+                factors[ti, t] = np.float32(before / after)
+    return factors
+
+
+def solve(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_takes_first: bool) -> Trim:
+    """Gather the two histograms (two passes over the blocks, cached in the index) and solve the cuts."""
+    plan = ctx.plan
+    n_agents = len(ctx.family.agents)
+    shape = (len(plan.tensors), n_agents, n_cuts)
+    kind = np.full(shape, EMPTY, np.int8)
+    targets = np.full(shape, -1, np.int32)
+    rank = np.zeros(shape, np.int64)  # position of the cut inside its target bin
+    merged = [ti for ti in range(len(plan.tensors)) if len(plan.blocks_of(ti))]
+
+    high = AbsHighHistogram()
+    ctx.compute(high)
+    model_hist = np.zeros((n_agents, kernels.HIGH_BINS), np.int64)
+    for ti, hist in tensor_totals(ctx, high):
+        check_finite(plan.tensors[ti], hist)
+        if scope == "tensor":
+            _place(kind, targets, rank, [ti], hist, counts(plan.tensors[ti].numel))
+        else:
+            model_hist += hist
+    if scope == "model":
+        _place(kind, targets, rank, merged, model_hist, counts(sum(plan.tensors[ti].numel for ti in merged)))
+
+    value = np.zeros(shape, np.uint32)
+    lower = np.zeros(shape, np.int64)  # ties in the lower set: per tensor (tensor scope) or per agent
+    ties = np.zeros(shape, np.int64)
+    per_block = np.zeros((len(plan.blocks), n_agents, n_cuts), np.int64)
+    if (kind == REAL).any():
+        low = AbsLowHistogram(targets)
+        ctx.compute(low)
+        model_low = np.zeros((n_agents, n_cuts, kernels.LOW_BINS), np.int64)
+        for ti, hist in tensor_totals(ctx, low):
+            if scope == "tensor":
+                _refine(kind, targets, rank, value, lower, [ti], hist)
+            else:
+                model_low += hist
+        if scope == "model":
+            _refine(kind, targets, rank, value, lower, merged, model_low)
+        lows = (value & 0xFFFF).astype(np.int64)
+        block_tensor = np.array([b.tensor for b in plan.blocks], np.int64)
+        per_block = block_values(
+            ctx, low, lambda b, p: np.take_along_axis(p, lows[block_tensor[b]][..., None], 2)[..., 0]
+        )
+        per_block = per_block.reshape(len(plan.blocks), n_agents, n_cuts) * (kind[block_tensor] == REAL)
+        for ti in merged:
+            blocks = plan.blocks_of(ti)
+            ties[ti] = per_block[blocks.start : blocks.stop].sum(axis=0)
+    first = _first_group(plan.tensors, merged, kind, ties, lower, scope, lower_takes_first)
+    straddle = _straddles(ctx, merged, per_block, first, ties)
+    return Trim(kind, value, ties, first, straddle, lower_takes_first)
+
+
+def _locate(hist: np.ndarray, c: int) -> tuple[int, int]:
+    """The bin holding the element of ascending rank c (0-based), and how many lie in lower bins."""
+    cum = np.cumsum(hist, dtype=np.int64)
+    b = int(np.searchsorted(cum, c, side="right"))
+    return b, int(cum[b] - hist[b])
+
+
+def _place(
+    kind: np.ndarray, targets: np.ndarray, rank: np.ndarray, tensors: list[int], hist: np.ndarray, c: np.ndarray
+) -> None:
+    """Stage 1 for one scope: each cut's target high bin and its rank inside that bin."""
+    n = int(hist[0].sum())
+    for t in range(c.shape[0]):
+        for j in range(c.shape[1]):
+            count = int(c[t, j])
+            if count <= 0 or count >= n:
+                kind[tensors, t, j] = EMPTY if count <= 0 else FULL
+                continue
+            b, below = _locate(hist[t], count)
+            kind[tensors, t, j] = REAL
+            targets[tensors, t, j] = b
+            rank[tensors, t, j] = count - below
+
+
+def _refine(
+    kind: np.ndarray,
+    targets: np.ndarray,
+    rank: np.ndarray,
+    value: np.ndarray,
+    lower: np.ndarray,
+    tensors: list[int],
+    hist: np.ndarray,
+) -> None:
+    """Stage 2 for one scope: the exact boundary value and how many of its ties the lower set takes."""
+    ti = tensors[0]
+    for t in range(hist.shape[0]):
+        for j in range(hist.shape[1]):
+            if kind[ti, t, j] != REAL:
+                continue
+            b, below = _locate(hist[t, j], int(rank[ti, t, j]))
+            value[tensors, t, j] = (int(targets[ti, t, j]) << 16) | b
+            lower[tensors, t, j] = int(rank[ti, t, j]) - below
+
+
+def _first_group(
+    tensors: tuple[TensorPlan, ...],
+    merged: list[int],
+    kind: np.ndarray,
+    ties: np.ndarray,
+    lower: np.ndarray,
+    scope: str,
+    lower_takes_first: bool,
+) -> np.ndarray:
+    """Per tensor, how many of its ties (first by index) form the first group of the tie order."""
+    first = np.zeros_like(ties)
+    if scope == "tensor":
+        first[merged] = lower[merged] if lower_takes_first else ties[merged] - lower[merged]
+    else:
+        order = sorted(merged, key=lambda ti: tensors[ti].name)
+        # lower[ti] is the same for every tensor: the model's ties in the lower set, per agent and cut
+        total = ties[order].sum(axis=0)
+        remaining = (lower[order[0]] if lower_takes_first else total - lower[order[0]]).copy() if order else 0
+        for ti in order:
+            first[ti] = np.clip(remaining, 0, ties[ti])
+            remaining = remaining - first[ti]
+    return np.where(kind == REAL, first, 0)
+
+
+def _straddles(
+    ctx: StatsContext, merged: list[int], per_block: np.ndarray, first: np.ndarray, ties: np.ndarray
+) -> np.ndarray:
+    """For cuts whose first group ends inside a tensor: the index block where it ends."""
+    plan = ctx.plan
+    out = np.zeros((*first.shape, 3), np.int64)
+    for ti in merged:
+        blocks = plan.blocks_of(ti)
+        cum = np.cumsum(per_block[blocks.start : blocks.stop], axis=0)  # ties up to and including each block
+        for t in range(first.shape[1]):
+            for j in range(first.shape[2]):
+                f = int(first[ti, t, j])
+                if 0 < f < ties[ti, t, j]:
+                    k = int(np.searchsorted(cum[:, t, j], f, side="left"))
+                    b = plan.blocks[blocks.start + k]
+                    out[ti, t, j] = (b.start, b.stop, int(cum[k, t, j] - per_block[blocks.start + k, t, j]))
+    return out

@@ -1,0 +1,127 @@
+"""Exact per-tensor sums over task vectors: DARE's L1 norms and model stock's Gram matrix.
+
+A block's partial is a set of renormalised ``exact_sum`` accumulator rows (int64); the rows of a
+tensor's blocks add without overflow (fewer than 2**31 blocks) and ``finish`` rounds the exact
+total to float64 once, so totals never depend on the block size, thread count or resume point.
+The fixed grouping of 64 elements summed in float64 first is described in
+``ramstream.kernels.exact_stats``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ramstream.errors import NonFiniteWeightError
+from ramstream.kernels import exact_stats
+from ramstream.kernels.counter_rng import stream_key
+from ramstream.kernels.exact_sum import BINS, finish
+from ramstream.passes.inputs import BlockArrays
+from ramstream.plan import Block, TensorPlan
+from ramstream.statistics.base import BlockStatistic
+from ramstream.statistics.context import StatsContext
+
+
+def _check_finite(nonfinite: np.ndarray, block: Block, tensor: TensorPlan, allow: bool) -> None:
+    """Refuse a NaN/Inf task vector element (with ``allow``, the kernels counted it as 0)."""
+    bad = nonfinite[nonfinite >= 0]
+    if len(bad) and not allow:
+        element = block.start + int(bad.min())
+        raise NonFiniteWeightError(
+            f"tensor {tensor.name!r}: a task vector is NaN or Inf at element {element}; "
+            "fix the checkpoint (NaN/Inf weights cannot be merged)"
+        )
+
+
+def random_keys(seed: int, n_agents: int, tensor_name: str) -> np.ndarray:
+    """The counter-RNG stream keys (N,) uint64 of every agent over one tensor."""
+    return np.array([stream_key(seed, t, tensor_name) for t in range(n_agents)], np.uint64)
+
+
+@dataclass(frozen=True)
+class DareL1Sums:
+    """Per agent: exact sum of |tau| (row 0) and of |tau| over the elements DARE keeps (row 1).
+
+    ``density`` holds the float32 values the keep test compares with; they and the seed are
+    part of the key.
+    """
+
+    seed: int
+    density: tuple[float, ...]
+    allow_nonfinite: bool = False  # NaN/Inf elements count as 0 instead of raising (not in the key)
+
+    @property
+    def key(self) -> str:
+        bits = "_".join(f"{int(np.float32(d).view(np.uint32)):08x}" for d in self.density)
+        return f"dare_l1_v1-seed{self.seed}-density{bits}"
+
+    def shape(self, n_agents: int) -> tuple[int, ...]:
+        return (n_agents, 2, BINS + 1)
+
+    @property
+    def dtype(self) -> str:
+        return "int64"
+
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
+        n_agents = len(arrays.agents)
+        acc = np.zeros((workers, n_agents, 2, BINS + 1), np.int64)
+        nonfinite = np.empty(workers, np.int64)
+        density = np.array(self.density, np.float32)
+        keys = random_keys(self.seed, n_agents, tensor.name)
+        exact_stats.abs_sums_block(
+            arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, keys, density, block.start, acc, nonfinite
+        )
+        _check_finite(nonfinite, block, tensor, self.allow_nonfinite)
+        return np.asarray(exact_stats.reduce_workers(acc)).reshape(n_agents, 2, BINS + 1)
+
+
+@dataclass(frozen=True)
+class TaskVectorGram:
+    """Exact sums of tau_a * tau_b for every pair a <= b (``pairs(N)`` order)."""
+
+    allow_nonfinite: bool = False  # NaN/Inf elements count as 0 instead of raising (not in the key)
+
+    @property
+    def key(self) -> str:
+        return "gram_v1"
+
+    def shape(self, n_agents: int) -> tuple[int, ...]:
+        return (len(pairs(n_agents)), BINS + 1)
+
+    @property
+    def dtype(self) -> str:
+        return "int64"
+
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
+        n_agents = len(arrays.agents)
+        acc = np.zeros((workers, len(pairs(n_agents)), BINS + 1), np.int64)
+        nonfinite = np.empty(workers, np.int64)
+        exact_stats.gram_block(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, acc, nonfinite)
+        _check_finite(nonfinite, block, tensor, self.allow_nonfinite)
+        return np.asarray(exact_stats.reduce_workers(acc))
+
+
+def pairs(n_agents: int) -> list[tuple[int, int]]:
+    return [(a, b) for a in range(n_agents) for b in range(a, n_agents)]
+
+
+def tensor_sums(ctx: StatsContext, stat: BlockStatistic, chunk: int = 256) -> np.ndarray:
+    """float64 totals ``(tensors, *rows)`` of a statistic whose partials are accumulator rows
+    ``(*rows, BINS + 1)``, computing it if needed and reading ``chunk`` blocks at a time.
+
+    Tensors without blocks (not merged, or empty) get zeros.
+    """
+    ctx.compute(stat)
+    plan = ctx.plan
+    rows = stat.shape(len(ctx.family.agents))[:-1]
+    out = np.zeros((len(plan.tensors), *rows), np.float64)
+    for t in range(len(plan.tensors)):
+        blocks = plan.blocks_of(t)
+        if len(blocks) == 0:
+            continue
+        total = np.zeros((*rows, BINS + 1), np.int64)
+        for lo in range(blocks.start, blocks.stop, chunk):
+            total += ctx.partials(stat, range(lo, min(lo + chunk, blocks.stop))).sum(axis=0)
+        out[t] = np.array([finish(row) for row in total.reshape(-1, BINS + 1)], np.float64).reshape(rows)
+    return out

@@ -1,0 +1,171 @@
+"""Statistics for magnitude-based sparsification (TIES, breadcrumbs, DELLA), exact and out of core.
+
+- ``AbsHighHistogram`` (``stats/abs_hi16_v1``, int32 (N, 32768) per block): per agent, how many
+  elements of the block have each high half of the float32 bit pattern of |tau|.
+- ``AbsLowHistogram`` (``stats/abs_lo16_v1-<digest>``, int32 (N, C, 65536) per block): per agent
+  and cut, the low halves of the elements whose high half is the cut's target bin. The digest is
+  that of the targets (tensors, N, C), which the high histogram decided.
+- ``KeptL1`` (``stats/<name>_l1_v1-<digest>``, int64 (N, 2, BINS + 1) per block): exact sums of
+  |tau| and of |tau| over the kept elements, for L1 norm-matching rescales. The selector decides
+  what is kept; the digest names everything the selection depends on.
+
+Partials are integers or exact accumulators, so per-tensor totals never depend on the block size,
+the thread count or the resume point. Histograms are read back a few blocks at a time
+(``tensor_totals``), never for the whole model at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ramstream.errors import NonFiniteWeightError
+from ramstream.kernels import magnitude as kernels
+from ramstream.kernels.exact_stats import reduce_workers
+from ramstream.kernels.exact_sum import BINS
+from ramstream.kernels.kept_sums import kept_abs_sums
+from ramstream.passes.inputs import BlockArrays
+from ramstream.plan import Block, TensorPlan
+from ramstream.statistics.base import BlockStatistic
+from ramstream.statistics.context import StatsContext
+
+READ_BYTES = 64 * 1024**2  # partials read back at a time
+
+
+def digest(*arrays: np.ndarray | bytes | str) -> str:
+    """A short stable digest of arrays (dtype, shape and bytes), bytes and strings."""
+    h = hashlib.sha256()
+    for a in arrays:
+        if isinstance(a, np.ndarray):
+            h.update(f"{a.dtype.str}{a.shape}".encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+        else:
+            h.update(a.encode() if isinstance(a, str) else a)
+        h.update(b"\x00")
+    return h.hexdigest()[:20]
+
+
+def _reduce_counts(counts: np.ndarray) -> np.ndarray:
+    return counts.sum(axis=0, dtype=np.int64).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class AbsHighHistogram:
+    @property
+    def key(self) -> str:
+        return "abs_hi16_v1"
+
+    def shape(self, n_agents: int) -> tuple[int, ...]:
+        return (n_agents, kernels.HIGH_BINS)
+
+    @property
+    def dtype(self) -> str:
+        return "int32"
+
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
+        counts = np.zeros((workers, len(arrays.agents), kernels.HIGH_BINS), np.int32)
+        kernels.high_histogram(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, counts)
+        return _reduce_counts(counts)
+
+
+@dataclass(frozen=True, eq=False)
+class AbsLowHistogram:
+    targets: np.ndarray  # int32 (tensors, N, C): target high half per tensor, agent and cut; -1: none
+
+    @property
+    def key(self) -> str:
+        return f"abs_lo16_v1-{digest(self.targets)}"
+
+    def shape(self, n_agents: int) -> tuple[int, ...]:
+        return (n_agents, self.targets.shape[2], kernels.LOW_BINS)
+
+    @property
+    def dtype(self) -> str:
+        return "int32"
+
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
+        targets = np.ascontiguousarray(self.targets[block.tensor])
+        counts = np.zeros((workers, *targets.shape, kernels.LOW_BINS), np.int32)
+        if targets.max(initial=-1) >= 0:
+            kernels.low_histogram(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, targets, counts)
+        return _reduce_counts(counts)
+
+
+# selector(arrays, block, tensor, workers) -> (N, block.size) array, nonzero where kept
+Selector = Callable[[BlockArrays, Block, TensorPlan, int], np.ndarray]
+
+
+@dataclass(frozen=True)
+class KeptL1:
+    name: str
+    selection: str  # digest of everything the selector depends on
+    selector: Selector = field(compare=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}_l1_v1-{self.selection}"
+
+    def shape(self, n_agents: int) -> tuple[int, ...]:
+        return (n_agents, 2, BINS + 1)
+
+    @property
+    def dtype(self) -> str:
+        return "int64"
+
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
+        keep = self.selector(arrays, block, tensor, workers)
+        n_agents = len(arrays.agents)
+        acc = np.zeros((workers, n_agents, 2, BINS + 1), np.int64)
+        nonfinite = np.empty(workers, np.int64)
+        kept_abs_sums(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, keep, acc, nonfinite)
+        bad = nonfinite[nonfinite >= 0]
+        if len(bad):
+            raise NonFiniteWeightError(
+                f"tensor {tensor.name!r}: a task vector is NaN or Inf at element {block.start + int(bad.min())}; "
+                "fix the checkpoint (NaN/Inf weights cannot be merged)"
+            )
+        return np.asarray(reduce_workers(acc)).reshape(n_agents, 2, BINS + 1)
+
+
+def tensor_totals(ctx: StatsContext, stat: BlockStatistic, dtype: type = np.int64) -> Iterator[tuple[int, np.ndarray]]:
+    """``(tensor, sum of its blocks' partials)`` for every tensor with blocks, reading the
+    partials a bounded number of blocks at a time (the statistic must be computed)."""
+    plan = ctx.plan
+    shape = stat.shape(len(ctx.family.agents))
+    per_block = int(np.prod(shape)) * np.dtype(stat.dtype).itemsize
+    step = max(1, READ_BYTES // max(per_block, 1))
+    for t in range(len(plan.tensors)):
+        blocks = plan.blocks_of(t)
+        if not len(blocks):
+            continue
+        total: np.ndarray = np.zeros(shape, dtype)
+        for lo in range(blocks.start, blocks.stop, step):
+            total += ctx.partials(stat, range(lo, min(lo + step, blocks.stop))).sum(axis=0, dtype=dtype)
+        yield t, total
+
+
+def block_values(ctx: StatsContext, stat: BlockStatistic, pick: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
+    """``pick(block index, partial)`` for every block, reading partials a bounded batch at a time."""
+    plan = ctx.plan
+    shape = stat.shape(len(ctx.family.agents))
+    per_block = int(np.prod(shape)) * np.dtype(stat.dtype).itemsize
+    step = max(1, READ_BYTES // max(per_block, 1))
+    out: list[np.ndarray] = []
+    n = len(plan.blocks)
+    for lo in range(0, n, step):
+        batch = ctx.partials(stat, range(lo, min(lo + step, n)))
+        out.extend(pick(lo + k, batch[k]) for k in range(len(batch)))
+    return np.array(out)
+
+
+def check_finite(tensor: TensorPlan, high: np.ndarray) -> None:
+    """Refuse a tensor whose |tau| high-half histogram (N, HIGH_BINS) counts an Inf or a NaN."""
+    bad = np.flatnonzero(high[:, kernels.NONFINITE_BIN :].sum(axis=1))
+    if len(bad):
+        raise NonFiniteWeightError(
+            f"tensor {tensor.name!r}: the task vector of agent {int(bad[0])} holds NaN or Inf; "
+            "fix the checkpoint (NaN/Inf weights cannot be merged)"
+        )

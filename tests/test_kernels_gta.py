@@ -1,0 +1,263 @@
+"""The generalized task arithmetic, linear and exact-sum kernels against slow twins written here
+with Python loops over float32 scalars (and Fractions for the exact sums).
+
+Inputs are typed the way the passes hand them over (read-only bf16 carriers, a tuple of agents),
+so these calls reuse the compiled signatures of the end-to-end runs.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from ramstream.kernels import gta
+from ramstream.kernels.codecs import BF16, F32, TILE
+from ramstream.kernels.counter_rng import stream_key, uniforms
+from ramstream.kernels.exact_stats import abs_sums_block, gram_block, reduce_workers
+from ramstream.kernels.exact_sum import BINS, finish
+from ramstream.kernels.linear import merge_linear_block
+from tests.families import bf16_to_f32, f32_to_bf16
+
+N = 5
+LENGTH = TILE + 101  # two tiles, the second one partial
+WEIGHTS = np.array([0.5, 2.0, -0.25, 0.0, 1.0], np.float32)
+SCALE = np.array([1.0, 1.5, 0.75, 2.0, 1.0], np.float32)
+Z = np.float32(0.0)
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array = np.ascontiguousarray(array)
+    array.setflags(write=False)
+    return array
+
+
+@pytest.fixture(scope="module")
+def inputs() -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray, list[np.ndarray]]:
+    """bf16 base and agents: sparse changes, an agent equal to the base, opposite signs (agent 1
+    mostly undoes agent 0), elements where only the zero-weight agent 3 changed."""
+    rng = np.random.default_rng(0)
+    base = bf16_to_f32(f32_to_bf16(rng.standard_normal(LENGTH).astype(np.float32) * np.float32(0.05)))
+    agents: list[np.ndarray] = []
+    for t, density in enumerate((0.5, 0.5, 0.6, 0.4, 0.0)):
+        delta = rng.standard_normal(LENGTH).astype(np.float32) * np.float32(0.01)
+        if t == 1:
+            delta = base - agents[0]
+        values = np.where(rng.random(LENGTH) < density, base + delta, base).astype(np.float32)
+        agents.append(bf16_to_f32(f32_to_bf16(values)))
+    raw_agents = tuple(_readonly(f32_to_bf16(a)) for a in agents)
+    return _readonly(f32_to_bf16(base)), raw_agents, base, agents
+
+
+def naive_gta(
+    base: np.ndarray,
+    agents: list[np.ndarray],
+    mode: int,
+    keep: np.ndarray,
+    kept_random: np.ndarray,
+    consensus: int,
+    normalize: bool,
+    lam: np.float32,
+) -> np.ndarray:
+    out = np.empty(len(base), np.float32)
+    total_weight = Z
+    for w in WEIGHTS:
+        total_weight = np.float32(total_weight + w)
+    if abs(total_weight) < np.float32(1e-8):
+        total_weight = np.float32(1.0)
+    for i in range(len(base)):
+        deltas = []
+        for t in range(N):
+            tau = np.float32(agents[t][i] - base[i])
+            if mode == gta.KEEP_ARRAY:
+                k = np.float32(keep[t, i])
+                d, alive = WEIGHTS[t] * ((tau * k) * SCALE[t]), k != 0
+            else:
+                d = WEIGHTS[t] * (tau * SCALE[t])
+                alive = mode == gta.KEEP_ALL or bool(kept_random[t, i])
+            deltas.append(np.float32(d) if alive else Z)
+        if consensus == gta.CONSENSUS_NONE:
+            mixed, divisor = Z, total_weight
+            for d in deltas:
+                mixed = np.float32(mixed + d)
+        else:
+            vote = Z
+            for d in deltas:
+                vote = np.float32(vote + (d if consensus == gta.CONSENSUS_SUM else np.sign(d)))
+            mixed, divisor = Z, Z
+            for t, d in enumerate(deltas):
+                if (d > 0 and vote >= 0) or (d < 0 and vote < 0):
+                    mixed, divisor = np.float32(mixed + d), np.float32(divisor + WEIGHTS[t])
+            divisor = np.float32(1.0) if divisor == 0 else divisor
+        value = np.float32(mixed / divisor) if normalize else mixed
+        out[i] = np.float32(base[i] + np.float32(lam * value))
+    return out
+
+
+CASES = [  # (keep mode, keep dtype, consensus, normalize, lambda)
+    (gta.KEEP_ALL, "uint8", gta.CONSENSUS_NONE, False, 1.0),
+    (gta.KEEP_ALL, "uint8", gta.CONSENSUS_NONE, True, 0.7),
+    (gta.KEEP_ALL, "uint8", gta.CONSENSUS_SUM, True, 1.0),
+    (gta.KEEP_ALL, "uint8", gta.CONSENSUS_COUNT, False, 1.3),
+    (gta.KEEP_ARRAY, "uint8", gta.CONSENSUS_SUM, True, 1.0),
+    (gta.KEEP_ARRAY, "uint8", gta.CONSENSUS_NONE, False, 0.5),
+    (gta.KEEP_ARRAY, "float32", gta.CONSENSUS_SUM, True, 1.0),
+    (gta.KEEP_ARRAY, "float32", gta.CONSENSUS_NONE, True, 0.5),
+    (gta.KEEP_ARRAY, "float32", gta.CONSENSUS_COUNT, False, 1.0),
+    (gta.KEEP_RANDOM, "uint8", gta.CONSENSUS_NONE, True, 1.0),
+    (gta.KEEP_RANDOM, "uint8", gta.CONSENSUS_SUM, False, 2.0),
+    (gta.KEEP_RANDOM, "uint8", gta.CONSENSUS_COUNT, True, 1.0),
+]
+
+
+@pytest.mark.parametrize(("mode", "keep_dtype", "consensus", "normalize", "lam"), CASES)
+def test_gta_kernel_matches_naive_twin(
+    inputs: tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray, list[np.ndarray]],
+    mode: int,
+    keep_dtype: str,
+    consensus: int,
+    normalize: bool,
+    lam: float,
+) -> None:
+    raw_base, raw_agents, base, agents = inputs
+    rng = np.random.default_rng(1)
+    start = 64 * 37  # the block's first element within its tensor
+    keys = np.array([stream_key(9, t, "w") for t in range(N)], np.uint64)
+    density = np.array([0.5, 0.3, 1.0, 0.7, 0.2], np.float32)
+    kept_random = np.array([uniforms(keys[t], start, LENGTH) < density[t] for t in range(N)])
+    if keep_dtype == "uint8":
+        keep = (rng.random((N, LENGTH)) < 0.6).astype(np.uint8)
+    else:
+        keep = rng.choice(np.array([0.0, 1.0, 2.5, 0.125], np.float32), (N, LENGTH))
+    expected = naive_gta(base, agents, mode, keep, kept_random, consensus, normalize, np.float32(lam))
+    for workers in (1, 3):
+        out = np.empty(LENGTH, np.float32)
+        keep_arg = keep if mode == gta.KEEP_ARRAY else gta.NO_KEEP
+        keys_arg, density_arg = (keys, density) if mode == gta.KEEP_RANDOM else (gta.NO_KEYS, gta.NO_DENSITY)
+        gta.gta_merge_block(
+            raw_base,
+            BF16,
+            raw_agents,
+            np.full(N, BF16, np.int64),
+            WEIGHTS,
+            SCALE,
+            mode,
+            keep_arg,
+            keys_arg,
+            density_arg,
+            start,
+            consensus,
+            normalize,
+            np.float32(lam),
+            out,
+            F32,
+            workers,
+        )
+        np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+
+
+def test_gta_twin_sees_every_case(
+    inputs: tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray, list[np.ndarray]],
+) -> None:
+    """The inputs hold elements where agents disagree in sign, where only the zero-weight agent
+    changed (a zero vote: nothing kept, divisor 1), and an agent equal to the base."""
+    _, _, base, agents = inputs
+    taus = np.array([a - base for a in agents])
+    assert ((taus > 0).any(axis=0) & (taus < 0).any(axis=0)).any()
+    only_zero_weight = (taus[3] != 0) & (np.delete(taus, 3, axis=0) == 0).all(axis=0)
+    assert only_zero_weight.any()
+    assert not taus[4].any()
+
+
+@pytest.mark.parametrize(("base_weight", "normalize"), [(0.0, True), (0.0, False), (0.7, True), (-0.5, False)])
+def test_linear_kernel_matches_naive_twin(
+    inputs: tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray, list[np.ndarray]], base_weight: float, normalize: bool
+) -> None:
+    raw_base, raw_agents, base, agents = inputs
+    w0 = np.float32(base_weight)
+    expected = np.empty(LENGTH, np.float32)
+    divisor = np.float32(Z + w0)
+    for w in WEIGHTS:
+        divisor = np.float32(divisor + w)
+    for i in range(LENGTH):
+        total = np.float32(Z + w0 * base[i]) if w0 != 0 else Z
+        for t in range(N):
+            total = np.float32(total + WEIGHTS[t] * agents[t][i])
+        expected[i] = np.float32(total / divisor) if normalize else total
+    out = np.empty(LENGTH, np.uint16)
+    merge_linear_block(raw_base, BF16, w0, raw_agents, np.full(N, BF16, np.int64), WEIGHTS, normalize, out, BF16, 2)
+    np.testing.assert_array_equal(out, f32_to_bf16(expected))
+
+
+def _grouped_exact(values: list[float]) -> float:
+    """Groups of 64 summed in float64 in order, then exactly; rounded once."""
+    total = Fraction(0)
+    for g in range(0, len(values), 64):
+        s = 0.0
+        for v in values[g : g + 64]:
+            s += v
+        total += Fraction(s)
+    return float(total)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_exact_sum_kernels_match_fractions(
+    inputs: tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray, list[np.ndarray]], workers: int
+) -> None:
+    raw_base, raw_agents, base, agents = inputs
+    codes = np.full(N, BF16, np.int64)
+    start = 64 * 5
+    keys = np.array([stream_key(2, t, "w") for t in range(N)], np.uint64)
+    density = np.array([0.5, 0.3, 1.0, 0.7, 0.2], np.float32)
+    acc = np.zeros((workers, N, 2, BINS + 1), np.int64)
+    nonfinite = np.empty(workers, np.int64)
+    abs_sums_block(raw_base, BF16, raw_agents, codes, keys, density, start, acc, nonfinite)
+    sums = np.asarray(reduce_workers(acc)).reshape(N, 2, BINS + 1)
+    assert (nonfinite == -1).all()
+    taus = [np.abs(a - base).astype(np.float64) for a in agents]
+    for t in range(N):
+        kept = uniforms(keys[t], start, LENGTH) < density[t]
+        assert finish(sums[t, 0]) == _grouped_exact(taus[t].tolist())
+        assert finish(sums[t, 1]) == _grouped_exact(np.where(kept, taus[t], 0.0).tolist())
+    pairs = [(a, b) for a in range(N) for b in range(a, N)]
+    acc = np.zeros((workers, len(pairs), BINS + 1), np.int64)
+    gram_block(raw_base, BF16, raw_agents, codes, acc, nonfinite)
+    gram = np.asarray(reduce_workers(acc))
+    signed = [(a - base).astype(np.float64) for a in agents]
+    for k, (a, b) in enumerate(pairs):
+        assert finish(gram[k]) == _grouped_exact((signed[a] * signed[b]).tolist())
+
+
+def test_exact_sums_add_across_blocks(
+    inputs: tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray, list[np.ndarray]],
+) -> None:
+    """Partials of two blocks (split at a multiple of 64) add up to the whole's total."""
+    raw_base, raw_agents, _, _ = inputs
+    codes = np.full(N, BF16, np.int64)
+    pairs = N * (N + 1) // 2
+
+    def partial(lo: int, hi: int) -> np.ndarray:
+        acc = np.zeros((2, pairs, BINS + 1), np.int64)
+        part = tuple(_readonly(a[lo:hi]) for a in raw_agents)
+        gram_block(_readonly(raw_base[lo:hi]), BF16, part, codes, acc, np.empty(2, np.int64))
+        return np.asarray(reduce_workers(acc))
+
+    whole = partial(0, LENGTH)
+    split = partial(0, 640) + partial(640, LENGTH)
+    for k in range(pairs):
+        assert finish(split[k]) == finish(whole[k])
+
+
+def test_exact_sum_kernels_flag_nonfinite(
+    inputs: tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray, list[np.ndarray]],
+) -> None:
+    raw_base, raw_agents, _, _ = inputs
+    agents = list(raw_agents)
+    bad = agents[2].copy()
+    bad[[1500, 700]] = 0x7FC0  # bf16 NaN
+    agents[2] = _readonly(bad)
+    acc = np.zeros((2, N * (N + 1) // 2, BINS + 1), np.int64)
+    nonfinite = np.empty(2, np.int64)
+    gram_block(raw_base, BF16, tuple(agents), np.full(N, BF16, np.int64), acc, nonfinite)
+    assert nonfinite[nonfinite >= 0].min() == 700
