@@ -1,0 +1,174 @@
+"""Three digit tasks with disjoint token sets, their prompts and exact-match scoring (numpy only).
+
+A sequence is ``[task token, x1..x7, SEP, y1..y7]``: 16 tokens, the answer is the last 7.
+
+- ``inc``: y_i = (x_i + 1) mod 10
+- ``rev``: y = x reversed
+- ``srt``: y = x sorted ascending
+
+Each task writes its digits with its own ten tokens, so what one agent learns about its digits
+lives in rows of the embedding and the output head that the other agents never touch.
+
+Evaluation prompts are fixed: ``eval_digits(task, split)`` draws them from a seed of their own;
+training draws (``train_digits``) never produce an evaluation prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+
+TASKS: tuple[str, ...] = ("inc", "rev", "srt")
+Split = Literal["test", "validation"]
+DIGITS = 7
+SEP = 0
+TOKENS_PER_TASK = 11  # the task token, then digits 0..9
+VOCAB = 1 + TOKENS_PER_TASK * len(TASKS)
+PROMPT_LEN = 1 + DIGITS + 1
+SEQ_LEN = PROMPT_LEN + DIGITS
+SPLITS: tuple[Split, ...] = ("test", "validation")
+SPLIT_SIZES: dict[Split, int] = {"test": 1000, "validation": 500}
+_SPLIT_SEED = 20260601
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The lab's decoder-only transformer (about 0.6M parameters)."""
+
+    vocab: int = VOCAB
+    positions: int = SEQ_LEN
+    hidden: int = 128
+    layers: int = 3
+    heads: int = 4
+    intermediate: int = 512
+    init_std: float = 0.05
+
+    def to_dict(self) -> dict[str, int | float]:
+        return asdict(self)
+
+    @classmethod
+    def from_config(cls, config: dict[str, object]) -> ModelShape:
+        """Read the shape back from a checkpoint's ``config.json``."""
+        keys = {
+            "vocab": "vocab_size",
+            "positions": "max_position_embeddings",
+            "hidden": "hidden_size",
+            "layers": "num_hidden_layers",
+            "heads": "num_attention_heads",
+            "intermediate": "intermediate_size",
+            "init_std": "initializer_range",
+        }
+        values = {field: config[key] for field, key in keys.items()}
+        return cls(**values)  # type: ignore[arg-type]
+
+    def config(self) -> dict[str, object]:
+        """A Hugging Face style ``config.json`` body."""
+        return {
+            "architectures": ["AgentsLabLM"],
+            "model_type": "ramstream-agents-lab",
+            "vocab_size": self.vocab,
+            "max_position_embeddings": self.positions,
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "intermediate_size": self.intermediate,
+            "initializer_range": self.init_std,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+        }
+
+
+def task_index(task: str) -> int:
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; the lab's tasks are {', '.join(TASKS)}")
+    return TASKS.index(task)
+
+
+def task_token(task: str) -> int:
+    return 1 + TOKENS_PER_TASK * task_index(task)
+
+
+def digit_tokens(task: str, digits: np.ndarray) -> np.ndarray:
+    """Digits 0..9 written with ``task``'s own tokens."""
+    return (task_token(task) + 1 + np.asarray(digits)).astype(np.int64)
+
+
+def answers(task: str, digits: np.ndarray) -> np.ndarray:
+    """The correct answer digits, shape (n, 7), for prompt digits of shape (n, 7)."""
+    digits = np.asarray(digits)
+    index = task_index(task)
+    if index == 0:
+        return (digits + 1) % 10
+    if index == 1:
+        return digits[:, ::-1].copy()
+    return np.sort(digits, axis=1)
+
+
+def prompts(task: str, digits: np.ndarray) -> np.ndarray:
+    """Prompt tokens ``[task, x1..x7, SEP]``, shape (n, 9)."""
+    digits = np.asarray(digits)
+    n = digits.shape[0]
+    return np.concatenate(
+        [np.full((n, 1), task_token(task), np.int64), digit_tokens(task, digits), np.full((n, 1), SEP, np.int64)],
+        axis=1,
+    )
+
+
+def sequences(task: str, digits: np.ndarray) -> np.ndarray:
+    """Whole training sequences (prompt then answer), shape (n, 16)."""
+    return np.concatenate([prompts(task, digits), digit_tokens(task, answers(task, digits))], axis=1)
+
+
+def exact_match(task: str, digits: np.ndarray, generated: np.ndarray) -> np.ndarray:
+    """Per prompt, whether the 7 generated tokens are exactly the answer's tokens."""
+    want = digit_tokens(task, answers(task, digits))
+    generated = np.asarray(generated)
+    if generated.shape != want.shape:
+        raise ValueError(f"generated tokens have shape {generated.shape}, expected {want.shape}")
+    return np.all(generated == want, axis=1)
+
+
+def _as_ints(digits: np.ndarray) -> np.ndarray:
+    return np.asarray(digits, np.int64) @ (10 ** np.arange(DIGITS - 1, -1, -1, dtype=np.int64))
+
+
+def eval_digits(task: str, split: Split = "test") -> np.ndarray:
+    """The fixed evaluation prompts of ``split``: distinct, and disjoint across splits."""
+    taken: set[int] = set()
+    out: dict[str, np.ndarray] = {}
+    rng = np.random.default_rng([_SPLIT_SEED, task_index(task)])
+    for name in SPLITS:
+        size = SPLIT_SIZES[name]
+        rows: list[np.ndarray] = []
+        while len(rows) < size:
+            row = rng.integers(0, 10, DIGITS)
+            key = int(_as_ints(row[None])[0])
+            if key not in taken:
+                taken.add(key)
+                rows.append(row)
+        out[name] = np.stack(rows)
+        if name == split:
+            return out[name]
+    raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLIT_SIZES)}")
+
+
+_HELD_OUT: dict[str, np.ndarray] = {}
+
+
+def held_out_keys(task: str) -> np.ndarray:
+    if task not in _HELD_OUT:
+        _HELD_OUT[task] = np.sort(np.concatenate([_as_ints(eval_digits(task, s)) for s in SPLITS]))
+    return _HELD_OUT[task]
+
+
+def train_digits(task: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` random prompts for training, never one of the evaluation prompts."""
+    held = held_out_keys(task)
+    out = rng.integers(0, 10, (n, DIGITS))
+    while True:
+        clash = np.isin(_as_ints(out), held)
+        if not clash.any():
+            return out
+        out[clash] = rng.integers(0, 10, (int(clash.sum()), DIGITS))
