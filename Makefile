@@ -3,22 +3,31 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# torch is installed first and pinned: 2.13.0 is the local CPU build here (any other version
+# pulls GBs of CUDA wheels); mergekit (and what it needs) only for the parity tests and
+# tools/bench_vs_mergekit.py, which find this torch already there.
+TORCH := torch==2.13.0
+MERGEKIT := mergekit==0.1.5
 
-.PHONY: install demo test lint typecheck check bench clean
+.PHONY: install demo test test-fast lint typecheck check bench bench-mergekit clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q '$(TORCH)'
+	$(BIN)/pip install -q -e '.[test]' '$(MERGEKIT)'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)  ## install, then merge the built-in sample family with RAM+
+demo: $(STAMP)  ## install, then merge the built-in RL agents (docs/agents_lab.md) with RAM+
 	$(BIN)/ramstream demo
 
-test: $(STAMP)  ## install, then run the whole test suite
+test: $(STAMP)  ## install, then run the whole test suite (slow tests too: the mergekit parity)
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)  ## everything but the tests marked slow
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check ramstream tests tools
@@ -31,6 +40,9 @@ check: lint typecheck test
 
 bench: $(STAMP)  ## the spine benchmark on a 0.75B-parameter family (writes ~6 GB under bench-data/)
 	$(BIN)/python tools/bench_spine.py --data bench-data
+
+bench-mergekit: $(STAMP)  ## ramstream vs mergekit 0.1.5 on the same family (task_arithmetic, ties, dare_ties, ram)
+	$(BIN)/python tools/bench_vs_mergekit.py --data bench-data
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

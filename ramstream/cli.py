@@ -18,6 +18,40 @@ from ramstream.errors import RamstreamError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class MethodName(click.ParamType):
+    """A registered method; the registry is read only when a value or the help needs it (it
+    imports the kernels, which ``inspect`` and ``status`` never need)."""
+
+    name = "method"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        from ramstream.methods.registry import method_names
+
+        return "[" + "|".join(method_names()) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from ramstream.methods.registry import method_names
+
+        names = method_names()
+        if value not in names:
+            self.fail(f"{value!r} is not one of {', '.join(map(repr, names))}.", param, ctx)
+        return str(value)
+
+
+class FloatList(click.ParamType):
+    """Comma-separated numbers: one per agent, or one for every agent."""
+
+    name = "x[,x...]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[float]:
+        if isinstance(value, list):
+            return value
+        try:
+            return [float(x) for x in str(value).split(",")]
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
+
+
 class Size(click.ParamType):
     name = "size"
 
@@ -89,14 +123,71 @@ def probe(base: Path, agents: tuple[Path, ...], index: Path | None, eps: float, 
     click.echo(f"index: {store.path}")
 
 
+def _method_options(f: F) -> F:
+    """The baselines' options; per-agent ones take comma-separated lists (one value for all)."""
+    per_agent = "one value per agent, comma-separated, or one for all"
+    options: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+        (("--weights",), {"type": FloatList(), "help": f"Agent weights w_t ({per_agent})."}),
+        (("--base-weight",), {"type": float, "help": "linear: the base's own weight [default: 0, no part]."}),
+        (("--lambda", "lambda_"), {"type": float, "help": "Multiplier of the merged task vector."}),
+        (("--density",), {"type": FloatList(), "help": f"Fraction of each task vector kept ({per_agent})."}),
+        (("--gamma",), {"type": FloatList(), "help": f"Breadcrumbs: largest fraction dropped ({per_agent})."}),
+        (("--epsilon",), {"type": FloatList(), "help": f"DELLA: keep-probability spread ({per_agent})."}),
+        (("--seed",), {"type": click.IntRange(min=0), "help": "Seed of the random methods (DARE, DELLA)."}),
+        (
+            ("--normalize/--no-normalize",),
+            {"default": None, "help": "Divide the merged task vector by the summed weights."},
+        ),
+        (
+            ("--trim-scope",),
+            {"type": click.Choice(["tensor", "model"]), "help": "Rank magnitudes per tensor or over the model."},
+        ),
+        (
+            ("--rescale",),
+            {
+                "type": click.Choice(["l1", "inverse", "none"]),
+                "help": "Survivors rescaled to the tensor's L1 mass (mergekit), by 1/p (DARE, DELLA papers), or not.",
+            },
+        ),
+    ]
+    for decl, kwargs in reversed(options):
+        f = click.option(*decl, **kwargs)(f)
+    return f
+
+
+# Settings are named as the methods parse them (see ramstream.mergekit_config.FLAGS); click's
+# parameter names differ only where Python needs it.
+_RENAMED = {"lambda_": "lambda"}
+
+# --rescale as the methods read it: mergekit's boolean where it has one (l1 = true, none = false).
+_RESCALE = {"l1": True, "none": False, "inverse": "inverse"}
+
+
+def _given_settings(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
+    """The settings the user gave on the command line (defaults are left to the method)."""
+    source = click.core.ParameterSource.DEFAULT
+    given = {_RENAMED.get(k, k): v for k, v in values.items() if ctx.get_parameter_source(k) != source}
+    if "rescale" in given:
+        given["rescale"] = _RESCALE[given["rescale"]]
+    return given
+
+
 @main.command()
 @click.argument("base", type=click.Path(path_type=Path), required=False)
 @click.argument("agents", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output model directory.")
-@click.option("--method", type=click.Choice(["ram", "ram+", "ram+s"]), default="ram+", show_default=True)
+@click.option(
+    "--config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="A mergekit YAML config (merge_method, base_model, models...) instead of BASE AGENT... (docs/methods.md).",
+)
+@click.option("--method", type=MethodName(), default="ram+", show_default=True)
 @click.option("--r", "r", type=float, default=None, help="RAM+ rescale strength r [default: 0.1; 0 for ram].")
 @click.option("--alpha", type=float, default=None, help="RAM+ cap on rho (paper rule) [default: 2.0].")
-@click.option("--eps", type=float, default=DEFAULT_EPS, show_default=True)
+@click.option(
+    "--eps", type=float, default=DEFAULT_EPS, show_default=True, help="RAM: |tau| > eps marks an element active."
+)
 @click.option(
     "--rho-scope",
     type=click.Choice(["model", "tensor"]),
@@ -109,6 +200,7 @@ def probe(base: Path, agents: tuple[Path, ...], index: Path | None, eps: float, 
     default=None,
     help="paper (default): 1 + r*clip(rho,0,alpha); script: the authors' 1 + (R-1)*min(1,rho), R = 1 + r.",
 )
+@_method_options
 @click.option("--index", "index", type=click.Path(path_type=Path), default=None)
 @click.option(
     "--out-dtype",
@@ -120,46 +212,55 @@ def probe(base: Path, agents: tuple[Path, ...], index: Path | None, eps: float, 
 @click.option("--shard-size", type=Size(), default=str(DEFAULT_SHARD_SIZE), show_default=True)
 @click.option("--force", is_flag=True, help="Replace what a previous merge left in --out.")
 @_run_options
+@click.pass_context
 @_friendly
 def merge(
+    ctx: click.Context,
     base: Path | None,
     agents: tuple[Path, ...],
     out: Path,
-    method: str,
-    r: float | None,
-    alpha: float | None,
-    eps: float,
-    rho_scope: str,
-    lambda_rule: str,
+    config: Path | None,
     index: Path | None,
-    out_dtype: str,
     shard_size: int,
     force: bool,
-    **run: Any,
+    memory: int,
+    threads: int | None,
+    cache_dir: Path | None,
+    quiet: bool,
+    **values: Any,
 ) -> None:
-    """Merge AGENTS into BASE and write a Hugging Face model directory to --out (resumable)."""
-    from ramstream import api
+    """Merge AGENTS into BASE (or what --config names) and write a Hugging Face model directory
+    to --out (resumable). Options a method does not read are refused."""
+    from ramstream import api, mergekit_config
 
+    settings = _given_settings(ctx, values)
+    if config is not None:
+        if base is not None or agents:
+            raise click.UsageError("give either --config or BASE AGENT..., not both")
+        loaded = mergekit_config.load(config)
+        base, agents, settings = loaded.base, loaded.agents, mergekit_config.combine(loaded, settings)
     if base is None or not agents:
-        raise click.UsageError("give BASE and at least one AGENT")
+        raise click.UsageError("give BASE and at least one AGENT (or --config FILE)")
     result = api.merge(
         base,
         [str(a) for a in agents],
         out=out,
-        method=method,
-        r=r,
-        alpha=alpha,
-        rho_scope=rho_scope,  # type: ignore[arg-type]
-        lambda_rule=lambda_rule,  # type: ignore[arg-type]
-        eps=eps,
+        **mergekit_config.api_arguments(settings),
         index=index,
-        out_dtype=out_dtype,  # type: ignore[arg-type]
         shard_size=shard_size,
         force=force,
-        options=_options(**run),
+        options=_options(memory, threads, cache_dir, quiet),
     )
     state = "already merged" if result.resumed_finished else "merged"
-    click.echo(f"{state}: {result.out} ({method}, lambda {', '.join(f'{x:.4f}' for x in result.lambdas)})")
+    click.echo(f"{state}: {result.out} ({_summary(result.method, result.per_agent)})")
+
+
+def _summary(method: str, per_agent: dict[str, tuple[float, ...]]) -> str:
+    parts = [method]
+    for key, values in per_agent.items():
+        fmt = "{:.4f}" if key == "lambda" else "{:.4g}"
+        parts.append(f"{key} " + ", ".join(fmt.format(x) for x in values))
+    return ", ".join(parts)
 
 
 @main.command()
@@ -275,15 +376,25 @@ def status(path: Path, as_json: bool, index: Path | None, cache_dir: Path | None
     "directory",
     type=click.Path(path_type=Path),
     default=None,
-    help="Where to write the sample family and the merge [default: a cache directory].",
+    help="Where to write the index and the merge [default: a cache directory].",
 )
+@click.option(
+    "--synthetic",
+    is_flag=True,
+    help="Use a synthetic family with the paper's densities instead of the shipped lab agents.",
+)
+@click.option("--method", default="ram+", show_default=True, help="The merge method.")
 @_run_options
 @_friendly
-def demo(directory: Path | None, **run: Any) -> None:
-    """Write a small sample family, probe it, merge it with RAM+, and show the overlap table."""
+def demo(directory: Path | None, synthetic: bool, method: str, **run: Any) -> None:
+    """Merge the built-in agents (RAM+ by default) and show the overlap table.
+
+    The built-in agents are a tiny transformer's base and three RL agents trained from it
+    (docs/agents_lab.md), shipped with ramstream; with torch installed the demo also scores the
+    base, the agents and the merge on each task. --synthetic writes a synthetic family instead."""
     from ramstream.demo import run_demo
 
-    run_demo(directory, _options(**run), click.echo)
+    run_demo(directory, _options(**run), click.echo, synthetic=synthetic, method=method)
 
 
 if __name__ == "__main__":

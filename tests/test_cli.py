@@ -413,7 +413,7 @@ def test_merge_without_agents_is_a_usage_error(tmp_path: Path, family: Family) -
 
 def test_demo_twice(tmp_path: Path) -> None:
     directory = tmp_path / "demo"
-    outputs = [ok(in_process("demo", "--dir", directory, *cache(tmp_path))).out for _ in range(2)]
+    outputs = [ok(in_process("demo", "--synthetic", "--dir", directory, *cache(tmp_path))).out for _ in range(2)]
     merged = directory / "merged-ram+"
     for text in outputs:
         lines = text.strip().splitlines()
@@ -424,6 +424,23 @@ def test_demo_twice(tmp_path: Path) -> None:
     assert outputs[0].splitlines()[1:] == outputs[1].splitlines()
     assert (merged / "config.json").is_file() and not (merged / ".ramstream").exists()
     assert read_model_dir(merged)
+
+
+def test_demo_starts_over_when_its_inputs_changed(tmp_path: Path) -> None:
+    directory = tmp_path / "demo"
+    ok(in_process("demo", "--synthetic", "--dir", directory, *cache(tmp_path)))
+    shard = next((directory / "family" / "agent2").glob("*.safetensors"))
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))
+    text = ok(in_process("demo", "--synthetic", "--dir", directory, *cache(tmp_path))).out
+    assert f"the inputs changed since the last demo in {directory}: starting over" in text
+    assert text.strip().splitlines()[-1].startswith("merged model (RAM+, lambda ")
+    assert read_model_dir(directory / "merged-ram+")
+
+
+def test_demo_refuses_an_unknown_method_first(tmp_path: Path) -> None:
+    outcome = in_process("demo", "--dir", tmp_path / "demo", "--method", "nope", *cache(tmp_path))
+    one_line_error(outcome, "unknown method 'nope'")
+    assert not (tmp_path / "demo").exists()
 
 
 # -- progress -------------------------------------------------------------------------------

@@ -1,0 +1,404 @@
+"""mergekit YAML configurations: the subset ramstream runs, as the arguments of ``api.merge``.
+
+A config names a method, a base, the models and their parameters, as mergekit 0.1.5 reads it:
+
+    merge_method: ties
+    base_model: ./base
+    models:
+      - model: ./agent1
+        parameters: {weight: 1.0, density: 0.5}
+      - model: ./agent2
+        parameters: {weight: 0.5, density: 0.2}
+    parameters: {lambda: 1.0}
+    dtype: float32
+    out_dtype: bfloat16
+
+``load`` returns a ``ConfigMerge``: the base, the agents, and ``settings``, the flat mapping of
+option names that the CLI also collects from its flags (``method``, ``weights``, ``density``,
+``eps``, ``out_dtype`` ...), so that a config and flags meet in one place (``combine``) and
+reach ``api.merge`` through one function (``api_arguments``).
+
+mergekit's semantics are kept: a model's own ``parameters`` override the top-level ones, and a
+model that gives no value for a per-model parameter that others give takes mergekit's default;
+parameters nobody gives are left to the method, whose defaults are mergekit's (the parity tests
+check that), except where the mergekit method implies other values (``ramplus_tl``: rho per
+tensor, alpha 0.2). The base model may be listed in ``models``: for ``linear`` it is an input
+like any other (mergekit adds ``base_model`` to linear's inputs when it is not listed; ramstream
+passes its weight as ``base_weight``), for the other methods it is the base. Relative paths are
+relative to the working directory, as in mergekit. Everything else is refused by name, in one
+line: slices, modules, gradients (lists of values), per-tensor filters, LoRA (``model+lora``),
+revisions (``model@rev``), tokenizer merging, parameters the method does not read, and any
+``dtype`` other than float32 (ramstream's arithmetic is float32, always; see docs/methods.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ramstream.errors import ConfigError
+
+Kind = Literal["float", "bool"]
+Scope = Literal["shared", "model"]
+Fail = Callable[[str], ConfigError]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One mergekit parameter: its name in the YAML, the ramstream option it becomes, whether it
+    is one value for the merge or one per model, and mergekit's default (None: required)."""
+
+    name: str
+    option: str
+    scope: Scope
+    kind: Kind
+    default: float | bool | None = None
+
+
+@dataclass(frozen=True)
+class MethodMap:
+    """A mergekit method as ramstream runs it: ramstream's method, the parameters, the settings
+    the mergekit method implies (``fixed``: always; ``implied``: unless the config gives them)."""
+
+    method: str
+    params: tuple[Param, ...]
+    fixed: tuple[tuple[str, Any], ...] = ()
+    implied: tuple[tuple[str, Any], ...] = ()
+
+
+WEIGHT = Param("weight", "weights", "model", "float")
+LAMBDA = Param("lambda", "lambda", "shared", "float", 1.0)
+DENSITY = Param("density", "density", "model", "float", 1.0)
+GAMMA = Param("gamma", "gamma", "model", "float", 0.01)
+DELLA_EPSILON = Param("epsilon", "epsilon", "model", "float", 0.15)
+NORMALIZE = Param("normalize", "normalize", "shared", "bool")
+RESCALE = Param("rescale", "rescale", "shared", "bool")
+RAM_EPSILON = Param("epsilon", "eps", "shared", "float", 1e-5)
+INT8_MASK = Param("int8_mask", "int8_mask", "shared", "bool", False)
+
+_GTA = (WEIGHT, LAMBDA, NORMALIZE)
+_SPARSE = (*_GTA, DENSITY, RESCALE)
+
+# mergekit's methods that ramstream runs, with the parameters that change mergekit's result.
+METHODS: dict[str, MethodMap] = {
+    "linear": MethodMap("linear", (WEIGHT, NORMALIZE)),
+    "task_arithmetic": MethodMap("task_arithmetic", _GTA),
+    "ties": MethodMap("ties", _SPARSE),
+    "dare_linear": MethodMap("dare_linear", _SPARSE),
+    "dare_ties": MethodMap("dare_ties", _SPARSE),
+    "breadcrumbs": MethodMap("breadcrumbs", (*_SPARSE, GAMMA)),
+    "breadcrumbs_ties": MethodMap("breadcrumbs_ties", (*_SPARSE, GAMMA)),
+    "della": MethodMap("della", (*_SPARSE, DELLA_EPSILON)),
+    "della_linear": MethodMap("della_linear", (*_SPARSE, DELLA_EPSILON)),
+    "model_stock": MethodMap("model_stock", ()),
+    "ram": MethodMap("ram", (RAM_EPSILON,)),
+    "ramplus_tl": MethodMap(
+        "ram+",
+        (Param("r", "r", "shared", "float"), Param("alpha", "alpha", "shared", "float"), RAM_EPSILON),
+        fixed=(("rho_scope", "tensor"),),
+        implied=(("alpha", 0.2),),
+    ),
+}
+
+# Parameters mergekit declares that ramstream takes at mergekit's default only: ones that change
+# nothing for that method (density and rescale without sparsification; int8_mask, a storage
+# choice) and model_stock's filter_wise. Configs written for mergekit load; other values are refused.
+_INERT = "has no effect with {method} (mergekit ignores it too)"
+_DEFAULT_ONLY: dict[str, dict[str, tuple[Param, str]]] = {
+    "task_arithmetic": {
+        "density": (DENSITY, _INERT),
+        "rescale": (Param("rescale", "rescale", "shared", "bool", False), _INERT),
+        "int8_mask": (INT8_MASK, _INERT),
+    },
+    **{
+        m: {"int8_mask": (INT8_MASK, _INERT)}
+        for m in ("ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear")
+    },
+    "model_stock": {
+        "filter_wise": (
+            Param("filter_wise", "filter_wise", "shared", "bool", False),
+            "is not supported: only filter_wise: false (one interpolation ratio per tensor)",
+        )
+    },
+}
+
+_REFUSED_KEYS = {
+    "slices": "slices (layer ranges) are not supported: ramstream merges whole models listed under models:",
+    "modules": "modules are not supported: ramstream merges whole models listed under models:",
+    "tokenizer": "tokenizer merging is not supported: the tokenizer files are copied from base_model",
+    "chat_template": "chat_template is not supported: the tokenizer files are copied from base_model as they are",
+}
+_TOP_KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source")
+_OUT_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+
+# What the CLI calls each setting, for messages about clashes between a config and flags.
+FLAGS = {
+    "method": "--method",
+    "r": "--r",
+    "alpha": "--alpha",
+    "rho_scope": "--rho-scope",
+    "lambda_rule": "--lambda-rule",
+    "eps": "--eps",
+    "out_dtype": "--out-dtype",
+    "weights": "--weights",
+    "lambda": "--lambda",
+    "density": "--density",
+    "gamma": "--gamma",
+    "epsilon": "--epsilon",
+    "base_weight": "--base-weight",
+    "seed": "--seed",
+    "normalize": "--normalize/--no-normalize",
+    "trim_scope": "--trim-scope",
+    "rescale": "--rescale",
+}
+_API_KEYS = ("method", "r", "alpha", "rho_scope", "lambda_rule", "eps", "out_dtype")
+
+
+@dataclass(frozen=True)
+class ConfigMerge:
+    """A config, translated: the base, the agents (in mergekit's input order) and the settings."""
+
+    source: Path
+    base: Path
+    agents: tuple[Path, ...]
+    settings: Mapping[str, Any]
+
+
+def load(path: str | Path) -> ConfigMerge:
+    """Read and translate a mergekit YAML file; ``ConfigError`` names what cannot be run."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config ({exc.strerror or exc})") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    return parse(doc, path)
+
+
+def parse(doc: Any, source: Path) -> ConfigMerge:
+    """Translate a config already read from YAML (``source`` names it in messages)."""
+
+    def fail(message: str) -> ConfigError:
+        return ConfigError(f"{source}: {message}")
+
+    if not isinstance(doc, Mapping):
+        raise fail("a mergekit config is a mapping with merge_method, base_model and models")
+    for key in doc:
+        if key in _REFUSED_KEYS:
+            raise fail(_REFUSED_KEYS[key])
+        if key not in _TOP_KEYS:
+            raise fail(f"unknown key {key!r} (ramstream reads {', '.join(_TOP_KEYS)})")
+    name = doc.get("merge_method")
+    if name not in METHODS:
+        raise fail(f"merge_method {name!r} is not supported; ramstream runs {', '.join(METHODS)}")
+    spec = METHODS[name]
+    settings: dict[str, Any] = {"method": spec.method, **dict(spec.implied), **_dtypes(doc, fail)}
+    _tokenizer(doc, fail)
+    base = None if doc.get("base_model") is None else _model_path(doc["base_model"], "base_model", fail)
+    inputs = _inputs(doc.get("models"), fail)
+    top = _parameters(doc.get("parameters"), "parameters", fail)
+    if name == "linear":
+        return _linear(source, base, inputs, top, settings, fail)
+    if base is None:
+        raise fail(f"base_model is required: {name} merges task vectors against a base")
+    else:
+        for i, (path, params) in enumerate(inputs):
+            if _same(path, base) and params:
+                raise fail(f"models[{i}] is the base model: its parameters ({', '.join(params)}) have no effect")
+        inputs = [(path, params) for path, params in inputs if not _same(path, base)]
+        if not inputs:
+            raise fail("models lists no model other than base_model: nothing to merge")
+    agents = tuple(path for path, _ in inputs)
+    settings.update(_method_settings(name, spec, top, [params for _, params in inputs], fail))
+    settings.update(dict(spec.fixed))
+    return ConfigMerge(source, base, agents, settings)
+
+
+def _linear(
+    source: Path,
+    base: Path | None,
+    inputs: list[tuple[Path, dict[str, Any]]],
+    top: dict[str, Any],
+    settings: dict[str, Any],
+    fail: Fail,
+) -> ConfigMerge:
+    """mergekit's linear is a weighted mean of its inputs, base_model among them (appended when
+    it is not listed, weighted by the top-level weight); every input needs a weight. ramstream's
+    linear takes one of them as its base (``base_weight``, added first) and the rest as agents:
+    base_model when there is one, otherwise the first model."""
+    if base is not None and not any(_same(path, base) for path, _ in inputs):
+        if "weight" not in top:
+            raise fail(
+                "base_model is an input of linear (mergekit adds it to the models): give it a weight "
+                "(list it under models, or set a top-level weight), or leave base_model out"
+            )
+        inputs = [*inputs, (base, {})]
+    if len(inputs) < 2:
+        raise fail("linear needs at least two models (base_model counts as one)")
+    settings.update(_method_settings("linear", METHODS["linear"], top, [params for _, params in inputs], fail))
+    weights = settings.pop("weights", None)
+    if weights is None:
+        raise fail("linear needs a weight for every model (as in mergekit): set weight in their parameters")
+    at = 0 if base is None else next(i for i, (path, _) in enumerate(inputs) if _same(path, base))
+    settings["base_weight"] = weights[at]
+    settings["weights"] = weights[:at] + weights[at + 1 :]
+    agents = tuple(path for i, (path, _) in enumerate(inputs) if i != at)
+    return ConfigMerge(source, inputs[at][0], agents, settings)
+
+
+def _same(a: Path, b: Path) -> bool:
+    return a == b or a.resolve() == b.resolve()
+
+
+def _inputs(entries: Any, fail: Fail) -> list[tuple[Path, dict[str, Any]]]:
+    if not isinstance(entries, list) or not entries:
+        raise fail("models must be a list of {model: PATH, parameters: {...}} entries")
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"models[{i}]"
+        if not isinstance(entry, Mapping) or "model" not in entry:
+            raise fail(f"{where} must be a mapping with model: PATH")
+        extra = sorted(set(entry) - {"model", "parameters"})
+        if extra:
+            raise fail(f"{where}: {extra[0]!r} is not supported (a model entry holds model and parameters)")
+        out.append((_model_path(entry["model"], where, fail), _parameters(entry.get("parameters"), where, fail)))
+    return out
+
+
+def _dtypes(doc: Mapping[str, Any], fail: Fail) -> dict[str, Any]:
+    dtype = _dtype_name(doc.get("dtype"), "dtype", fail)
+    if dtype not in (None, "float32"):
+        raise fail(
+            f"dtype: {dtype} is not supported: ramstream's arithmetic is float32 whatever the inputs "
+            "(write dtype: float32, and out_dtype: for the output's dtype)"
+        )
+    out = _dtype_name(doc.get("out_dtype"), "out_dtype", fail)
+    if out is not None:
+        return {"out_dtype": _OUT_DTYPES[out]}
+    if dtype is not None:
+        return {"out_dtype": "f32"}  # mergekit writes the arithmetic dtype when out_dtype is absent
+    return {}
+
+
+def _dtype_name(value: Any, key: str, fail: Fail) -> str | None:
+    if value is None:
+        return None
+    name = value[len("torch.") :] if isinstance(value, str) and value.startswith("torch.") else value
+    if name not in _OUT_DTYPES:
+        raise fail(f"{key}: {value!r} is not supported (bfloat16, float16 or float32)")
+    return str(name)
+
+
+def _tokenizer(doc: Mapping[str, Any], fail: Fail) -> None:
+    source = doc.get("tokenizer_source")
+    if source not in (None, "base"):
+        raise fail(
+            f"tokenizer_source: {source!r} is not supported: ramstream copies the tokenizer files "
+            "from base_model (tokenizer_source: base)"
+        )
+
+
+def _model_path(value: Any, where: str, fail: Fail) -> Path:
+    if not isinstance(value, str) or not value:
+        raise fail(f"{where}: model must be a path (LoRA and override_architecture are not supported)")
+    if "+" in value:
+        raise fail(f"{where}: {value!r} names a LoRA (model+lora), which is not supported: merge it in first")
+    if "@" in value:
+        raise fail(f"{where}: {value!r} names a revision (model@rev), which is not supported: give a local path")
+    return Path(value).expanduser()
+
+
+def _parameters(value: Any, where: str, fail: Fail) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise fail(f"{where}.parameters must be a mapping of parameter names to values")
+    out = {}
+    for key, setting in value.items():
+        if isinstance(setting, list):
+            kind = "per-tensor filters" if any(isinstance(s, Mapping) for s in setting) else "gradients"
+            raise fail(f"{where}.{key}: {kind} (lists of values) are not supported; give one value")
+        if isinstance(setting, Mapping):
+            raise fail(f"{where}.{key}: per-tensor filters are not supported; give one value")
+        out[str(key)] = setting
+    return out
+
+
+def _method_settings(
+    name: str, spec: MethodMap, top: dict[str, Any], per_model: list[dict[str, Any]], fail: Fail
+) -> dict[str, Any]:
+    known = {p.name: p for p in spec.params}
+    default_only = _DEFAULT_ONLY.get(name, {})
+    scopes = [("parameters", top), *((f"models[{i}]", p) for i, p in enumerate(per_model))]
+    for where, params in scopes:
+        for key, value in params.items():
+            if key in default_only:
+                param, reason = default_only[key]
+                if _value(param, value, where, fail) != param.default:
+                    raise fail(f"{where}.{key}: {value!r} " + reason.format(method=name))
+            elif key not in known:
+                reads = ", ".join(known) or "none"
+                raise fail(f"{where}.{key}: {name} has no parameter {key!r} (it reads {reads})")
+            elif known[key].scope == "shared" and where != "parameters":
+                raise fail(f"{where}.{key}: {key} is one value for the whole merge: set it in the top-level parameters")
+    settings: dict[str, Any] = {}
+    for param in spec.params:
+        if param.scope == "shared":
+            if param.name in top:
+                settings[param.option] = _value(param, top[param.name], "parameters", fail)
+        elif param.name in top or any(param.name in p for p in per_model):
+            settings[param.option] = [_model_value(param, top, p, i, name, fail) for i, p in enumerate(per_model)]
+    return settings
+
+
+def _model_value(param: Param, top: dict[str, Any], params: dict[str, Any], i: int, name: str, fail: Fail) -> Any:
+    where = f"models[{i}]" if param.name in params else "parameters"
+    value = params.get(param.name, top.get(param.name, param.default))
+    if value is None:
+        raise fail(f"models[{i}]: {param.name} is missing; {name} needs one for every model when any has one")
+    return _value(param, value, where, fail)
+
+
+def _value(param: Param, value: Any, where: str, fail: Fail) -> float | bool:
+    """A scalar as mergekit's validation reads it (YAML strings like ``1e-5`` are numbers)."""
+    if param.kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise fail(f"{where}.{param.name} must be true or false, got {value!r}")
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = float(value)
+    except (TypeError, ValueError):
+        raise fail(f"{where}.{param.name} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise fail(f"{where}.{param.name} must be a finite number, got {value!r}")
+    return number
+
+
+def combine(config: ConfigMerge, flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The config's settings plus the flags given with it; a flag the config also sets is refused."""
+    both = [k for k in flags if k in config.settings]
+    if both:
+        flag = FLAGS.get(both[0], both[0])
+        raise ConfigError(f"{flag} is set by {config.source} too ({config.settings[both[0]]!r}); set it in one place")
+    return {**config.settings, **flags}
+
+
+def api_arguments(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of ``api.merge`` from flat settings (method options go in method_options)."""
+    out: dict[str, Any] = {k: settings[k] for k in _API_KEYS if k in settings}
+    options = {k: v for k, v in settings.items() if k not in _API_KEYS}
+    if options:
+        out["method_options"] = options
+    return out

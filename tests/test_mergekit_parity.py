@@ -1,0 +1,407 @@
+"""Parity with the real mergekit (0.1.5): the same YAML config, merged by both tools.
+
+A small Qwen2-shaped bf16 family with sparse task vectors (tests/families.build_family) is
+merged by ``ramstream merge --config X.yml`` and by mergekit's own ``run_merge`` (what
+``mergekit-yaml X.yml OUT`` runs; all configs in one process, on the CPU), both in float32
+arithmetic with bf16 output (``dtype: float32``, ``out_dtype: bfloat16``).
+
+- Deterministic methods: the two outputs must be bit-identical on at least 99.99 % of the
+  elements and never more than one bf16 ulp apart; the differences left are printed per method
+  (run with ``-s``) and explained in docs/methods.md ("Parity with mergekit").
+- Magnitude trimming (ties, breadcrumbs): which of the elements equal to a threshold |tau| are
+  kept is up to the sort: mergekit calls torch's unstable sort, whose order of equal values is
+  an implementation detail; ramstream breaks ties by position (a stable sort). bf16 task
+  vectors hold many equal values, so mergekit runs twice: with its sorts pinned to stable ones
+  (held to the bar above), and as it is (every element that differs must hold an agent's value
+  equal to one of its thresholds).
+- Random methods (DARE, DELLA): mergekit draws from torch's generator, ramstream from a
+  counter-based one, so only statistics can agree: which fraction of each agent's task vector
+  survives, and that the L1 rescale restores each tensor's L1 mass. ramstream's own
+  determinism is checked exactly (another --memory, another --threads: the same bytes; another
+  --seed: other bytes).
+
+Methods not (yet) registered in ramstream are skipped, with the reason; mergekit missing skips
+the whole module (``make test`` installs it: see the Makefile).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ramstream.cli import main
+from ramstream.methods.registry import method_names
+from ramstream.samples import FamilyShape
+from tests.families import Family, bf16_to_f32, build_family, read_model_dir, read_safetensors
+
+pytestmark = pytest.mark.slow
+
+if importlib.util.find_spec("mergekit") is None:
+    pytest.skip(
+        "mergekit is not installed: pip install torch==2.13.0 mergekit==0.1.5 (make test does)",
+        allow_module_level=True,
+    )
+
+SHAPE = FamilyShape(hidden=128, layers=2, vocab=1024, intermediate=352, kv_hidden=32)
+DENSITIES = (0.03, 0.4, 0.55)
+MIN_IDENTICAL = 0.9999
+SEED = 7
+
+# name -> (mergekit merge_method, top-level parameters, per-agent parameters, the base model's
+# entry in models: its parameters, None (not listed) or "appended" (not listed; linear only:
+# base_model given all the same, so mergekit appends it to the inputs))
+Case = tuple[str, dict[str, Any], list[dict[str, Any]], dict[str, Any] | str | None]
+WEIGHTS = [{"weight": 0.7}, {"weight": 0.5}, {"weight": 1.0}]
+DETERMINISTIC: dict[str, Case] = {
+    "ram": ("ram", {}, [{}, {}, {}], None),
+    "ramplus_tl": ("ramplus_tl", {}, [{}, {}, {}], None),
+    "ramplus_tl-r0.3-alpha1": ("ramplus_tl", {"r": 0.3, "alpha": 1.0}, [{}, {}, {}], None),
+    "linear": ("linear", {}, WEIGHTS, None),
+    "linear-with-base": ("linear", {"normalize": True}, WEIGHTS, {"weight": 0.3}),
+    "linear-base-appended": ("linear", {"weight": 0.25}, WEIGHTS, "appended"),
+    "task_arithmetic": ("task_arithmetic", {"lambda": 0.8}, WEIGHTS, {}),
+    "task_arithmetic-normalize": ("task_arithmetic", {"normalize": True}, WEIGHTS, None),
+    "ties": (
+        "ties",
+        {},
+        [{"weight": 0.7, "density": 0.2}, {"weight": 0.5, "density": 0.5}, {"weight": 1.0, "density": 0.8}],
+        {},
+    ),
+    "ties-density0.2": ("ties", {"density": 0.2, "weight": 1.0}, [{}, {}, {}], None),
+    "breadcrumbs": ("breadcrumbs", {"density": 0.5, "gamma": 0.05}, WEIGHTS, None),
+    "breadcrumbs_ties": ("breadcrumbs_ties", {"density": 0.3, "gamma": 0.01}, WEIGHTS, None),
+    "model_stock": ("model_stock", {}, [{}, {}, {}], {}),
+}
+RANDOM: dict[str, Case] = {
+    "dare_linear": ("dare_linear", {"density": 0.5, "weight": 1.0}, [{}, {}, {}], None),
+    "dare_ties": ("dare_ties", {"density": 0.5}, WEIGHTS, None),
+    "della": ("della", {"density": 0.5, "epsilon": 0.1}, WEIGHTS, None),
+    "della_linear": ("della_linear", {"density": 0.4, "epsilon": 0.15, "weight": 1.0}, [{}, {}, {}], None),
+}
+# Random methods again with one agent (weight 1, no normalisation): what survives of that agent
+# and its rescale can be read off the output directly.
+SINGLE: dict[str, Case] = {
+    f"{m}-single": (m, {"density": 0.5, "weight": 1.0, **({"epsilon": 0.2} if "della" in m else {})}, [{}], None)
+    for m in ("dare_linear", "dare_ties", "della", "della_linear")
+}
+ALL = {**DETERMINISTIC, **RANDOM, **SINGLE}
+
+
+RAMSTREAM_NAME = {"ramplus_tl": "ram+"}
+
+MAGNITUDE = {n for n, case in DETERMINISTIC.items() if case[0] in ("ties", "breadcrumbs", "breadcrumbs_ties")}
+
+# Runs each [config, out, stable] job as ``mergekit-yaml config out`` does; with ``stable``,
+# torch.argsort and torch.sort (called by mergekit's magnitude trimming) are pinned to stable sorts.
+_MERGEKIT = """
+import json, sys, yaml, torch
+from mergekit.config import MergeConfiguration
+from mergekit.merge import run_merge
+from mergekit.options import MergeOptions
+unstable = torch.argsort, torch.sort
+def stable_argsort(input, dim=-1, descending=False, stable=False):
+    return unstable[0](input, dim=dim, descending=descending, stable=True)
+def stable_sort(input, dim=-1, descending=False, stable=False, **kwargs):
+    return unstable[1](input, dim=dim, descending=descending, stable=True, **kwargs)
+for config, out, stable in json.loads(sys.argv[1]):
+    torch.argsort, torch.sort = (stable_argsort, stable_sort) if stable else unstable
+    source = open(config, encoding="utf-8").read()
+    options = MergeOptions(random_seed=int(sys.argv[2]), quiet=True, write_model_card=False)
+    options.apply_global_options()
+    run_merge(MergeConfiguration.model_validate(yaml.safe_load(source)), out, options=options, config_source=source)
+"""
+
+
+@dataclass(frozen=True)
+class Runs:
+    root: Path
+    family: Family
+    configs: dict[str, Path]
+    mergekit: dict[str, Path]  # magnitude methods: with stable sorts
+    stock: dict[str, Path]  # magnitude methods: mergekit as it is
+
+
+def write_config(path: Path, fam: Family, case: Case, agents: int | None = None) -> None:
+    method, top, per_agent, base_entry = case
+    models = []
+    if isinstance(base_entry, dict):
+        models.append({"model": str(fam.base), **({"parameters": base_entry} if base_entry else {})})
+    for agent, params in zip(fam.agents[: agents or len(per_agent)], per_agent, strict=True):
+        models.append({"model": str(agent), **({"parameters": params} if params else {})})
+    doc: dict[str, Any] = {"merge_method": method, "models": models}
+    if method != "linear" or base_entry is not None:  # mergekit's linear weighs a base_model as an input
+        doc["base_model"] = str(fam.base)
+    if top:
+        doc["parameters"] = top
+    doc.update({"dtype": "float32", "out_dtype": "bfloat16"})
+    path.write_text(json.dumps(doc, indent=1))  # JSON is YAML
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """The family, one config per case, and mergekit's output for every case (one process)."""
+    root = tmp_path_factory.mktemp("parity")
+    fam = build_family(root / "family", densities=DENSITIES, shapes=dict(SHAPE.tensors()), seed=3)
+    for member in (fam.base, *fam.agents):
+        (member / "config.json").write_text(json.dumps(SHAPE.config()))
+        (member / "tokenizer.json").unlink()  # a placeholder, not a tokenizer mergekit could load
+    configs, outs, stock = {}, {}, {}
+    jobs = []
+    for name, case in ALL.items():
+        configs[name] = root / f"{name}.yml"
+        write_config(configs[name], fam, case)
+        outs[name] = root / "mergekit" / name
+        jobs.append([str(configs[name]), str(outs[name]), name in MAGNITUDE])
+        if name in MAGNITUDE:
+            stock[name] = root / "mergekit-stock" / name
+            jobs.append([str(configs[name]), str(stock[name]), False])
+    done = subprocess.run(
+        [sys.executable, "-c", _MERGEKIT, json.dumps(jobs), str(SEED)], capture_output=True, text=True, timeout=1200
+    )
+    assert done.returncode == 0, f"mergekit failed:\n{done.stderr[-4000:]}"
+    return Runs(root, fam, configs, outs, stock)
+
+
+def ramstream_merge(runs: Runs, name: str, *extra: str, out: str | None = None) -> Path:
+    """``ramstream merge --config`` with the case's config."""
+    target = runs.root / "ramstream" / (out or name)
+    args = ["merge", "--config", str(runs.configs[name]), "--out", str(target), "--quiet"]
+    args += ["--cache-dir", str(runs.root / "cache"), *extra]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, f"{result.stderr}{result.exception!r}"
+    return target
+
+
+def read_output(directory: Path) -> dict[str, np.ndarray]:
+    """name -> raw bf16 bits of an output directory (sharded with an index, or one file)."""
+    if (directory / "model.safetensors.index.json").is_file():
+        tensors = read_model_dir(directory)
+    else:
+        tensors = read_safetensors(directory / "model.safetensors")
+    out = {}
+    for name, (dtype, _shape, raw) in tensors.items():
+        assert dtype == "BF16", (directory, name, dtype)
+        out[name] = raw
+    return out
+
+
+def ordered(bits: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns as integers whose differences count ulps (-0 and +0 both 0)."""
+    b = bits.astype(np.int64)
+    return np.where(b & 0x8000, -(b & 0x7FFF), b)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    total: int
+    identical: int
+    max_ulp: int  # over the differing elements that are not cancellations
+    cancellations: int  # differing elements whose exact value is ~0 (see ``compare``)
+    per_tensor: dict[str, int]
+
+    @property
+    def share(self) -> float:
+        return self.identical / self.total
+
+    def line(self, name: str) -> str:
+        tensors = ", ".join(f"{t} {n}" for t, n in sorted(self.per_tensor.items(), key=lambda x: -x[1])[:6])
+        return (
+            f"{name}: {self.identical}/{self.total} identical ({100 * self.share:.4f} %), "
+            f"{self.total - self.identical} differ, max {self.max_ulp} ulp"
+            + (f", {self.cancellations} near-zero cancellations" if self.cancellations else "")
+            + (f" [{tensors}]" if tensors else "")
+        )
+
+
+def compare(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray], fam: Family | None = None) -> Comparison:
+    """Element by element. With the family, a differing element whose two values lie within a
+    float32 rounding of its operands (|base| + sum |tau|) counts as a cancellation, not in ulps:
+    where the exact merged value is 0, one float32 order of operations gives 0 and another a
+    residue like 2**-33, which bf16 ulps near zero (tiny) would count as thousands."""
+    assert set(ours) == set(theirs)
+    total = identical = max_ulp = cancellations = 0
+    per_tensor = {}
+    for name in sorted(ours):
+        a, b = ours[name], theirs[name]
+        assert a.shape == b.shape, name
+        same = a == b
+        total += a.size
+        identical += int(same.sum())
+        if same.all():
+            continue
+        per_tensor[name] = int((~same).sum())
+        ulps = np.abs(ordered(a) - ordered(b))
+        if fam is not None:
+            base = fam.base_values[name].astype(np.float32).ravel()
+            scale = np.abs(base) + sum(np.abs(v[name].astype(np.float32).ravel() - base) for v in fam.agent_values)
+            tiny = np.abs(bf16_to_f32(a) - bf16_to_f32(b)) <= np.float32(2.0**-22) * scale
+            cancelled = ~same & tiny & (ulps > 1)
+            cancellations += int(cancelled.sum())
+            ulps = np.where(cancelled, 0, ulps)
+        max_ulp = max(max_ulp, int(ulps.max()))
+    return Comparison(total, identical, max_ulp, cancellations, per_tensor)
+
+
+def need(name: str) -> str:
+    method = RAMSTREAM_NAME.get(ALL[name][0], ALL[name][0])
+    if method not in method_names():
+        pytest.skip(f"ramstream has no method {method!r} yet")
+    return method
+
+
+@pytest.mark.parametrize("name", list(DETERMINISTIC))
+def test_deterministic_method_matches_mergekit(runs: Runs, name: str, record_property: Any) -> None:
+    need(name)
+    result = compare(read_output(ramstream_merge(runs, name)), read_output(runs.mergekit[name]), runs.family)
+    print("\n" + result.line(name))
+    record_property("parity", result.line(name))
+    assert result.share >= MIN_IDENTICAL, result.line(name)
+    assert result.max_ulp <= 1, result.line(name)
+
+
+def boundary_values(method: str, tau_abs: np.ndarray, density: float, gamma: float) -> list[float]:
+    """The |tau| values at which a sort's order of equal elements decides what is kept: those of a
+    cut that falls inside a run of equal values (zeros excluded: dropping a zero changes nothing)."""
+    if density >= 1:
+        return []
+    a = np.sort(tau_abs.ravel())
+    n = a.size
+    if method == "ties":
+        cuts = [n - max(1, int(density * n))]
+    else:
+        target = int(density * n)
+        bottom = max(0, n - target - int(gamma * n))
+        cuts = [bottom, bottom + target]
+    return [float(a[c]) for c in cuts if 0 < c < n and a[c - 1] == a[c] and a[c] != 0]
+
+
+def at_a_tie(fam: Family, name: str, tensor: str, index: np.ndarray) -> np.ndarray:
+    """Which of ``index`` (flat positions in ``tensor``) hold some agent's value equal to one of its
+    threshold values."""
+    method, top, per_agent, _ = ALL[name]
+    hit = np.zeros(index.size, bool)
+    base = fam.base_values[tensor].astype(np.float32).ravel()
+    for t, params in enumerate(per_agent):
+        tau = np.abs(fam.agent_values[t][tensor].astype(np.float32).ravel() - base)
+        density = float(params.get("density", top.get("density", 1.0)))
+        gamma = float(params.get("gamma", top.get("gamma", 0.01)))
+        for v in boundary_values(method, tau, density, gamma):
+            hit |= tau[index] == np.float32(v)
+    return hit
+
+
+@pytest.mark.parametrize("name", sorted(MAGNITUDE))
+def test_magnitude_method_differs_from_stock_mergekit_only_at_threshold_ties(
+    runs: Runs, name: str, record_property: Any
+) -> None:
+    need(name)
+    ours = read_output(ramstream_merge(runs, name))
+    theirs = read_output(runs.stock[name])
+    result = compare(ours, theirs)
+    explained = tied = 0
+    for tensor in result.per_tensor:
+        index = np.flatnonzero(ours[tensor] != theirs[tensor])
+        explained += int(at_a_tie(runs.family, name, tensor, index).sum())
+    for tensor in ours:
+        tied += int(at_a_tie(runs.family, name, tensor, np.arange(ours[tensor].size)).sum())
+    differ = result.total - result.identical
+    line = result.line(name + " vs stock mergekit") + f"; {explained} of them at a threshold tie ({tied} tied elements)"
+    print("\n" + line)
+    record_property("parity-stock", line)
+    assert explained == differ, line
+
+
+# -- random methods -------------------------------------------------------------------------
+
+
+def deltas(fam: Family, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each tensor's merged task vector: f32(output) - f32(base)."""
+    return {n: bf16_to_f32(raw) - fam.base_values[n].astype(np.float32) for n, raw in out.items()}
+
+
+def changed_share(fam: Family, delta: dict[str, np.ndarray]) -> tuple[int, int]:
+    """(elements changed by the merge, elements some agent changed)."""
+    changed = active = 0
+    for name, d in delta.items():
+        touched = np.zeros(d.size, bool)
+        for agent in fam.agent_values:
+            touched |= agent[name].astype(np.float32) != fam.base_values[name]
+        changed += int((d != 0)[touched].sum())
+        active += int(touched.sum())
+    return changed, active
+
+
+def binomial_close(k1: int, n1: int, k2: int, n2: int, sigmas: float = 6.0) -> bool:
+    p = (k1 + k2) / (n1 + n2)
+    return abs(k1 / n1 - k2 / n2) <= sigmas * np.sqrt(p * (1 - p) * (1 / n1 + 1 / n2)) + 1e-12
+
+
+@pytest.mark.parametrize("name", list(RANDOM))
+def test_random_method_agrees_with_mergekit_in_distribution(runs: Runs, name: str, record_property: Any) -> None:
+    need(name)
+    fam = runs.family
+    ours = deltas(fam, read_output(ramstream_merge(runs, name, "--seed", str(SEED))))
+    theirs = deltas(fam, read_output(runs.mergekit[name]))
+    k1, n1 = changed_share(fam, ours)
+    k2, n2 = changed_share(fam, theirs)
+    l1_ours = sum(float(np.abs(d).astype(np.float64).sum()) for d in ours.values())
+    l1_theirs = sum(float(np.abs(d).astype(np.float64).sum()) for d in theirs.values())
+    line = (
+        f"{name}: changed {k1 / n1:.4f} of the touched elements (mergekit {k2 / n2:.4f}); "
+        f"L1 of the merged task vector {l1_ours:.4f} (mergekit {l1_theirs:.4f}, ratio {l1_ours / l1_theirs:.4f})"
+    )
+    print("\n" + line)
+    record_property("parity", line)
+    assert binomial_close(k1, n1, k2, n2), line
+    assert abs(l1_ours / l1_theirs - 1) < 0.02, line
+
+
+@pytest.mark.parametrize("name", list(SINGLE))
+def test_random_method_keeps_and_rescales_like_mergekit(runs: Runs, name: str, record_property: Any) -> None:
+    """One agent, weight 1: the output's task vector is that agent's survivors, rescaled."""
+    need(name)
+    fam = runs.family
+    density = ALL[name][1]["density"]
+    ours = deltas(fam, read_output(ramstream_merge(runs, name, "--seed", str(SEED))))
+    theirs = deltas(fam, read_output(runs.mergekit[name]))
+    lines = []
+    for label, delta in (("ramstream", ours), ("mergekit", theirs)):
+        kept = active = 0
+        ratios = []
+        for tensor, d in delta.items():
+            tau = fam.agent_values[0][tensor].astype(np.float32) - fam.base_values[tensor]
+            touched = tau != 0
+            kept += int((d != 0)[touched].sum())
+            active += int(touched.sum())
+            if touched.sum() >= 2000:  # the L1 rescale restores each tensor's L1 mass (up to bf16 rounding)
+                ratios.append(float(np.abs(d).sum(dtype=np.float64) / np.abs(tau).sum(dtype=np.float64)))
+        lines.append((label, kept, active, min(ratios), max(ratios)))
+    text = "; ".join(f"{lb}: kept {k / n:.4f} of {n}, L1 ratio {lo:.4f}..{hi:.4f}" for lb, k, n, lo, hi in lines)
+    print(f"\n{name} (density {density}): {text}")
+    record_property("parity", text)
+    (_, k1, n1, lo1, hi1), (_, k2, n2, lo2, hi2) = lines
+    assert binomial_close(k1, n1, k2, n2), text
+    if "dare" in name:  # DARE keeps each element with probability density, whatever its magnitude
+        assert binomial_close(k1, n1, round(density * n1), n1), text
+    for lo, hi in ((lo1, hi1), (lo2, hi2)):
+        assert 0.97 < lo <= hi < 1.03, text
+
+
+def test_random_methods_are_deterministic_in_ramstream(runs: Runs) -> None:
+    """Same seed: the same bytes whatever the block size and threads; another seed: other bytes."""
+    name = "dare_ties"
+    need(name)
+    first = read_output(ramstream_merge(runs, name, "--seed", "11", out="det-a"))
+    again = read_output(ramstream_merge(runs, name, "--seed", "11", "--memory", "16MiB", "--threads", "1", out="det-b"))
+    other = read_output(ramstream_merge(runs, name, "--seed", "12", out="det-c"))
+    assert all(np.array_equal(first[n], again[n]) for n in first)
+    assert not all(np.array_equal(first[n], other[n]) for n in first)
