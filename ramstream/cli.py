@@ -113,13 +113,22 @@ def main() -> None:
 @click.argument("agents", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--index", "index", type=click.Path(path_type=Path), default=None, help="Index path [default: cache].")
 @click.option("--eps", type=float, default=DEFAULT_EPS, show_default=True, help="|tau| > eps marks an element active.")
+@click.option(
+    "--allow-nonfinite",
+    is_flag=True,
+    help="Let NaN/Inf weights through (a non-finite task-vector element counts as inactive) instead of refusing.",
+)
 @_run_options
 @_friendly
-def probe(base: Path, agents: tuple[Path, ...], index: Path | None, eps: float, **run: Any) -> None:
+def probe(
+    base: Path, agents: tuple[Path, ...], index: Path | None, eps: float, allow_nonfinite: bool, **run: Any
+) -> None:
     """Gather the statistics of AGENTS against BASE into the index (resumable)."""
     from ramstream import api
 
-    store = api.probe(base, [str(a) for a in agents], index=index, eps=eps, options=_options(**run))
+    store = api.probe(
+        base, [str(a) for a in agents], index=index, eps=eps, allow_nonfinite=allow_nonfinite, options=_options(**run)
+    )
     click.echo(f"index: {store.path}")
 
 
@@ -211,6 +220,11 @@ def _given_settings(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any
 )
 @click.option("--shard-size", type=Size(), default=str(DEFAULT_SHARD_SIZE), show_default=True)
 @click.option("--force", is_flag=True, help="Replace what a previous merge left in --out.")
+@click.option(
+    "--allow-nonfinite",
+    is_flag=True,
+    help="Let NaN/Inf weights through (a non-finite task-vector element counts as inactive) instead of refusing.",
+)
 @_run_options
 @click.pass_context
 @_friendly
@@ -223,6 +237,7 @@ def merge(
     index: Path | None,
     shard_size: int,
     force: bool,
+    allow_nonfinite: bool,
     memory: int,
     threads: int | None,
     cache_dir: Path | None,
@@ -249,6 +264,7 @@ def merge(
         index=index,
         shard_size=shard_size,
         force=force,
+        allow_nonfinite=allow_nonfinite,
         options=_options(memory, threads, cache_dir, quiet),
     )
     state = "already merged" if result.resumed_finished else "merged"

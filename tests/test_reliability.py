@@ -232,3 +232,22 @@ def test_undecodable_float_dtype_is_refused_by_name(tmp_path: Path) -> None:
     done = cli("merge", tmp_path / "base", tmp_path / "agent", "--out", tmp_path / "out", "--quiet")
     one_line_error(done, "w.fp8", "F8_E4M3", "convert")
     assert not looks_finished(tmp_path / "out")
+
+
+def test_allow_nonfinite_flag_on_the_command_line(tmp_path: Path, family: Family) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for path in family.agents[0].iterdir():
+        (bad / path.name).write_bytes(path.read_bytes())
+    shard = next(bad.glob("model-00001-*.safetensors"))
+    tensors = read_safetensors(shard)
+    name = next(iter(tensors))
+    dtype, shape, raw = tensors[name]
+    raw = raw.copy()
+    raw[3] = 0x7F80  # +Inf in bf16
+    write_safetensors(shard, {**tensors, name: (dtype, shape, raw)})
+    args = ["merge", family.base, bad, *family.agents[1:], "--cache-dir", tmp_path / "cache", "--quiet"]
+    one_line_error(cli(*args, "--out", tmp_path / "refused"), name)
+    done = cli(*args, "--out", tmp_path / "allowed", "--allow-nonfinite")
+    assert done.returncode == 0, done.stderr
+    assert looks_finished(tmp_path / "allowed")
