@@ -30,9 +30,9 @@ import numpy as np
 
 from ramstream.errors import ConfigError
 from ramstream.kernels import della as kernels
-from ramstream.kernels import gta
 from ramstream.methods import options
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
+from ramstream.methods.gta import gta_merger
 from ramstream.methods.trim import l1_factors
 from ramstream.passes.inputs import BlockArrays
 from ramstream.plan import Block, TensorPlan
@@ -178,31 +178,16 @@ def prepare_della(name: str, params: DellaParams, ctx: StatsContext) -> Prepared
     tensors = [_tensor_plan(ctx, name) for name in ctx.family.base.tensors]
     weights = np.array(params.weights, np.float32)
     lam = np.float32(params.lam)
-    consensus = gta.CONSENSUS_SUM if name == "della" else gta.CONSENSUS_NONE
+    consensus = "sum" if name == "della" else "none"
     normalize = params.normalize
     inverse = params.rescale == "inverse"
 
-    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, workers: int) -> None:
-        keep = prune.keep(arrays, tensors[block.tensor], block.start, block.stop, inverse, workers)
-        gta.gta_merge_block(
-            arrays.base,
-            arrays.base_code,
-            arrays.agents,
-            arrays.agent_codes,
-            weights,
-            scale[block.tensor],
-            gta.KEEP_ARRAY,
-            keep,
-            gta.NO_KEYS,
-            gta.NO_DENSITY,
-            block.start,
-            consensus,
-            normalize,
-            lam,
-            out,
-            out_code,
-            workers,
-        )
+    def keep(arrays: BlockArrays, block: Block, workers: int) -> np.ndarray:
+        return prune.keep(arrays, tensors[block.tensor], block.start, block.stop, inverse, workers)
+
+    merge_block = gta_merger(
+        weights, scale, np.full(n_tensors, lam), consensus=consensus, normalize=normalize, keep=keep
+    )
 
     return Prepared(merge_block, {"weight": params.weights, "density": params.density, "epsilon": params.epsilon})
 

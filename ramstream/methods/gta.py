@@ -7,6 +7,7 @@ stock). Methods that build keep arrays themselves call ``kernels.gta.gta_merge_b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,10 @@ from ramstream.passes.inputs import BlockArrays
 from ramstream.plan import Block
 
 CONSENSUS = {"none": gta.CONSENSUS_NONE, "sum": gta.CONSENSUS_SUM, "count": gta.CONSENSUS_COUNT}
+
+
+# keep(arrays, block, workers) -> the block's (N, n) keep multipliers (0 drops an element)
+KeepFunction = Callable[[BlockArrays, Block, int], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -35,12 +40,19 @@ def gta_merger(
     consensus: str = "none",
     normalize: bool = False,
     drop: RandomDrop | None = None,
+    keep: KeepFunction | None = None,
 ) -> BlockMerger:
-    """A block merger with float32 ``weights`` (N,), ``scale`` (tensors, N) and ``lam`` (tensors,)."""
+    """A block merger with float32 ``weights`` (N,), ``scale`` (tensors, N) and ``lam`` (tensors,).
+
+    Elements are all kept, dropped at random (``drop``), or kept by ``keep(arrays, block,
+    workers)``, which returns the block's (N, n) keep multipliers (magnitude trimming, DELLA).
+    """
+    if drop is not None and keep is not None:
+        raise ValueError("give drop or keep, not both")
     weights = np.ascontiguousarray(weights, np.float32)
     scale = np.ascontiguousarray(scale, np.float32)
     lam = np.ascontiguousarray(lam, np.float32)
-    mode = gta.KEEP_RANDOM if drop is not None else gta.KEEP_ALL
+    mode = gta.KEEP_RANDOM if drop is not None else gta.KEEP_ARRAY if keep is not None else gta.KEEP_ALL
     density = drop.density if drop is not None else gta.NO_DENSITY
     code = CONSENSUS[consensus]
 
@@ -54,7 +66,7 @@ def gta_merger(
             weights,
             scale[block.tensor],
             mode,
-            gta.NO_KEEP,
+            keep(arrays, block, workers) if keep is not None else gta.NO_KEEP,
             keys,
             density,
             block.start,

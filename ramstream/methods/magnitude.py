@@ -29,11 +29,9 @@ from typing import Any, Literal
 import numpy as np
 
 from ramstream.errors import ConfigError
-from ramstream.kernels import gta
 from ramstream.methods import options, trim
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.passes.inputs import BlockArrays
-from ramstream.plan import Block
+from ramstream.methods.gta import gta_merger
 from ramstream.statistics.context import StatsContext
 
 TrimScope = Literal["tensor", "model"]
@@ -175,30 +173,12 @@ def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: Sta
         scale = np.ones((n_tensors, n_agents), np.float32)
     weights = np.array(params.weights, np.float32)
     lam = np.float32(params.lam)
-    consensus = gta.CONSENSUS_SUM if method.consensus == "sum" else gta.CONSENSUS_NONE
+    consensus = "sum" if method.consensus == "sum" else "none"
     normalize = params.normalize
 
-    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, workers: int) -> None:
-        keep = solved.keep(arrays, block, workers)
-        gta.gta_merge_block(
-            arrays.base,
-            arrays.base_code,
-            arrays.agents,
-            arrays.agent_codes,
-            weights,
-            scale[block.tensor],
-            gta.KEEP_ARRAY,
-            keep,
-            gta.NO_KEYS,
-            gta.NO_DENSITY,
-            block.start,
-            consensus,
-            normalize,
-            lam,
-            out,
-            out_code,
-            workers,
-        )
+    merge_block = gta_merger(
+        weights, scale, np.full(n_tensors, lam), consensus=consensus, normalize=normalize, keep=solved.keep
+    )
 
     kept = kept_fraction(counts, n_cuts, [t.numel for t in ctx.plan.tensors if t.merged], params.trim_scope)
     return Prepared(merge_block, {"weight": params.weights, "density": params.density, "kept": kept})
