@@ -251,3 +251,31 @@ def test_allow_nonfinite_flag_on_the_command_line(tmp_path: Path, family: Family
     done = cli(*args, "--out", tmp_path / "allowed", "--allow-nonfinite")
     assert done.returncode == 0, done.stderr
     assert looks_finished(tmp_path / "allowed")
+
+
+def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(tmp_path: Path, family: Family, reference: dict) -> None:
+    """SIGINT (Ctrl-C) mid-merge: exit 130 with one line saying to rerun; the rerun resumes."""
+    import signal
+
+    index, out = tmp_path / "index.zarr", tmp_path / "out"
+    assert cli("probe", *members(family), "--index", index, "--quiet").returncode == 0
+    args = ["merge", *map(str, members(family)), "--out", str(out), "--index", str(index), "--quiet", *SHARDS]
+    # Slow the merge down (a sleep in each block write) so the interrupt lands inside the pass.
+    slow = (
+        "import time, sys; from ramstream.io import writer; w = writer.ShardWriter.write\n"
+        "def slow(self, *a, **k):\n    time.sleep(1.0); return w(self, *a, **k)\n"
+        "writer.ShardWriter.write = slow\nfrom ramstream.cli import main; main()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", slow, *args], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / ".ramstream" / "journal").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside the first block's (slowed) write
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "rerun the same command" in err
+    assert not looks_finished(out)
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert model_bytes(out) == reference
