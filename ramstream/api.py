@@ -118,6 +118,11 @@ def merge(
     spec = get_method(method)
     given = {"r": r, "alpha": alpha, "rho_scope": rho_scope, "lambda_rule": lambda_rule, **(method_options or {})}
     params = spec.parse({k: v for k, v in given.items() if v is not None}, len(agents))
+    if allow_nonfinite and not spec.accepts_nonfinite:
+        raise ConfigError(
+            f"--allow-nonfinite is not supported by --method {method} (its magnitude ranks would treat "
+            "NaN/Inf as the largest updates); fix the checkpoint or use another method"
+        )
     eps = _eps(eps)
     family = open_family(base, list(agents), min_agents=spec.min_agents)
     out_path = Path(out)

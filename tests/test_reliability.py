@@ -279,3 +279,10 @@ def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(tmp_path: Path, family
     done = cli(*args)
     assert done.returncode == 0, done.stderr
     assert model_bytes(out) == reference
+
+
+@pytest.mark.parametrize("method", ["ties", "breadcrumbs", "della"])
+def test_allow_nonfinite_is_refused_by_magnitude_methods(tmp_path: Path, family: Family, method: str) -> None:
+    args = ["merge", *members(family), "--out", tmp_path / "out", "--method", method, "--allow-nonfinite"]
+    one_line_error(cli(*args, "--cache-dir", tmp_path / "cache", "--quiet"), "--allow-nonfinite", method)
+    assert not (tmp_path / "out").exists()

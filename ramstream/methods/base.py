@@ -45,6 +45,9 @@ class MethodSpec:
     # True when blocks must hold whole rows (methods that rank elements within a row)
     row_aligned: bool = False
     min_agents: int = 1
+    # False for methods whose statistics cannot tell a NaN/Inf task vector from a large one
+    # (magnitude ranks): --allow-nonfinite is refused for them rather than half-honoured.
+    accepts_nonfinite: bool = True
 
 
 def refuse_unknown(method: str, options: Mapping[str, Any], allowed: set[str]) -> None:

@@ -211,4 +211,4 @@ def della_spec(name: str) -> MethodSpec:
     def prepare(params: DellaParams, ctx: StatsContext) -> Prepared:
         return prepare_della(name, params, ctx)
 
-    return MethodSpec(name, DELLA_METHODS[name], parse, prepare, row_aligned=True)
+    return MethodSpec(name, DELLA_METHODS[name], parse, prepare, row_aligned=True, accepts_nonfinite=False)

@@ -203,4 +203,4 @@ def magnitude_spec(name: str) -> MethodSpec:
     def prepare(params: MagnitudeParams, ctx: StatsContext) -> Prepared:
         return prepare_magnitude(method, params, ctx)
 
-    return MethodSpec(name, method.summary, parse, prepare)
+    return MethodSpec(name, method.summary, parse, prepare, accepts_nonfinite=False)
