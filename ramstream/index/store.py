@@ -27,6 +27,7 @@ from ramstream import __version__
 from ramstream.errors import IndexMismatchError
 from ramstream.index.guard import store_io
 from ramstream.index.journal import Journal
+from ramstream.index.local_store import open_group
 from ramstream.plan import Plan, TensorPlan, plan_from_tensors
 from ramstream.stats import OverlapCounts, per_tensor
 
@@ -101,6 +102,7 @@ class IndexStore:
         self.plan = plan
         self.journal = Journal.open(group, "progress/probe")
         self._masks: dict[int, zarr.Array] = {}
+        self._arrays: dict[str, zarr.Array] = {}  # opened once: each open reads its metadata
 
     @property
     def n_agents(self) -> int:
@@ -125,9 +127,10 @@ class IndexStore:
         journal.mark(block)
 
     def _array(self, key: str) -> zarr.Array:
-        node = self.group.get(key)
+        node = self._arrays.get(key) or self.group.get(key)
         if not isinstance(node, zarr.Array):
             raise IndexMismatchError(f"{self.path}: array {key!r} is missing; the index is damaged, delete it")
+        self._arrays[key] = node
         return node
 
     def _mask_array(self, tensor: int) -> zarr.Array:
@@ -259,7 +262,7 @@ def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
 
 
 def _create(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
-    group = zarr.open_group(str(path), mode="w", zarr_format=3, attributes={"state": "creating"})
+    group = open_group(path, mode="w", attributes={"state": "creating"})
     n_agents = len(header.agents)
     n_blocks = max(len(plan.blocks), 1)
     masks = group.create_group("masks")
@@ -315,7 +318,7 @@ def _open_group(path: Path, read_only: bool) -> zarr.Group:
     if not (path / "zarr.json").is_file():
         raise IndexMismatchError(f"{path}: no ramstream index here; run probe (or merge) first, or check the path")
     try:
-        group = zarr.open_group(str(path), mode="r" if read_only else "r+", zarr_format=3)
+        group = open_group(path, mode="r" if read_only else "r+")
     except Exception as exc:  # zarr raises several types for "not a group"
         raise IndexMismatchError(
             f"{path}: not a ramstream index ({type(exc).__name__}); give another --index path"

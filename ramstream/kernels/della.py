@@ -38,7 +38,7 @@ KEEP_ALL = 1
 DROP_ALL = 2
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def della_keep(  # type: ignore[no-untyped-def]
     base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse, keep, workers
 ):

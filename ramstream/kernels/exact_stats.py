@@ -27,7 +27,7 @@ from ramstream.kernels.exact_sum import BINS, add, renormalise
 GROUP = 64
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def abs_sums_block(base, base_code, agents, agent_codes, keys, density, start, acc, nonfinite):  # type: ignore[no-untyped-def]
     """acc: int64 (workers, N, 2, BINS + 1) zeroed; row 0 = sum |tau|, row 1 = sum |tau| kept."""
     n = base.shape[0]
@@ -65,7 +65,7 @@ def abs_sums_block(base, base_code, agents, agent_codes, keys, density, start, a
         nonfinite[w] = first_bad
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def gram_block(base, base_code, agents, agent_codes, acc, nonfinite):  # type: ignore[no-untyped-def]
     """acc: int64 (workers, N (N + 1) / 2, BINS + 1) zeroed."""
     n = base.shape[0]

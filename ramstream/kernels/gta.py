@@ -66,7 +66,7 @@ NO_KEYS = np.empty(0, np.uint64)
 NO_DENSITY = np.empty(0, np.float32)
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def gta_merge_block(  # type: ignore[no-untyped-def]
     base,
     base_code,

@@ -17,7 +17,7 @@ from ramstream.kernels.exact_sum import add
 GROUP = 64
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def kept_abs_sums(base, base_code, agents, agent_codes, keep, acc, nonfinite):  # type: ignore[no-untyped-def]
     """acc: int64 (workers, N, 2, BINS + 1) zeroed; row 0 += sum |tau|, row 1 += sum of |tau|
     where ``keep[t, i] != 0``. nonfinite[w] <- the first element whose |tau| is NaN/Inf, or -1."""

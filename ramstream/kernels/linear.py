@@ -15,7 +15,7 @@ from numba import njit, prange
 from ramstream.kernels.codecs import TILE, decode_tile, encode_tile
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def merge_linear_block(base, base_code, base_weight, agents, agent_codes, weights, normalize, out, out_code, workers):  # type: ignore[no-untyped-def]
     n = base.shape[0]
     n_agents = len(agents)

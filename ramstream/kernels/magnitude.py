@@ -45,7 +45,7 @@ def _abs_bits(agent_bits, base_vals, agent_vals, m):  # type: ignore[no-untyped-
         agent_bits[i] = agent_bits[i] & _ABS
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def high_histogram(base, base_code, agents, agent_codes, counts):  # type: ignore[no-untyped-def]
     """counts: int32 (workers, N, HIGH_BINS) zeroed; adds each thread's elements to its row."""
     n = base.shape[0]
@@ -69,7 +69,7 @@ def high_histogram(base, base_code, agents, agent_codes, counts):  # type: ignor
                     row[agent_bits[i] >> _SHIFT] += 1
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def low_histogram(base, base_code, agents, agent_codes, targets, counts):  # type: ignore[no-untyped-def]
     """targets: int32 (N, C), a high half per agent and cut (-1: none).
     counts: int32 (workers, N, C, LOW_BINS) zeroed."""
@@ -109,7 +109,7 @@ def _in_lower(b, i, v, a, e):  # type: ignore[no-untyped-def]
     return b < v or (b == v and a <= i and i < e)
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def cut_keep(base, base_code, agents, agent_codes, cut_v, cut_range, keep, workers):  # type: ignore[no-untyped-def]
     """keep: uint8 (N, n) <- 1 where agent t keeps element i (see the module docstring).
 
@@ -148,7 +148,7 @@ def cut_keep(base, base_code, agents, agent_codes, cut_v, cut_range, keep, worke
                     dst[i] = np.uint8(1) if inside else np.uint8(0)
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def _tie_counts(base, base_code, agent, agent_code, v, begin, workers):  # type: ignore[no-untyped-def]
     """Per thread, the elements equal to v among block positions >= begin (tiles split as usual)."""
     n = base.shape[0]

@@ -13,7 +13,7 @@ from numba import njit, prange
 from ramstream.kernels.codecs import TILE, decode_tile, encode_tile
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def merge_ram_block(base, base_code, agents, agent_codes, eps, lambdas, out, out_code, workers):  # type: ignore[no-untyped-def]
     n = base.shape[0]
     n_agents = len(agents)

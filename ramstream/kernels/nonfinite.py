@@ -8,7 +8,7 @@ from numba import njit, prange
 from ramstream.kernels.codecs import TILE, decode_tile
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def first_nonfinite(base, base_code, agents, agent_codes, workers):  # type: ignore[no-untyped-def]
     """The lowest element index at which the base or any agent is NaN or Inf, or -1."""
     n = base.shape[0]

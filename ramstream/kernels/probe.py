@@ -16,7 +16,7 @@ from numba import njit, prange
 from ramstream.kernels.codecs import TILE, decode_tile
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def probe_block(base, base_code, agents, agent_codes, eps, masks, overlap, coverage, nonfinite):  # type: ignore[no-untyped-def]
     n = base.shape[0]
     n_agents = len(agents)

@@ -7,6 +7,7 @@ its bytes were handed to the OS (``pwrite``), so a kill loses at most the item i
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, RAW_CARRIER
 from ramstream.format.family import Family
 from ramstream.index.journal import Journal
 from ramstream.io.reader import MappedFiles
+from ramstream.io.write_behind import WriteBehind
 from ramstream.io.writer import ShardLayout, ShardWriter
 from ramstream.kernels.nonfinite import first_nonfinite
 from ramstream.kernels.probe import workers
@@ -85,21 +87,19 @@ def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
     )
     progress = Progress.for_terminal("merge", total, quiet)
     writer = ShardWriter(job.layout, work)
-    out_buffers: dict[str, np.ndarray] = {}
+    # Two staging buffers: the kernel fills one while the other block is being written.
     n_workers = workers()
     try:
-        with MappedFiles() as files:
+        with MappedFiles() as files, WriteBehind(depth=1) as behind:
             inputs = BlockInputs(job.family, plan, files)
             for i, block in enumerate(todo):
                 if i + 1 < len(todo):
                     inputs.prefetch(todo[i + 1])
                 tensor = plan.tensors[block.tensor]
                 out_dtype = job.out_dtypes[block.tensor]
-                buffer = out_buffers.get(out_dtype)
-                if buffer is None:
-                    buffer = np.empty(plan.max_block, RAW_CARRIER[FLOAT_CODES[out_dtype]])
-                    out_buffers[out_dtype] = buffer
-                out = buffer[: block.size]
+                byte_start = block.start * ITEMSIZE[out_dtype]
+                carrier = np.dtype(RAW_CARRIER[FLOAT_CODES[out_dtype]])
+                out = writer.staging(i % 2, tensor.name, byte_start, block.size, carrier)
                 arrays = inputs.arrays(block)
                 if job.check_nonfinite:
                     bad = first_nonfinite(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, n_workers)
@@ -108,10 +108,21 @@ def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
                 job.merge_block(arrays, block, out, int(FLOAT_CODES[out_dtype]), n_workers)
                 del arrays
                 inputs.release(block)
-                writer.write(tensor.name, block.start * ITEMSIZE[out_dtype], out)
-                journal.mark(block.index)
                 progress.advance(plan.block_bytes(block))
-                journal.record_rate(progress.done, progress.elapsed)
+                behind.submit(
+                    functools.partial(
+                        _persist,
+                        writer,
+                        journal,
+                        tensor.name,
+                        byte_start,
+                        out,
+                        block.index,
+                        progress.done,
+                        progress.elapsed,
+                    )
+                )
+            behind.drain()
             for k, t in enumerate(copies):
                 if done[len(plan.blocks) + k]:
                     continue
@@ -123,6 +134,22 @@ def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
     finally:
         writer.close()
         progress.close()
+
+
+def _persist(
+    writer: ShardWriter,
+    journal: Journal,
+    tensor: str,
+    byte_start: int,
+    data: np.ndarray,
+    item: int,
+    done_bytes: int,
+    seconds: float,
+) -> None:
+    """On the write-behind thread: the block's bytes (durable), then its journal mark."""
+    writer.write(tensor, byte_start, data)
+    journal.mark(item)
+    journal.record_rate(done_bytes, seconds)
 
 
 def _copy_tensor(job: MergeJob, files: MappedFiles, writer: ShardWriter, tensor: int, progress: Progress) -> None:

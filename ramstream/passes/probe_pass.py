@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ramstream.format.family import Family
 from ramstream.index.store import IndexStore
 from ramstream.io.reader import MappedFiles
+from ramstream.io.write_behind import WriteBehind
 from ramstream.kernels.probe import probe_block, workers
 from ramstream.passes.inputs import BlockInputs
 from ramstream.passes.progress import Progress
@@ -20,14 +23,16 @@ def run_probe(family: Family, index: IndexStore, quiet: bool, allow_nonfinite: b
     progress = Progress.for_terminal("probe", sum(plan.block_bytes(b) for b in todo), quiet)
     n_agents = len(family.agents)
     n_workers = workers()
-    masks = np.empty((n_agents, plan.block_elems // 8), np.uint8)
+    # Two mask buffers: the kernel fills one while the other block's masks are being written.
+    masks = [np.empty((n_agents, plan.block_elems // 8), np.uint8) for _ in range(2)]
     eps = index.header.eps
-    with MappedFiles() as files:
+    with MappedFiles() as files, WriteBehind(depth=1) as behind:
         inputs = BlockInputs(family, plan, files)
         for i, block in enumerate(todo):
             if i + 1 < len(todo):
                 inputs.prefetch(todo[i + 1])
             arrays = inputs.arrays(block)
+            block_masks = masks[i % 2]
             overlap = np.zeros((n_workers, n_agents, n_agents), np.int64)
             coverage = np.zeros((n_workers, n_agents + 1), np.int64)
             nonfinite = np.full(n_workers, -1, np.int64)
@@ -37,7 +42,7 @@ def run_probe(family: Family, index: IndexStore, quiet: bool, allow_nonfinite: b
                 arrays.agents,
                 arrays.agent_codes,
                 eps,
-                masks,
+                block_masks,
                 overlap,
                 coverage,
                 nonfinite,
@@ -46,11 +51,34 @@ def run_probe(family: Family, index: IndexStore, quiet: bool, allow_nonfinite: b
                 raise inputs.nonfinite_error(block, int(nonfinite[nonfinite >= 0].min()))
             del arrays
             inputs.release(block)
-            nbytes = (block.size + 7) // 8
-            index.write_block(block.index, masks[:, :nbytes], overlap.sum(axis=0), coverage.sum(axis=0))
             progress.advance(plan.block_bytes(block))
-            index.journal.record_rate(progress.done, progress.elapsed)
+            behind.submit(
+                functools.partial(
+                    _persist,
+                    index,
+                    block.index,
+                    block_masks[:, : (block.size + 7) // 8],
+                    overlap.sum(axis=0),
+                    coverage.sum(axis=0),
+                    progress.done,
+                    progress.elapsed,
+                )
+            )
     progress.close()
     index.journal.record_rate(progress.done, progress.elapsed, final=True)
     index.write_rollup()
     index.record_probe(progress.elapsed, progress.done, complete=True)
+
+
+def _persist(
+    index: IndexStore,
+    block: int,
+    masks: np.ndarray,
+    overlap: np.ndarray,
+    coverage: np.ndarray,
+    done_bytes: int,
+    seconds: float,
+) -> None:
+    """On the write-behind thread: the block's masks and counts, its journal mark, the rate."""
+    index.write_block(block, masks, overlap, coverage)
+    index.journal.record_rate(done_bytes, seconds)
