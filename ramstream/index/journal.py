@@ -11,6 +11,7 @@ this run so far), rewritten at most every ``RATE_EVERY`` seconds and at the end,
 from __future__ import annotations
 
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,10 @@ class Journal:
     def mark(self, block: int) -> None:
         with store_io(self.where, f"marking block {block} done"):
             self._array[block] = 1
+
+    def marking(self, block: int) -> Coroutine[Any, Any, None]:
+        """``mark`` as a coroutine, for callers that await it after their own writes."""
+        return self._array.async_array.setitem(block, 1)
 
     def record_rate(self, nbytes: int, seconds: float, *, final: bool = False) -> None:
         """Keep this run's throughput (input bytes done and seconds spent so far): at most every

@@ -13,8 +13,10 @@ Layout (see ``docs/index-format.md``)::
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
+from zarr.core.sync import sync
 
 from ramstream import __version__
 from ramstream.errors import IndexMismatchError
@@ -114,11 +117,16 @@ class IndexStore:
         b = self.plan.blocks[block]
         array = self._mask_array(b.tensor)
         byte0 = b.start // 8
+        writes = (
+            (array, (slice(None), slice(byte0, byte0 + masks.shape[1])), masks),
+            (self._array("stats/overlap"), block, overlap),
+            (self._array("stats/coverage"), block, coverage),
+        )
         with store_io(self.path, f"writing block {block} of the index"):
-            array[:, byte0 : byte0 + masks.shape[1]] = masks
-            self._array("stats/overlap")[block] = overlap
-            self._array("stats/coverage")[block] = coverage
-        self.journal.mark(block)
+            # The three chunks at once, then the mark, in one round trip to zarr's event loop: on
+            # a busy machine each round trip waits for a core, and a block used to make four.
+            data = (a.async_array.setitem(where, value) for a, where, value in writes)
+            sync(_then(_gather(*data), lambda: self.journal.marking(block)))
 
     def write_statistic(self, array: zarr.Array, journal: Journal, block: int, partial: np.ndarray) -> None:
         """Persist one block's partial of a method statistic, then mark it done."""
@@ -252,6 +260,16 @@ class IndexStore:
         b = self.plan.blocks[block]
         byte0 = b.start // 8
         return np.asarray(self._mask_array(b.tensor)[:, byte0 : byte0 + (b.size + 7) // 8])
+
+
+async def _gather(*writes: Coroutine[Any, Any, None]) -> None:
+    await asyncio.gather(*writes)
+
+
+async def _then(first: Coroutine[Any, Any, None], second: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Await ``first``, then (only if it succeeded) the coroutine ``second`` makes."""
+    await first
+    await second()
 
 
 def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
