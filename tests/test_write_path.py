@@ -26,12 +26,32 @@ from ramstream.io.writer import DIRECT_MIN, ShardWriter, plan_shards
 
 def test_write_behind_runs_items_in_order_on_one_thread() -> None:
     seen: list[tuple[int, str]] = []
-    with WriteBehind(depth=2) as behind:
+    with WriteBehind(depth=2, threads=1) as behind:
         for i in range(20):
             behind.submit(lambda i=i: seen.append((i, threading.current_thread().name)))
     assert [i for i, _ in seen] == list(range(20))
     assert len({name for _, name in seen}) == 1
     assert seen[0][1] != threading.current_thread().name
+
+
+def test_write_behind_holds_at_most_depth_items_and_runs_them_at_once() -> None:
+    """Two threads: two items run together (each waits for the other to start), never a third."""
+    depth = 2
+    started = threading.Barrier(depth, timeout=10)
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def item() -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        started.wait()
+        with lock:
+            running[0] -= 1
+
+    with WriteBehind(depth=depth) as behind:
+        for _ in range(6):
+            behind.submit(item)
+    assert peak[0] == depth
 
 
 def test_write_behind_raises_the_threads_error_in_the_caller() -> None:

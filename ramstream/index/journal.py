@@ -10,6 +10,7 @@ this run so far), rewritten at most every ``RATE_EVERY`` seconds and at the end,
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -28,6 +29,8 @@ class Journal:
     def __init__(self, array: zarr.Array) -> None:
         self._array = array
         self._rate_noted = time.monotonic()
+        self._rate_bytes = 0
+        self._rate_lock = threading.Lock()  # write-behind threads record rates concurrently
         self.where = getattr(array.store, "root", array.store)
 
     @classmethod
@@ -66,17 +69,19 @@ class Journal:
         """Keep this run's throughput (input bytes done and seconds spent so far): at most every
         ``RATE_EVERY`` seconds, and always when ``final``. A run that did nothing keeps the last
         run's record."""
-        now = time.monotonic()
-        if nbytes <= 0 or (not final and now - self._rate_noted < RATE_EVERY):
-            return
-        self._rate_noted = now
-        with store_io(self.where, "recording the throughput"):
-            self._array.attrs[RATE_ATTR] = {
-                "bytes": int(nbytes),
-                "seconds": float(seconds),
-                "recorded_at": time.time(),
-                "final": final,
-            }
+        with self._rate_lock:
+            now = time.monotonic()
+            stale = nbytes <= self._rate_bytes  # a block persisted out of order by another thread
+            if nbytes <= 0 or (not final and (stale or now - self._rate_noted < RATE_EVERY)):
+                return
+            self._rate_noted, self._rate_bytes = now, nbytes
+            with store_io(self.where, "recording the throughput"):
+                self._array.attrs[RATE_ATTR] = {
+                    "bytes": int(nbytes),
+                    "seconds": float(seconds),
+                    "recorded_at": time.time(),
+                    "final": final,
+                }
 
     def rate(self) -> dict[str, Any] | None:
         """The last throughput record (``bytes``, ``seconds``, ``recorded_at``, ``final``), if any."""

@@ -1,11 +1,14 @@
-"""Write-behind: a block's writes run on one background thread while the next block computes.
+"""Write-behind: a block's writes run on background threads while the next block computes.
 
 The kernels release the GIL, so persisting block ``i`` (output ``pwrite`` + ``fdatasync``, index
-chunks, the journal mark) overlaps with the kernel of block ``i + 1``. Items run one at a time,
-in submission order, so a journal mark still follows its block's data; at most ``depth`` items
-are pending (bounding the buffers held for them). A failure in the thread is raised, unchanged,
-in the caller at its next ``submit`` or ``drain``; ``close`` cancels what has not started and
-waits for the item in flight, so nothing writes after the pass returns or raises.
+chunks, the journal mark) overlaps with the kernel of block ``i + 1``. Each item is one block's
+whole persistence, its data then its journal mark, so a mark always follows its own data; items
+of different blocks are independent and may run at once (``threads``: the writes spend most of
+their time waiting for the disk or for a core, so two in flight hide each other's waits). At
+most ``depth`` items are pending, bounding the buffers held for them: a pass needs ``depth + 1``
+(one being filled). A failure in a thread is raised, unchanged, in the caller at its next
+``submit`` or ``drain``; ``close`` cancels what has not started and waits for what is running,
+so nothing writes after the pass returns or raises, and a kill loses at most ``depth`` blocks.
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ from types import TracebackType
 
 
 class WriteBehind:
-    def __init__(self, depth: int = 1) -> None:
-        if depth < 1:
-            raise ValueError("depth must be >= 1")
+    def __init__(self, depth: int = 2, threads: int | None = None) -> None:
+        if depth < 1 or (threads is not None and threads < 1):
+            raise ValueError("depth and threads must be >= 1")
         self.depth = depth
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ramstream-write")
+        self._pool = ThreadPoolExecutor(max_workers=threads or depth, thread_name_prefix="ramstream-write")
         self._pending: deque[Future[None]] = deque()
 
     def submit(self, fn: Callable[[], None]) -> None:

@@ -87,6 +87,7 @@ class ShardWriter:
         self.directory = directory
         self._fds: list[int] = []
         self._direct_fds: list[int | None] = []
+        self._refused_fds: list[int] = []
         self._staging: dict[int, np.ndarray] = {}
         for name, header, size in zip(layout.names, layout.headers, layout.sizes, strict=True):
             path = self.partial_path(name)
@@ -154,7 +155,8 @@ class ShardWriter:
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
-            os.close(direct)
+            # Not closed here: another write-behind thread may be using it (closed in close()).
+            self._refused_fds.append(direct)
             self._direct_fds[shard] = None
             return False
         return True
@@ -173,10 +175,11 @@ class ShardWriter:
             os.fsync(fd)
 
     def close(self) -> None:
-        for fd in [*self._fds, *(d for d in self._direct_fds if d is not None)]:
+        for fd in [*self._fds, *(d for d in self._direct_fds if d is not None), *set(self._refused_fds)]:
             os.close(fd)
         self._fds.clear()
         self._direct_fds.clear()
+        self._refused_fds.clear()
         self._staging.clear()
 
 

@@ -87,10 +87,10 @@ def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
     )
     progress = Progress.for_terminal("merge", total, quiet)
     writer = ShardWriter(job.layout, work)
-    # Two staging buffers: the kernel fills one while the other block is being written.
+    # depth + 1 staging buffers: the kernel fills one while the blocks in flight are written.
     n_workers = workers()
     try:
-        with MappedFiles() as files, WriteBehind(depth=1) as behind:
+        with MappedFiles() as files, WriteBehind() as behind:
             inputs = BlockInputs(job.family, plan, files)
             for i, block in enumerate(todo):
                 if i + 1 < len(todo):
@@ -99,7 +99,7 @@ def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
                 out_dtype = job.out_dtypes[block.tensor]
                 byte_start = block.start * ITEMSIZE[out_dtype]
                 carrier = np.dtype(RAW_CARRIER[FLOAT_CODES[out_dtype]])
-                out = writer.staging(i % 2, tensor.name, byte_start, block.size, carrier)
+                out = writer.staging(i % (behind.depth + 1), tensor.name, byte_start, block.size, carrier)
                 arrays = inputs.arrays(block)
                 if job.check_nonfinite:
                     bad = first_nonfinite(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, n_workers)

@@ -23,16 +23,16 @@ def run_probe(family: Family, index: IndexStore, quiet: bool, allow_nonfinite: b
     progress = Progress.for_terminal("probe", sum(plan.block_bytes(b) for b in todo), quiet)
     n_agents = len(family.agents)
     n_workers = workers()
-    # Two mask buffers: the kernel fills one while the other block's masks are being written.
-    masks = [np.empty((n_agents, plan.block_elems // 8), np.uint8) for _ in range(2)]
     eps = index.header.eps
-    with MappedFiles() as files, WriteBehind(depth=1) as behind:
+    with MappedFiles() as files, WriteBehind() as behind:
+        # The kernel fills one mask buffer while the blocks in flight are written from the others.
+        masks = [np.empty((n_agents, plan.block_elems // 8), np.uint8) for _ in range(behind.depth + 1)]
         inputs = BlockInputs(family, plan, files)
         for i, block in enumerate(todo):
             if i + 1 < len(todo):
                 inputs.prefetch(todo[i + 1])
             arrays = inputs.arrays(block)
-            block_masks = masks[i % 2]
+            block_masks = masks[i % len(masks)]
             overlap = np.zeros((n_workers, n_agents, n_agents), np.int64)
             coverage = np.zeros((n_workers, n_agents + 1), np.int64)
             nonfinite = np.full(n_workers, -1, np.int64)
