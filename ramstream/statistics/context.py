@@ -20,7 +20,7 @@ from ramstream.passes.probe_pass import run_probe
 from ramstream.passes.stats_pass import run_statistics
 from ramstream.plan import Plan
 from ramstream.statistics.base import BlockStatistic
-from ramstream.stats import OverlapCounts, per_tensor
+from ramstream.stats import OverlapCounts
 
 
 class StatsContext:
@@ -82,7 +82,7 @@ class StatsContext:
                     self._store = self._open()  # another process may have finished it meanwhile
                     if not self._store.probe_complete():
                         run_probe(self.family, self._store, self.options.quiet, self.allow_nonfinite)
-            self._overlap = per_tensor(self.store.plan, *self.store.block_stats())
+            self._overlap = self.store.tensor_counts()  # the roll-up: two chunks, not every block's
         return self._overlap
 
     def gather(self, *stats: BlockStatistic) -> list[np.ndarray]:
