@@ -109,7 +109,7 @@ def test_disk_full_while_writing_the_index_then_resume(tmp_path: Path, family: F
 def test_damaged_index_chunk_is_detected(tmp_path: Path, family: Family, damage: str) -> None:
     index = tmp_path / "index.zarr"
     assert cli("probe", *members(family), "--index", index, "--quiet").returncode == 0
-    chunk = next((index / "stats" / "overlap" / "c").rglob("*"))
+    chunk = next((index / "stats" / "tensor_overlap" / "c").rglob("*"))
     while chunk.is_dir():
         chunk = next(chunk.iterdir())
     data = bytearray(chunk.read_bytes())
@@ -119,7 +119,7 @@ def test_damaged_index_chunk_is_detected(tmp_path: Path, family: Family, damage:
         data[0] ^= 0x01
         chunk.write_bytes(bytes(data))
     out = tmp_path / "out"
-    # The merge reads the block statistics (the roll-up is not used for lambdas), so it must notice.
+    # The merge takes its lambdas from the per-tensor roll-up, so it must notice.
     message = one_line_error(cli("merge", *members(family), "--out", out, "--index", index, "--quiet"), str(index))
     assert "damaged" in message
     assert not looks_finished(out)

@@ -14,7 +14,6 @@ fresh pages); the unaligned head and tail, and every write where the file system
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from dataclasses import dataclass
@@ -23,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from ramstream.errors import OutputError
+from ramstream.io import direct as direct_io
 
 HEADER_ALIGN = 8
-DIRECT_ALIGN = 4096  # file offset, length and memory address of an O_DIRECT write
+DIRECT_ALIGN = direct_io.ALIGN
 DIRECT_MIN = 1 << 20  # smaller writes are not worth a second path
 
 
@@ -101,7 +101,7 @@ class ShardWriter:
                     f"{path}: cannot create the output shard ({exc.strerror}); free space and rerun the same command"
                 ) from exc
             self._fds.append(fd)
-            self._direct_fds.append(_open_direct(path))
+            self._direct_fds.append(direct_io.open_direct(path))
 
     def partial_path(self, name: str) -> Path:
         return self.directory / f"{name}.partial"
@@ -133,11 +133,11 @@ class ShardWriter:
                 body = (len(view) - head) // DIRECT_ALIGN * DIRECT_ALIGN
                 if (data.ctypes.data + head) % DIRECT_ALIGN == 0 and body > 0:
                     if self._write_direct(place.shard, view[head : head + body], offset + head):
-                        _pwrite_all(fd, view[:head], offset)
-                        _pwrite_all(fd, view[head + body :], offset + head + body)
+                        direct_io.pwrite_all(fd, view[:head], offset)
+                        direct_io.pwrite_all(fd, view[head + body :], offset + head + body)
                         self._settle(fd, offset, len(view))
                         return
-            _pwrite_all(fd, view, offset)
+            direct_io.pwrite_all(fd, view, offset)
             self._settle(fd, offset, len(view))
         except OSError as exc:
             name = self.layout.names[place.shard]
@@ -151,9 +151,9 @@ class ShardWriter:
         direct = self._direct_fds[shard]
         assert direct is not None
         try:
-            _pwrite_all(direct, view, offset)
+            direct_io.pwrite_all(direct, view, offset)
         except OSError as exc:
-            if exc.errno != errno.EINVAL:
+            if not direct_io.refused(exc):
                 raise
             # Not closed here: another write-behind thread may be using it (closed in close()).
             self._refused_fds.append(direct)
@@ -181,21 +181,3 @@ class ShardWriter:
         self._direct_fds.clear()
         self._refused_fds.clear()
         self._staging.clear()
-
-
-def _open_direct(path: Path) -> int | None:
-    """A second descriptor with ``O_DIRECT``, or None where the platform or file system has none."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return None
-    try:
-        return os.open(path, os.O_WRONLY | flag)
-    except OSError:
-        return None
-
-
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
-        offset += written
