@@ -15,7 +15,7 @@ import pytest
 from ramstream.kernels import gta
 from ramstream.kernels.codecs import BF16, F32, TILE
 from ramstream.kernels.counter_rng import stream_key, uniforms
-from ramstream.kernels.exact_stats import abs_sums_block, gram_block, reduce_workers
+from ramstream.kernels.exact_stats import KEEP_MASK, KEEP_RANDOM, abs_sums_block, gram_block, reduce_workers
 from ramstream.kernels.exact_sum import BINS, finish
 from ramstream.kernels.linear import merge_linear_block
 from tests.families import bf16_to_f32, f32_to_bf16
@@ -212,7 +212,8 @@ def test_exact_sum_kernels_match_fractions(
     density = np.array([0.5, 0.3, 1.0, 0.7, 0.2], np.float32)
     acc = np.zeros((workers, N, 2, BINS + 1), np.int64)
     nonfinite = np.empty(workers, np.int64)
-    abs_sums_block(raw_base, BF16, raw_agents, codes, keys, density, start, acc, nonfinite)
+    no_mask = np.zeros((N, 0), np.uint8)
+    abs_sums_block(raw_base, BF16, raw_agents, codes, KEEP_RANDOM, keys, density, start, no_mask, acc, nonfinite)
     sums = np.asarray(reduce_workers(acc)).reshape(N, 2, BINS + 1)
     assert (nonfinite == -1).all()
     taus = [np.abs(a - base).astype(np.float64) for a in agents]
@@ -220,6 +221,18 @@ def test_exact_sum_kernels_match_fractions(
         kept = uniforms(keys[t], start, LENGTH) < density[t]
         assert finish(sums[t, 0]) == _grouped_exact(taus[t].tolist())
         assert finish(sums[t, 1]) == _grouped_exact(np.where(kept, taus[t], 0.0).tolist())
+    # The same sums over a keep mask (magnitude ranks, DELLA): here, every third element of agent t
+    # from offset t.
+    mask = np.zeros((N, LENGTH), np.uint8)
+    for t in range(N):
+        mask[t, t::3] = 1
+    acc = np.zeros((workers, N, 2, BINS + 1), np.int64)
+    no_keys, no_density = np.zeros(N, np.uint64), np.zeros(N, np.float32)
+    abs_sums_block(raw_base, BF16, raw_agents, codes, KEEP_MASK, no_keys, no_density, 0, mask, acc, nonfinite)
+    sums = np.asarray(reduce_workers(acc)).reshape(N, 2, BINS + 1)
+    for t in range(N):
+        assert finish(sums[t, 0]) == _grouped_exact(taus[t].tolist())
+        assert finish(sums[t, 1]) == _grouped_exact(np.where(mask[t] != 0, taus[t], 0.0).tolist())
     pairs = [(a, b) for a in range(N) for b in range(a, N)]
     acc = np.zeros((workers, len(pairs), BINS + 1), np.int64)
     gram_block(raw_base, BF16, raw_agents, codes, acc, nonfinite)

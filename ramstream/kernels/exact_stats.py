@@ -6,8 +6,9 @@ multiples of 64) is summed in float64, in element order starting from 0.0, and t
 is added exactly into an ``exact_sum`` accumulator. Each thread owns its accumulators; a serial
 reduction then adds them, so the partial of a block is the same whatever the thread count.
 
-``abs_sums_block``: per agent, sum |tau| over all elements and over the elements DARE keeps
-(``counter_rng.uniform(keys[t], start + i) < density[t]``).
+``abs_sums_block``: per agent, sum |tau| over all elements and over the elements kept, which are
+either those DARE keeps (``KEEP_RANDOM``: ``counter_rng.uniform(keys[t], start + i) < density[t]``)
+or those a keep mask marks (``KEEP_MASK``: ``keep[t, i] != 0``; magnitude ranks, DELLA's draws).
 ``gram_block``: per pair a <= b (in the order (0,0), (0,1), ..., (0,N-1), (1,1), ...),
 sum tau_a * tau_b (the product of two float32 values is exact in float64).
 
@@ -27,9 +28,14 @@ from ramstream.kernels.exact_sum import BINS, add, renormalise
 GROUP = 64
 
 
+KEEP_RANDOM, KEEP_MASK = 0, 1  # abs_sums_block's keep modes
+
+
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def abs_sums_block(base, base_code, agents, agent_codes, keys, density, start, acc, nonfinite):  # type: ignore[no-untyped-def]
-    """acc: int64 (workers, N, 2, BINS + 1) zeroed; row 0 = sum |tau|, row 1 = sum |tau| kept."""
+def abs_sums_block(base, base_code, agents, agent_codes, keep_mode, keys, density, start, keep, acc, nonfinite):  # type: ignore[no-untyped-def]
+    """acc: int64 (workers, N, 2, BINS + 1) zeroed; row 0 = sum |tau|, row 1 = sum |tau| kept.
+    ``keys``/``density``/``start`` serve ``KEEP_RANDOM``, ``keep`` (N, n) serves ``KEEP_MASK``;
+    the other mode's arguments are ignored (give empty arrays)."""
     n = base.shape[0]
     n_agents = len(agents)
     workers = acc.shape[0]
@@ -49,15 +55,17 @@ def abs_sums_block(base, base_code, agents, agent_codes, keys, density, start, a
             decode_tile(base, lo, m, base_code, base_bits)
             for t in range(n_agents):
                 decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
-                key = keys[t]
-                d = density[t]
                 for i in range(m):
                     tau = abs(agent_vals[i] - base_vals[i])
                     if tau - tau != zero:
                         first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
                         tau = zero
                     agent_vals[i] = tau
-                    kept[i] = tau if uniform(key, start + lo + i) < d else zero
+                    if keep_mode == KEEP_RANDOM:
+                        keeps = uniform(keys[t], start + lo + i) < density[t]
+                    else:
+                        keeps = keep[t, lo + i] != 0
+                    kept[i] = tau if keeps else zero
                 for g in range(_group_sums(agent_vals, agent_vals, False, m, sums)):
                     add(acc[w, t, 0], sums[g])
                 for g in range(_group_sums(kept, kept, False, m, sums)):

@@ -69,8 +69,19 @@ class DareL1Sums:
         nonfinite = np.empty(workers, np.int64)
         density = np.array(self.density, np.float32)
         keys = random_keys(self.seed, n_agents, tensor.name)
+        no_mask = np.zeros((n_agents, 0), np.uint8)
         exact_stats.abs_sums_block(
-            arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, keys, density, block.start, acc, nonfinite
+            arrays.base,
+            arrays.base_code,
+            arrays.agents,
+            arrays.agent_codes,
+            exact_stats.KEEP_RANDOM,
+            keys,
+            density,
+            block.start,
+            no_mask,
+            acc,
+            nonfinite,
         )
         _check_finite(nonfinite, block, tensor, self.allow_nonfinite)
         return np.asarray(exact_stats.reduce_workers(acc)).reshape(n_agents, 2, BINS + 1)
