@@ -151,3 +151,25 @@ def test_large_index_chunks_are_written_durably_and_read_back_by_plain_zarr(tmp_
     plain = zarr.open_group(str(tmp_path / "store"), mode="r", zarr_format=3)
     assert np.array_equal(np.asarray(plain["big"][...]), values)
     assert np.array_equal(np.asarray(plain["small"][...]), np.arange(4))
+
+
+def test_a_refused_direct_write_falls_back_to_the_page_cache(tmp_path: Path) -> None:
+    """A file system may accept O_DIRECT at open and refuse the write (EINVAL); a misaligned
+    direct write gets that same refusal from the kernel here. The writer then goes buffered for
+    good, and the bytes are right."""
+    n = 4 * DIRECT_MIN
+    layout = plan_shards([("a", "U8", (n,), n)], shard_size=1 << 40)
+    payload = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
+    writer = ShardWriter(layout, tmp_path)
+    try:
+        if writer._direct_fds[0] is None:
+            pytest.skip("this file system has no O_DIRECT")
+        assert not writer._write_direct(0, memoryview(payload[1:4097]), 4096)  # misaligned: EINVAL
+        assert writer._direct_fds[0] is None
+        out = writer.staging(0, "a", 0, n, np.dtype(np.uint8))
+        out[:] = payload
+        writer.write("a", 0, out)
+    finally:
+        writer.close()
+    raw = (tmp_path / f"{layout.names[0]}.partial").read_bytes()
+    assert raw[len(layout.headers[0]) :] == payload.tobytes()
