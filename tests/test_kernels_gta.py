@@ -15,8 +15,9 @@ import pytest
 from ramstream.kernels import gta
 from ramstream.kernels.codecs import BF16, F32, TILE
 from ramstream.kernels.counter_rng import stream_key, uniforms
-from ramstream.kernels.exact_stats import KEEP_MASK, KEEP_RANDOM, abs_sums_block, gram_block, reduce_workers
+from ramstream.kernels.exact_stats import abs_sums_block, gram_block, reduce_workers
 from ramstream.kernels.exact_sum import BINS, finish
+from ramstream.kernels.keep import KEEP_ALL, KEEP_ARRAY, KEEP_RANDOM, NO_DENSITY, NO_KEEP, NO_KEYS
 from ramstream.kernels.linear import merge_linear_block
 from tests.families import bf16_to_f32, f32_to_bf16
 
@@ -70,12 +71,12 @@ def naive_gta(
         deltas = []
         for t in range(N):
             tau = np.float32(agents[t][i] - base[i])
-            if mode == gta.KEEP_ARRAY:
+            if mode == KEEP_ARRAY:
                 k = np.float32(keep[t, i])
                 d, alive = WEIGHTS[t] * ((tau * k) * SCALE[t]), k != 0
             else:
                 d = WEIGHTS[t] * (tau * SCALE[t])
-                alive = mode == gta.KEEP_ALL or bool(kept_random[t, i])
+                alive = mode == KEEP_ALL or bool(kept_random[t, i])
             deltas.append(np.float32(d) if alive else Z)
         if consensus == gta.CONSENSUS_NONE:
             mixed, divisor = Z, total_weight
@@ -96,18 +97,18 @@ def naive_gta(
 
 
 CASES = [  # (keep mode, keep dtype, consensus, normalize, lambda)
-    (gta.KEEP_ALL, "uint8", gta.CONSENSUS_NONE, False, 1.0),
-    (gta.KEEP_ALL, "uint8", gta.CONSENSUS_NONE, True, 0.7),
-    (gta.KEEP_ALL, "uint8", gta.CONSENSUS_SUM, True, 1.0),
-    (gta.KEEP_ALL, "uint8", gta.CONSENSUS_COUNT, False, 1.3),
-    (gta.KEEP_ARRAY, "uint8", gta.CONSENSUS_SUM, True, 1.0),
-    (gta.KEEP_ARRAY, "uint8", gta.CONSENSUS_NONE, False, 0.5),
-    (gta.KEEP_ARRAY, "float32", gta.CONSENSUS_SUM, True, 1.0),
-    (gta.KEEP_ARRAY, "float32", gta.CONSENSUS_NONE, True, 0.5),
-    (gta.KEEP_ARRAY, "float32", gta.CONSENSUS_COUNT, False, 1.0),
-    (gta.KEEP_RANDOM, "uint8", gta.CONSENSUS_NONE, True, 1.0),
-    (gta.KEEP_RANDOM, "uint8", gta.CONSENSUS_SUM, False, 2.0),
-    (gta.KEEP_RANDOM, "uint8", gta.CONSENSUS_COUNT, True, 1.0),
+    (KEEP_ALL, "uint8", gta.CONSENSUS_NONE, False, 1.0),
+    (KEEP_ALL, "uint8", gta.CONSENSUS_NONE, True, 0.7),
+    (KEEP_ALL, "uint8", gta.CONSENSUS_SUM, True, 1.0),
+    (KEEP_ALL, "uint8", gta.CONSENSUS_COUNT, False, 1.3),
+    (KEEP_ARRAY, "uint8", gta.CONSENSUS_SUM, True, 1.0),
+    (KEEP_ARRAY, "uint8", gta.CONSENSUS_NONE, False, 0.5),
+    (KEEP_ARRAY, "float32", gta.CONSENSUS_SUM, True, 1.0),
+    (KEEP_ARRAY, "float32", gta.CONSENSUS_NONE, True, 0.5),
+    (KEEP_ARRAY, "float32", gta.CONSENSUS_COUNT, False, 1.0),
+    (KEEP_RANDOM, "uint8", gta.CONSENSUS_NONE, True, 1.0),
+    (KEEP_RANDOM, "uint8", gta.CONSENSUS_SUM, False, 2.0),
+    (KEEP_RANDOM, "uint8", gta.CONSENSUS_COUNT, True, 1.0),
 ]
 
 
@@ -133,8 +134,8 @@ def test_gta_kernel_matches_naive_twin(
     expected = naive_gta(base, agents, mode, keep, kept_random, consensus, normalize, np.float32(lam))
     for workers in (1, 3):
         out = np.empty(LENGTH, np.float32)
-        keep_arg = keep if mode == gta.KEEP_ARRAY else gta.NO_KEEP
-        keys_arg, density_arg = (keys, density) if mode == gta.KEEP_RANDOM else (gta.NO_KEYS, gta.NO_DENSITY)
+        keep_arg = keep if mode == KEEP_ARRAY else NO_KEEP
+        keys_arg, density_arg = (keys, density) if mode == KEEP_RANDOM else (NO_KEYS, NO_DENSITY)
         gta.gta_merge_block(
             raw_base,
             BF16,
@@ -212,8 +213,19 @@ def test_exact_sum_kernels_match_fractions(
     density = np.array([0.5, 0.3, 1.0, 0.7, 0.2], np.float32)
     acc = np.zeros((workers, N, 2, BINS + 1), np.int64)
     nonfinite = np.empty(workers, np.int64)
-    no_mask = np.zeros((N, 0), np.uint8)
-    abs_sums_block(raw_base, BF16, raw_agents, codes, KEEP_RANDOM, keys, density, start, no_mask, acc, nonfinite)
+    abs_sums_block(
+        raw_base,
+        BF16,
+        raw_agents,
+        codes,
+        KEEP_RANDOM,
+        keys,
+        density,
+        start,
+        NO_KEEP,
+        acc,
+        nonfinite,
+    )
     sums = np.asarray(reduce_workers(acc)).reshape(N, 2, BINS + 1)
     assert (nonfinite == -1).all()
     taus = [np.abs(a - base).astype(np.float64) for a in agents]
@@ -227,8 +239,8 @@ def test_exact_sum_kernels_match_fractions(
     for t in range(N):
         mask[t, t::3] = 1
     acc = np.zeros((workers, N, 2, BINS + 1), np.int64)
-    no_keys, no_density = np.zeros(N, np.uint64), np.zeros(N, np.float32)
-    abs_sums_block(raw_base, BF16, raw_agents, codes, KEEP_MASK, no_keys, no_density, 0, mask, acc, nonfinite)
+    no_keys, no_density = NO_KEYS, NO_DENSITY
+    abs_sums_block(raw_base, BF16, raw_agents, codes, KEEP_ARRAY, no_keys, no_density, 0, mask, acc, nonfinite)
     sums = np.asarray(reduce_workers(acc)).reshape(N, 2, BINS + 1)
     for t in range(N):
         assert finish(sums[t, 0]) == _grouped_exact(taus[t].tolist())

@@ -8,7 +8,8 @@ reduction then adds them, so the partial of a block is the same whatever the thr
 
 ``abs_sums_block``: per agent, sum |tau| over all elements and over the elements kept, which are
 either those DARE keeps (``KEEP_RANDOM``: ``counter_rng.uniform(keys[t], start + i) < density[t]``)
-or those a keep mask marks (``KEEP_MASK``: ``keep[t, i] != 0``; magnitude ranks, DELLA's draws).
+or those a keep mask marks (``KEEP_ARRAY``: ``keep[t, i] != 0``; magnitude ranks, DELLA's draws);
+the modes of ``ramstream.kernels.keep``.
 ``gram_block``: per pair a <= b (in the order (0,0), (0,1), ..., (0,N-1), (1,1), ...),
 sum tau_a * tau_b (the product of two float32 values is exact in float64).
 
@@ -24,18 +25,16 @@ from numba import njit, prange
 from ramstream.kernels.codecs import TILE, decode_tile
 from ramstream.kernels.counter_rng import uniform
 from ramstream.kernels.exact_sum import BINS, add, renormalise
+from ramstream.kernels.keep import KEEP_RANDOM
 
 GROUP = 64
-
-
-KEEP_RANDOM, KEEP_MASK = 0, 1  # abs_sums_block's keep modes
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def abs_sums_block(base, base_code, agents, agent_codes, keep_mode, keys, density, start, keep, acc, nonfinite):  # type: ignore[no-untyped-def]
     """acc: int64 (workers, N, 2, BINS + 1) zeroed; row 0 = sum |tau|, row 1 = sum |tau| kept.
-    ``keys``/``density``/``start`` serve ``KEEP_RANDOM``, ``keep`` (N, n) serves ``KEEP_MASK``;
-    the other mode's arguments are ignored (give empty arrays)."""
+    ``keys``/``density``/``start`` serve ``KEEP_RANDOM``, ``keep`` (N, n) serves ``KEEP_ARRAY``;
+    the other mode's arguments are not read (give ``keep.NO_*``)."""
     n = base.shape[0]
     n_agents = len(agents)
     workers = acc.shape[0]

@@ -21,8 +21,9 @@ Inputs (as the passes hand them over; see ``ramstream.passes.inputs.BlockArrays`
     ``counter_rng.uniform(keys[t], start + i) < density[t]`` (float32 comparison; ``start`` is the
     block's first element within its tensor, ``keys[t]`` = ``counter_rng.stream_key(seed, t, tensor)``),
     so the draws never depend on the block split; survivors are ``tau * s_t``.
-  Arrays a mode does not read are passed as ``NO_KEEP``, ``NO_KEYS`` and ``NO_DENSITY`` (so all
-  modes share one compiled signature; a float32 ``keep`` compiles a second one).
+  The modes and the placeholders for the arrays a mode does not read (``NO_KEEP``, ``NO_KEYS``,
+  ``NO_DENSITY``: all modes share one compiled signature; a float32 ``keep`` compiles a second
+  one) are in ``ramstream.kernels.keep``.
 - ``consensus``: ``CONSENSUS_NONE``, ``CONSENSUS_SUM`` (TIES: majority sign = sign of the sum of the
   weighted deltas, a sum >= 0 counts as +) or ``CONSENSUS_COUNT`` (sign of the sum of their signs);
 - ``normalize``: divide the mixed delta by the summed weights (see below);
@@ -52,18 +53,11 @@ from numba import njit, prange
 
 from ramstream.kernels.codecs import TILE, decode_tile, encode_tile
 from ramstream.kernels.counter_rng import uniform
-
-KEEP_ALL = 0
-KEEP_ARRAY = 1
-KEEP_RANDOM = 2
+from ramstream.kernels.keep import KEEP_ARRAY, KEEP_RANDOM
 
 CONSENSUS_NONE = 0
 CONSENSUS_SUM = 1
 CONSENSUS_COUNT = 2
-
-NO_KEEP = np.empty((0, 0), np.uint8)  # the arrays of the modes that do not read them
-NO_KEYS = np.empty(0, np.uint64)
-NO_DENSITY = np.empty(0, np.float32)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ramstream.kernels import gta
+from ramstream.kernels.keep import KEEP_ALL, KEEP_ARRAY, KEEP_RANDOM, NO_DENSITY, NO_KEEP, NO_KEYS
 from ramstream.methods.base import BlockMerger
 from ramstream.passes.inputs import BlockArrays
 from ramstream.plan import Block
@@ -52,12 +53,12 @@ def gta_merger(
     weights = np.ascontiguousarray(weights, np.float32)
     scale = np.ascontiguousarray(scale, np.float32)
     lam = np.ascontiguousarray(lam, np.float32)
-    mode = gta.KEEP_RANDOM if drop is not None else gta.KEEP_ARRAY if keep is not None else gta.KEEP_ALL
-    density = drop.density if drop is not None else gta.NO_DENSITY
+    mode = KEEP_RANDOM if drop is not None else KEEP_ARRAY if keep is not None else KEEP_ALL
+    density = drop.density if drop is not None else NO_DENSITY
     code = CONSENSUS[consensus]
 
     def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, workers: int) -> None:
-        keys = drop.keys[block.tensor] if drop is not None else gta.NO_KEYS
+        keys = drop.keys[block.tensor] if drop is not None else NO_KEYS
         gta.gta_merge_block(
             arrays.base,
             arrays.base_code,
@@ -66,7 +67,7 @@ def gta_merger(
             weights,
             scale[block.tensor],
             mode,
-            keep(arrays, block, workers) if keep is not None else gta.NO_KEEP,
+            keep(arrays, block, workers) if keep is not None else NO_KEEP,
             keys,
             density,
             block.start,

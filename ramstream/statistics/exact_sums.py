@@ -17,6 +17,7 @@ from ramstream.errors import NonFiniteWeightError
 from ramstream.kernels import exact_stats
 from ramstream.kernels.counter_rng import stream_key
 from ramstream.kernels.exact_sum import BINS, finish
+from ramstream.kernels.keep import KEEP_RANDOM, NO_KEEP
 from ramstream.passes.inputs import BlockArrays
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.base import BlockStatistic
@@ -69,17 +70,16 @@ class DareL1Sums:
         nonfinite = np.empty(workers, np.int64)
         density = np.array(self.density, np.float32)
         keys = random_keys(self.seed, n_agents, tensor.name)
-        no_mask = np.zeros((n_agents, 0), np.uint8)
         exact_stats.abs_sums_block(
             arrays.base,
             arrays.base_code,
             arrays.agents,
             arrays.agent_codes,
-            exact_stats.KEEP_RANDOM,
+            KEEP_RANDOM,
             keys,
             density,
             block.start,
-            no_mask,
+            NO_KEEP,
             acc,
             nonfinite,
         )

@@ -24,8 +24,9 @@ import numpy as np
 
 from ramstream.errors import NonFiniteWeightError
 from ramstream.kernels import magnitude as kernels
-from ramstream.kernels.exact_stats import KEEP_MASK, abs_sums_block, reduce_workers
+from ramstream.kernels.exact_stats import abs_sums_block, reduce_workers
 from ramstream.kernels.exact_sum import BINS
+from ramstream.kernels.keep import KEEP_ARRAY, NO_DENSITY, NO_KEYS
 from ramstream.passes.inputs import BlockArrays
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.base import BlockStatistic
@@ -119,15 +120,14 @@ class KeptL1:
         n_agents = len(arrays.agents)
         acc = np.zeros((workers, n_agents, 2, BINS + 1), np.int64)
         nonfinite = np.empty(workers, np.int64)
-        no_keys, no_density = np.zeros(n_agents, np.uint64), np.zeros(n_agents, np.float32)
         abs_sums_block(
             arrays.base,
             arrays.base_code,
             arrays.agents,
             arrays.agent_codes,
-            KEEP_MASK,
-            no_keys,
-            no_density,
+            KEEP_ARRAY,
+            NO_KEYS,
+            NO_DENSITY,
             0,
             keep,
             acc,
