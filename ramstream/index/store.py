@@ -126,8 +126,8 @@ class IndexStore:
         with store_io(self.path, f"writing block {block} of the index"):
             # The three chunks at once, then the mark, in one round trip to zarr's event loop: on
             # a busy machine each round trip waits for a core, and a block used to make four.
-            data = (a.async_array.setitem(where, value) for a, where, value in writes)
-            sync(_then(_gather(*data), lambda: self.journal.marking(block)))
+            data = [a.async_array.setitem(where, value) for a, where, value in writes]
+            sync(_gather_then(data, lambda: self.journal.marking(block)))
 
     def write_statistic(self, array: zarr.Array, journal: Journal, block: int, partial: np.ndarray) -> None:
         """Persist one block's partial of a method statistic, then mark it done."""
@@ -136,7 +136,10 @@ class IndexStore:
         journal.mark(block)
 
     def _array(self, key: str) -> zarr.Array:
-        node = self._arrays.get(key) or self.group.get(key)
+        cached = self._arrays.get(key)
+        if cached is not None:
+            return cached
+        node = self.group.get(key)
         if not isinstance(node, zarr.Array):
             raise IndexMismatchError(f"{self.path}: array {key!r} is missing; the index is damaged, delete it")
         self._arrays[key] = node
@@ -270,14 +273,10 @@ async def _create_arrays(store: Any, path: str, specs: dict[str, dict[str, Any]]
     await asyncio.gather(*(parent.create_array(name, **spec) for name, spec in specs.items()))
 
 
-async def _gather(*writes: Coroutine[Any, Any, None]) -> None:
+async def _gather_then(writes: list[Coroutine[Any, Any, None]], then: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Await ``writes`` together, then (only if all succeeded) the coroutine ``then`` makes."""
     await asyncio.gather(*writes)
-
-
-async def _then(first: Coroutine[Any, Any, None], second: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Await ``first``, then (only if it succeeded) the coroutine ``second`` makes."""
-    await first
-    await second()
+    await then()
 
 
 def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:

@@ -44,14 +44,20 @@ def pwrite_all(fd: int, data: memoryview | np.ndarray, offset: int) -> None:
         offset += written
 
 
+def aligned_view(raw: np.ndarray | None, nbytes: int, shift: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(buffer, view)``: ``nbytes`` bytes of ``raw`` (or of a new buffer when ``raw`` is None or
+    too small) starting ``shift`` bytes (< ``ALIGN``) past an ``ALIGN`` boundary. Callers keep the
+    buffer and pass it again, so its pages are touched once, not once per write."""
+    if raw is None or raw.nbytes < nbytes + 2 * ALIGN:
+        raw = np.empty(nbytes + 2 * ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % ALIGN + shift
+    return raw, raw[start : start + nbytes]
+
+
 _scratch = threading.local()
 
 
 def aligned_scratch(nbytes: int) -> np.ndarray:
-    """This thread's reusable ``ALIGN``-aligned byte buffer of at least ``nbytes`` (reused so its
-    pages are touched once, not once per write)."""
-    raw: np.ndarray | None = getattr(_scratch, "raw", None)
-    if raw is None or raw.nbytes < nbytes + ALIGN:
-        raw = _scratch.raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = (-raw.ctypes.data) % ALIGN
-    return raw[start : start + nbytes]
+    """``nbytes`` of this thread's reusable ``ALIGN``-aligned byte buffer."""
+    _scratch.raw, view = aligned_view(getattr(_scratch, "raw", None), nbytes)
+    return view

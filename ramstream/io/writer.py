@@ -6,7 +6,7 @@ restarted merge simply writes the blocks its journal lacks. Shards are written u
 ``<out>/.ramstream/`` and renamed to their final names only once every block is in.
 
 A block staged in a buffer from :meth:`ShardWriter.staging` sits at the same offset modulo
-``DIRECT_ALIGN`` in memory as in the file, so its aligned middle goes to the disk with
+4096 (``io.direct.ALIGN``) in memory as in the file, so its aligned middle goes to the disk with
 ``O_DIRECT`` (no copy into the page cache, which on a 7B merge is gigabytes of memcpy and of
 fresh pages); the unaligned head and tail, and every write where the file system refuses
 ``O_DIRECT`` (tmpfs, some network file systems), go through the page cache as before.
@@ -25,7 +25,6 @@ from ramstream.errors import OutputError
 from ramstream.io import direct as direct_io
 
 HEADER_ALIGN = 8
-DIRECT_ALIGN = direct_io.ALIGN
 DIRECT_MIN = 1 << 20  # smaller writes are not worth a second path
 
 
@@ -111,14 +110,11 @@ class ShardWriter:
         ``byte_start``, placed so that :meth:`write` can send its aligned middle with ``O_DIRECT``."""
         itemsize = np.dtype(dtype).itemsize
         nbytes = count * itemsize
-        shift = (self.layout.placements[tensor].offset + byte_start) % DIRECT_ALIGN
+        shift = (self.layout.placements[tensor].offset + byte_start) % direct_io.ALIGN
         if shift % itemsize:
             shift = 0  # the elements could not be aligned in memory: this block goes buffered
-        raw = self._staging.get(slot)
-        if raw is None or raw.nbytes < nbytes + 2 * DIRECT_ALIGN:
-            raw = self._staging[slot] = np.empty(nbytes + 2 * DIRECT_ALIGN, np.uint8)
-        start = (-raw.ctypes.data) % DIRECT_ALIGN + shift
-        return raw[start : start + nbytes].view(dtype)
+        self._staging[slot], view = direct_io.aligned_view(self._staging.get(slot), nbytes, shift)
+        return view.view(dtype)
 
     def write(self, tensor: str, byte_start: int, data: memoryview | bytes | np.ndarray) -> None:
         """Write ``data`` at byte ``byte_start`` of ``tensor``'s data, durably."""
@@ -129,9 +125,9 @@ class ShardWriter:
         try:
             direct = self._direct_fds[place.shard]
             if direct is not None and len(view) >= DIRECT_MIN and isinstance(data, np.ndarray):
-                head = (-offset) % DIRECT_ALIGN
-                body = (len(view) - head) // DIRECT_ALIGN * DIRECT_ALIGN
-                if (data.ctypes.data + head) % DIRECT_ALIGN == 0 and body > 0:
+                head = (-offset) % direct_io.ALIGN
+                body = (len(view) - head) // direct_io.ALIGN * direct_io.ALIGN
+                if (data.ctypes.data + head) % direct_io.ALIGN == 0 and body > 0:
                     if self._write_direct(place.shard, view[head : head + body], offset + head):
                         direct_io.pwrite_all(fd, view[:head], offset)
                         direct_io.pwrite_all(fd, view[head + body :], offset + head + body)
