@@ -24,6 +24,7 @@ from ramstream.errors import ConfigError
 from ramstream.report import agent_reports
 from ramstream.stats import per_tensor
 from tests import reference as ref
+from tests.checks import assert_bit_identical
 from tests.families import (
     DEFAULT_SHAPES,
     Family,
@@ -141,19 +142,6 @@ def _options(family: Family, block_elems: int = 128) -> RunOptions:
 
 def _merge(family: Family, out: Path, block_elems: int = 128, **kwargs: Any) -> MergeResult:
     return merge(family.base, [str(a) for a in family.agents], out=out, options=_options(family, block_elems), **kwargs)
-
-
-def assert_bit_identical(out: Path, expected: dict[str, tuple[str, tuple[int, ...], np.ndarray]]) -> None:
-    got = read_model_dir(out)
-    assert sorted(got) == sorted(expected)
-    for name, (dtype, shape, raw) in expected.items():
-        g_dtype, g_shape, g_raw = got[name]
-        assert (g_dtype, g_shape) == (dtype, shape), name
-        if g_raw.tobytes() != raw.tobytes():
-            a = g_raw.view(np.uint8).reshape(raw.size, -1)  # both non-empty: their bytes differ
-            b = np.ascontiguousarray(raw).view(np.uint8).reshape(raw.size, -1)
-            bad = np.flatnonzero((a != b).any(axis=-1))
-            pytest.fail(f"{name}: {len(bad)} of {raw.size} elements differ, first at {list(bad[:5])}")
 
 
 # -- the families themselves -------------------------------------------------------------------

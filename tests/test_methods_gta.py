@@ -7,7 +7,6 @@ with the test-side reader.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,10 @@ from hypothesis import strategies as st
 from ramstream.api import merge
 from ramstream.config import RunOptions
 from ramstream.errors import ConfigError, NonFiniteWeightError
-from ramstream.index.journal import Journal
 from ramstream.methods.model_stock import interpolation
 from ramstream.methods.registry import method_names
 from tests import reference_baselines as ref
+from tests.checks import Interrupted, assert_bit_identical, interrupted_after
 from tests.families import (
     DEFAULT_SHAPES,
     Family,
@@ -64,19 +63,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Family:
 def _merge(fam: Family, out: Path, method: str, block_elems: int = 128, cache: Path | None = None, **kw: Any) -> Any:
     options = RunOptions(cache_dir=cache or fam.base.parent / "cache", quiet=True, block_elems=block_elems)
     return merge(fam.base, [str(a) for a in fam.agents], out=out, method=method, options=options, **kw)
-
-
-def assert_bit_identical(out: Path, expected: ref.Output) -> None:
-    got = read_model_dir(out)
-    assert sorted(got) == sorted(expected)
-    for name, (dtype, shape, raw) in expected.items():
-        g_dtype, g_shape, g_raw = got[name]
-        assert (g_dtype, g_shape) == (dtype, shape), name
-        if g_raw.tobytes() != raw.tobytes():
-            a = g_raw.view(np.uint8).reshape(raw.size, -1)  # both non-empty: their bytes differ
-            b = np.ascontiguousarray(raw).view(np.uint8).reshape(raw.size, -1)
-            bad = np.flatnonzero((a != b).any(axis=-1))
-            pytest.fail(f"{name}: {len(bad)} of {raw.size} elements differ, first at {list(bad[:5])}")
 
 
 def test_methods_are_registered() -> None:
@@ -321,26 +307,6 @@ def references(family: Family) -> Iterator[Callable[[str], ref.Output]]:
 
     yield get
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
-
-
-class Interrupted(Exception):
-    """Stands for a kill: raised instead of marking the n-th block done (its data is written)."""
-
-
-@contextmanager
-def interrupted_after(marks: int) -> Iterator[None]:
-    original = Journal.mark
-    seen = [0]
-
-    def mark(self: Journal, block: int) -> None:
-        seen[0] += 1
-        if seen[0] > marks:
-            raise Interrupted
-        original(self, block)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Journal, "mark", mark)
-        yield
 
 
 SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 from ramstream.api import MergeResult, merge
 from ramstream.config import RunOptions
 from ramstream.errors import ConfigError
-from ramstream.index.journal import Journal
 from ramstream.index.store import open_index_store
 from ramstream.kernels.della import RADIX, stable_order
 from ramstream.methods.registry import method_names
 from ramstream.statistics.magnitude import AbsHighHistogram
 from tests import reference_magnitude as ref
+from tests.checks import Interrupted, assert_bit_identical, interrupted_after
 from tests.families import DEFAULT_SHAPES, Family, build_family, decode, encode, read_model_dir, write_safetensors
 
 # Odd sizes, a scalar, an empty tensor, a 3-D tensor (DELLA ranks along dim 1 of each slice) and a
@@ -83,16 +83,6 @@ def _merge(fam: Family, out: Path, method: str, opts: dict[str, Any], block_elem
         cache_dir=kw.pop("cache", fam.base.parent / "cache"), quiet=True, block_elems=block_elems, **kw
     )
     return merge(fam.base, [str(a) for a in fam.agents], out=out, method=method, method_options=opts, options=options)
-
-
-def assert_bit_identical(out: Path, expected: ref.Output) -> None:
-    got = read_model_dir(out)
-    assert sorted(got) == sorted(expected)
-    for name, (dtype, shape, raw) in expected.items():
-        assert got[name][:2] == (dtype, shape), name
-        if got[name][2].tobytes() != raw.tobytes():
-            bad = np.flatnonzero(got[name][2].reshape(-1) != raw.reshape(-1))
-            pytest.fail(f"{name}: {len(bad)} of {raw.size} elements differ, first at {list(bad[:5])}")
 
 
 def test_methods_are_registered() -> None:
@@ -300,26 +290,6 @@ PROPERTY_CASES: dict[str, tuple[str, dict[str, Any]]] = {
 @pytest.fixture(scope="module")
 def references(family: Family) -> dict[str, ref.Output]:
     return {case: _reference(family, *PROPERTY_CASES[case]) for case in PROPERTY_CASES}
-
-
-class Interrupted(Exception):
-    """Stands for a kill: raised instead of marking the n-th block done (its data is written)."""
-
-
-@contextmanager
-def interrupted_after(marks: int) -> Iterator[None]:
-    original = Journal.mark
-    seen = [0]
-
-    def mark(self: Journal, block: int) -> None:
-        seen[0] += 1
-        if seen[0] > marks:
-            raise Interrupted
-        original(self, block)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Journal, "mark", mark)
-        yield
 
 
 @pytest.mark.parametrize("case", list(PROPERTY_CASES))
