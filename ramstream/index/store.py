@@ -3,7 +3,7 @@
 Layout (see ``docs/index-format.md``)::
 
     <index>/zarr.json                 group; attrs["ramstream_index"] = the header below
-    <index>/masks/<i>                 uint8 (N, ceil(numel_i / 8)), chunks (N, block/8): tensor i
+    <index>/masks/<i>                 uint8 (N, ceil(numel_i / 8)), chunks (N, min(block, numel_i)/8): tensor i
     <index>/stats/overlap             int64 (blocks, N, N): agent t active and c == k+1
     <index>/stats/coverage            int64 (blocks, N+1): elements with c == k
     <index>/stats/tensor_overlap      int64 (tensors, N, N): per-tensor sums, written when the probe ends
@@ -279,6 +279,15 @@ async def _gather_then(writes: list[Coroutine[Any, Any, None]], then: Callable[[
     await then()
 
 
+def _mask_chunk_bytes(numel: int, block_elems: int) -> int:
+    """Bytes per agent in one mask chunk: a block's, or the whole tensor's when it is smaller.
+
+    Zarr stores an edge chunk at full chunk size, so a 2048-element norm under 16 Mi-element
+    blocks would otherwise write 2 MiB of padding per agent (the masks were 3x their content).
+    """
+    return max(1, min(block_elems // 8, (numel + 7) // 8))
+
+
 def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
     """Create a fresh index at ``path`` (replacing an unfinished creation, never other data)."""
     # The state is in the very first metadata written, so a kill at any later point is recognisable.
@@ -294,7 +303,7 @@ def _create(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
     specs = {
         str(i): {
             "shape": (n_agents, (t.numel + 7) // 8),
-            "chunks": (n_agents, plan.block_elems // 8),
+            "chunks": (n_agents, _mask_chunk_bytes(t.numel, plan.block_elems)),
             "dtype": "uint8",
             "fill_value": 0,
             "compressors": CHECKED,  # zstd cost 4x the rest of a block's index write; masks stay raw
