@@ -1,10 +1,15 @@
 """Every kernel against a slow, obviously-correct twin written here with numpy and Python loops.
 
 Inputs are typed the way the passes hand them to the kernels (read-only raw carriers, a tuple of
-agents in one carrier), so these calls reuse the compiled signatures of the real runs.
+agents in one carrier; for the kernels that read their own tiles, a real file and its
+descriptors), so these calls reuse the compiled signatures of the real runs.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,10 +17,12 @@ import pytest
 from ramstream.kernels.codecs import BF16, F16, F32, F64, TILE, decode_array, encode_array
 from ramstream.kernels.merge_ram import merge_ram_block
 from ramstream.kernels.probe import probe_block
+from ramstream.kernels.sources import READ_TILE
 from tests.families import bf16_to_f32, f32_to_bf16
 
 CODES = {"BF16": BF16, "F16": F16, "F32": F32, "F64": F64}
 LENGTHS = [1, 7, 61, TILE - 1, TILE, TILE + 1, 2 * TILE + 37]
+Sources = tuple[np.ndarray, np.ndarray, np.ndarray]  # fds, offsets, codes: what the spine kernels read
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:
@@ -165,6 +172,28 @@ def test_codec_round_trip_any_length(dtype: str, n: int) -> None:
     assert (out[n:] == 0xABCD).all()
 
 
+@pytest.fixture
+def on_disk(tmp_path: Path) -> Iterator[Callable[[Sequence[np.ndarray], Sequence[str]], Sources]]:
+    """Write raw inputs into one real file, each at an odd offset, and return kernel sources."""
+    fds: list[int] = []
+
+    def write(raws: Sequence[np.ndarray], dtypes: Sequence[str]) -> Sources:
+        path = tmp_path / f"inputs-{len(fds)}.bin"
+        offsets = []
+        with open(path, "wb") as f:
+            for raw in raws:
+                f.write(b"\xee" * 3)  # no alignment is promised: a header can have any length
+                offsets.append(f.tell())
+                f.write(np.ascontiguousarray(raw).tobytes())
+        fds.append(os.open(path, os.O_RDONLY))
+        n = len(raws)
+        return np.full(n, fds[-1], np.int64), np.array(offsets, np.int64), np.array([CODES[d] for d in dtypes])
+
+    yield write
+    for fd in fds:
+        os.close(fd)
+
+
 # -- family values for the block kernels ------------------------------------------------------
 
 
@@ -209,6 +238,7 @@ BLOCK_CASES = [
     (("F32", "F32", "F32", "F32"), 1e-5),
     (("BF16", "F32", "F32", "F32"), 1e-3),
     (("F16", "BF16", "BF16", "BF16"), 0.0),
+    (("F32", "BF16", "F64", "F16"), 1e-5),  # read from files, agents need not share a carrier
 ]
 
 
@@ -216,9 +246,11 @@ BLOCK_CASES = [
 
 
 @pytest.mark.parametrize(("dtypes", "eps"), BLOCK_CASES)
-@pytest.mark.parametrize("n", [7, TILE + 1, 2 * TILE + 37])
+@pytest.mark.parametrize("n", [7, TILE + 1, 2 * TILE + 37, 2 * READ_TILE + TILE + 5])
 @pytest.mark.parametrize("workers", [1, 2, 3])
-def test_probe_block_matches_naive(dtypes: tuple[str, ...], eps: float, n: int, workers: int) -> None:
+def test_probe_block_matches_naive(
+    dtypes: tuple[str, ...], eps: float, n: int, workers: int, on_disk: Callable[..., Sources]
+) -> None:
     base_raw, agents_raw, agents_f = block_inputs(n, dtypes, seed=n + workers, eps=eps)
     base_f = naive_decode(base_raw, dtypes[0])
     n_agents = len(agents_raw)
@@ -227,8 +259,9 @@ def test_probe_block_matches_naive(dtypes: tuple[str, ...], eps: float, n: int, 
     overlap = np.zeros((workers, n_agents, n_agents), np.int64)
     coverage = np.zeros((workers, n_agents + 1), np.int64)
     nonfinite = np.full(workers, -7, np.int64)
-    codes = np.array([CODES[d] for d in dtypes[1:]], np.int64)
-    probe_block(base_raw, CODES[dtypes[0]], agents_raw, codes, eps, masks, overlap, coverage, nonfinite)
+    failed = np.full(workers, -7, np.int64)
+    probe_block(*on_disk([base_raw, *agents_raw], dtypes), n, eps, masks, overlap, coverage, nonfinite, failed)
+    assert (failed == -1).all()
 
     expected = naive_masks(base_f, agents_f, eps)
     c = expected.sum(axis=0)
@@ -246,7 +279,7 @@ def test_probe_block_matches_naive(dtypes: tuple[str, ...], eps: float, n: int, 
     assert (nonfinite == -1).all()
 
 
-def test_probe_eps_is_strict() -> None:
+def test_probe_eps_is_strict(on_disk: Callable[..., Sources]) -> None:
     """|tau| == eps is inactive, the next float up is active (compared in float32)."""
     eps = 1e-5
     eps32 = np.float32(eps)
@@ -262,7 +295,8 @@ def test_probe_eps_is_strict() -> None:
     overlap = np.zeros((1, 3, 3), np.int64)
     coverage = np.zeros((1, 4), np.int64)
     nonfinite = np.full(1, -1, np.int64)
-    probe_block(base, F32, agents, np.full(3, F32, np.int64), eps, masks, overlap, coverage, nonfinite)
+    failed = np.full(1, -1, np.int64)
+    probe_block(*on_disk([base, *agents], ["F32"] * 4), 8, eps, masks, overlap, coverage, nonfinite, failed)
     assert list(masks[:, 0]) == [0b00001100, 0b10100000, 0b00000001]
     np.testing.assert_array_equal(coverage[0], [3, 5, 0, 0])
 
@@ -279,7 +313,9 @@ def test_probe_eps_is_strict() -> None:
         ([("agent2", 2 * TILE + 36)], -np.inf),
     ],
 )
-def test_probe_reports_first_nonfinite(workers: int, where: list[tuple[str, int]], value: float) -> None:
+def test_probe_reports_first_nonfinite(
+    workers: int, where: list[tuple[str, int]], value: float, on_disk: Callable[..., Sources]
+) -> None:
     n = 2 * TILE + 37
     rng = np.random.default_rng(3)
     base_f = rng.standard_normal(n).astype(np.float32)
@@ -292,7 +328,8 @@ def test_probe_reports_first_nonfinite(workers: int, where: list[tuple[str, int]
     overlap = np.zeros((workers, 3, 3), np.int64)
     coverage = np.zeros((workers, 4), np.int64)
     nonfinite = np.full(workers, -7, np.int64)
-    probe_block(base, BF16, agents, np.full(3, BF16, np.int64), 1e-5, masks, overlap, coverage, nonfinite)
+    failed = np.full(workers, -7, np.int64)
+    probe_block(*on_disk([base, *agents], ["BF16"] * 4), n, 1e-5, masks, overlap, coverage, nonfinite, failed)
     first = min(pos for _, pos in where)
     found = nonfinite[nonfinite >= 0]
     assert found.size >= 1 and found.min() == first
@@ -331,19 +368,46 @@ def naive_merge(
 @pytest.mark.parametrize(("dtypes", "eps"), BLOCK_CASES)
 @pytest.mark.parametrize(
     ("n", "workers", "out_dtype"),
-    [(7, 2, "BF16"), (TILE + 1, 3, "F16"), (2 * TILE + 37, 2, "F32"), (2 * TILE + 37, 1, "BF16")],
+    [
+        (7, 2, "BF16"),
+        (TILE + 1, 3, "F16"),
+        (2 * TILE + 37, 2, "F32"),
+        (2 * TILE + 37, 1, "BF16"),
+        (2 * READ_TILE + TILE + 5, 3, "BF16"),
+    ],
 )
 def test_merge_ram_block_matches_naive(
-    dtypes: tuple[str, ...], eps: float, n: int, workers: int, out_dtype: str
+    dtypes: tuple[str, ...], eps: float, n: int, workers: int, out_dtype: str, on_disk: Callable[..., Sources]
 ) -> None:
     base_raw, agents_raw, agents_f = block_inputs(n, dtypes, seed=2 * n + workers, eps=eps)
     base_f = naive_decode(base_raw, dtypes[0])
     lambdas = np.array([1.2, 1.0703918, 1.5], np.float32)
     carrier = np.float32 if out_dtype == "F32" else np.uint16
     out = np.full(n + 9, 77, carrier)
-    codes = np.array([CODES[d] for d in dtypes[1:]], np.int64)
-    merge_ram_block(base_raw, CODES[dtypes[0]], agents_raw, codes, eps, lambdas, out[:n], CODES[out_dtype], workers)
+    failed = np.full(workers, -7, np.int64)
+    sources = on_disk([base_raw, *agents_raw], dtypes)
+    merge_ram_block(*sources, n, eps, lambdas, out[:n].view(np.uint8), CODES[out_dtype], failed)
+    assert (failed == -1).all()
     expected = naive_merge(base_f, agents_f, eps, lambdas, out_dtype)
     bad = np.flatnonzero(out[:n].view(np.uint8).reshape(n, -1) != expected.view(np.uint8).reshape(n, -1))
     assert bad.size == 0, f"{bad.size} elements differ, first at {bad[:5]}"
     assert (out[n:] == 77).all()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_spine_kernels_report_a_file_that_ends_early(workers: int, on_disk: Callable[..., Sources]) -> None:
+    """A file cut short after its header was checked (it changed under us): the input is named."""
+    n = 2 * READ_TILE + 11
+    base_raw, agents_raw, _ = block_inputs(n, ("BF16",) * 4, seed=5, eps=1e-5)
+    fds, offsets, codes = on_disk([base_raw, *agents_raw], ["BF16"] * 4)
+    os.truncate(f"/proc/self/fd/{fds[0]}", int(offsets[3]) + 2 * n - 4)  # the last agent loses 2 elements
+    failed = np.full(workers, -7, np.int64)
+    masks = np.zeros((3, (n + 7) // 8), np.uint8)
+    nonfinite = np.full(workers, -1, np.int64)
+    overlap, coverage = np.zeros((workers, 3, 3), np.int64), np.zeros((workers, 4), np.int64)
+    probe_block(fds, offsets, codes, n, 1e-5, masks, overlap, coverage, nonfinite, failed)
+    assert failed[-1] == 3 and set(failed.tolist()) <= {-1, 3}
+    failed[:] = -7
+    out = np.zeros(n, np.uint16)
+    merge_ram_block(fds, offsets, codes, n, 1e-5, np.ones(3, np.float32), out.view(np.uint8), BF16, failed)
+    assert failed[-1] == 3 and set(failed.tolist()) <= {-1, 3}

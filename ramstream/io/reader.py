@@ -1,15 +1,19 @@
-"""Block views over memory-mapped safetensors, with the pages released after each block.
+"""The inputs' files, open for two kinds of reader; nothing is ever loaded whole.
 
-A mapped page counts in RSS while it is resident in this process's page table, so each block's
-ranges are dropped with ``madvise(MADV_DONTNEED)`` once the kernel is done (the data stays in
-the OS page cache; only this process's mapping is released). The next block is announced with
-``MADV_WILLNEED`` so the kernel can read ahead while we compute. Views are read-only numpy arrays
-of the raw carrier (``uint16`` for BF16/F16); nothing is ever loaded whole.
+The spine kernels (probe, RAM merge) read their own tiles with ``pread`` from the descriptors
+handed out here (``ramstream/kernels/sources.py``). The other kernels get block views over
+memory-mapped safetensors, with the pages released after each block: a mapped page counts in
+RSS while it is resident in this process's page table, so each block's ranges are dropped with
+``madvise(MADV_DONTNEED)`` once the kernel is done (the data stays in the OS page cache; only
+this process's mapping is released). The next block is announced with ``POSIX_FADV_WILLNEED``
+so the OS can read ahead while we compute. Views are read-only numpy arrays of the raw carrier
+(``uint16`` for BF16/F16).
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +25,22 @@ from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, RAW_CARRIER
 PAGE = mmap.PAGESIZE
 
 
-class MappedFiles:
-    """One read-only map per input file, opened lazily and closed together."""
+class InputFiles:
+    """A read-only descriptor and a read-only map per input file, opened lazily, closed together."""
 
     def __init__(self) -> None:
         self._maps: dict[Path, mmap.mmap] = {}
+        self._fds: dict[Path, int] = {}
+
+    def descriptor(self, path: Path) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise CorruptFileError(f"{path}: cannot open the file ({exc})") from exc
+            self._fds[path] = fd
+        return fd
 
     def _map(self, path: Path) -> mmap.mmap:
         mm = self._maps.get(path)
@@ -54,7 +69,8 @@ class MappedFiles:
         mm = self._map(ref.file)
         return memoryview(mm)[ref.entry.offset + start : ref.entry.offset + stop]
 
-    def _advise(self, ref: TensorRef, start: int, stop: int, advice: int) -> None:
+    def release(self, ref: TensorRef, start: int, stop: int) -> None:
+        """Drop this process's pages of elements ``[start, stop)`` (the page cache keeps them)."""
         size = ITEMSIZE[ref.entry.dtype]
         lo = ref.entry.offset + start * size
         hi = ref.entry.offset + stop * size
@@ -62,15 +78,14 @@ class MappedFiles:
         mm = self._map(ref.file)
         length = min(hi, len(mm)) - lo_page
         if length > 0:
-            mm.madvise(advice, lo_page, length)
-
-    def release(self, ref: TensorRef, start: int, stop: int) -> None:
-        """Drop this process's pages of elements ``[start, stop)`` (the page cache keeps them)."""
-        self._advise(ref, start, stop, mmap.MADV_DONTNEED)
+            mm.madvise(mmap.MADV_DONTNEED, lo_page, length)
 
     def prefetch(self, ref: TensorRef, start: int, stop: int) -> None:
-        """Ask the OS to read elements ``[start, stop)`` ahead, without mapping them yet."""
-        self._advise(ref, start, stop, mmap.MADV_WILLNEED)
+        """Ask the OS to read elements ``[start, stop)`` ahead (into its cache; nothing is mapped)."""
+        size = ITEMSIZE[ref.entry.dtype]
+        os.posix_fadvise(
+            self.descriptor(ref.file), ref.entry.offset + start * size, (stop - start) * size, os.POSIX_FADV_WILLNEED
+        )
 
     def close(self) -> None:
         for mm in self._maps.values():
@@ -79,8 +94,11 @@ class MappedFiles:
             except BufferError:  # a view is still alive; the map closes when it is collected
                 pass
         self._maps.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
-    def __enter__(self) -> MappedFiles:
+    def __enter__(self) -> InputFiles:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -64,6 +64,28 @@ def encode_tile(bits, lo, m, code, out):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", cache=True)
+def decode_bytes(raw, lo, m, code, bits):  # type: ignore[no-untyped-def]
+    """``decode_tile`` for raw bytes (a ``uint8`` row read from a file), viewed by format."""
+    if code == F32:
+        decode_tile(raw.view(np.float32), lo, m, code, bits)
+    elif code == F64:
+        decode_tile(raw.view(np.float64), lo, m, code, bits)
+    else:
+        decode_tile(raw.view(np.uint16), lo, m, code, bits)
+
+
+@njit(inline="always", cache=True)
+def encode_bytes(bits, lo, m, code, out):  # type: ignore[no-untyped-def]
+    """``encode_tile`` into raw bytes (``out`` a ``uint8`` view of the output), viewed by format."""
+    if code == F32:
+        encode_tile(bits, lo, m, code, out.view(np.float32))
+    elif code == F64:
+        encode_tile(bits, lo, m, code, out.view(np.float64))
+    else:
+        encode_tile(bits, lo, m, code, out.view(np.uint16))
+
+
+@njit(inline="always", cache=True)
 def _f32_bits_to_f16(b, value):  # type: ignore[no-untyped-def]
     sign = np.uint32((b >> np.uint32(16)) & np.uint32(0x8000))
     ab = b & np.uint32(0x7FFFFFFF)

@@ -1,10 +1,12 @@
-"""Probe kernel: decode -> task vectors -> active masks -> overlap counts, fused per tile.
+"""Probe kernel: read -> decode -> task vectors -> active masks -> overlap counts, fused per tile.
 
-For one block it writes each agent's bit-packed mask (bit ``i % 8`` of byte ``i // 8`` is
-element ``i``, numpy's ``bitorder="little"``) and per-thread partial counts:
+The block's inputs are read by the kernel itself (``kernels/sources.py``: ``fds``, ``offsets``,
+``codes``, base first; ``n`` elements). It writes each agent's bit-packed mask (bit ``i % 8`` of
+byte ``i // 8`` is element ``i``, numpy's ``bitorder="little"``) and per-thread partial counts:
 ``overlap[w, t, k-1]`` = elements where agent t is active and exactly k agents are active,
-``coverage[w, k]`` = elements where exactly k agents are active, and ``nonfinite[w]`` = the
-first element index whose base or agent value is NaN/Inf (or -1).
+``coverage[w, k]`` = elements where exactly k agents are active, ``nonfinite[w]`` = the first
+element index whose base or agent value is NaN/Inf (or -1), and ``failed[w]`` = -1 or the
+input whose read failed (the file is shorter than its header said: it changed under us).
 """
 
 from __future__ import annotations
@@ -13,18 +15,20 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ramstream.kernels.codecs import TILE, decode_tile
+from ramstream.kernels.codecs import TILE, decode_bytes
+from ramstream.kernels.sources import MAX_ITEMSIZE, READ_TILE, read_inputs
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def probe_block(base, base_code, agents, agent_codes, eps, masks, overlap, coverage, nonfinite):  # type: ignore[no-untyped-def]
-    n = base.shape[0]
-    n_agents = len(agents)
+def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite, failed):  # type: ignore[no-untyped-def]
+    n_inputs = fds.shape[0]
+    n_agents = n_inputs - 1
     workers = overlap.shape[0]
-    n_tiles = (n + TILE - 1) // TILE
+    n_reads = (n + READ_TILE - 1) // READ_TILE
     eps32 = np.float32(eps)
     zero = np.float32(0.0)
     for w in prange(workers):
+        raw = np.empty((n_inputs, READ_TILE * MAX_ITEMSIZE), np.uint8)
         base_bits = np.empty(TILE, np.uint32)
         agent_bits = np.empty(TILE, np.uint32)
         active = np.empty((n_agents, TILE), np.uint8)
@@ -33,28 +37,35 @@ def probe_block(base, base_code, agents, agent_codes, eps, masks, overlap, cover
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
         first_bad = -1
-        for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
-            lo = tile * TILE
-            m = min(TILE, n - lo)
-            decode_tile(base, lo, m, base_code, base_bits)
-            bad = np.int32(0)
-            for i in range(m):
-                count[i] = 0
-                bad += np.int32(base_vals[i] - base_vals[i] != zero)
-            for t in range(n_agents):
-                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
-                row = active[t]
+        failed[w] = -1
+        for read in range(n_reads * w // workers, n_reads * (w + 1) // workers):
+            read_lo = read * READ_TILE
+            read_m = min(READ_TILE, n - read_lo)
+            failed[w] = read_inputs(fds, offsets, codes, read_lo, read_m, raw)
+            if failed[w] >= 0:
+                break
+            for sub in range(0, read_m, TILE):
+                lo = read_lo + sub
+                m = min(TILE, read_m - sub)
+                decode_bytes(raw[0], sub, m, codes[0], base_bits)
+                bad = np.int32(0)
                 for i in range(m):
-                    a = agent_vals[i]
-                    bad += np.int32(a - a != zero)
-                    act = np.uint8(abs(a - base_vals[i]) > eps32)
-                    row[i] = act
-                    count[i] += act
-            if bad and first_bad < 0:
-                first_bad = lo + _first_nonfinite(base_vals, agents, agent_codes, lo, m, agent_bits)
-            _pad(active, count, m)
-            _pack(active, lo, m, masks)
-            _count(active, count, equal, m, overlap[w], coverage[w])
+                    count[i] = 0
+                    bad += np.int32(base_vals[i] - base_vals[i] != zero)
+                for t in range(n_agents):
+                    decode_bytes(raw[t + 1], sub, m, codes[t + 1], agent_bits)
+                    row = active[t]
+                    for i in range(m):
+                        a = agent_vals[i]
+                        bad += np.int32(a - a != zero)
+                        act = np.uint8(abs(a - base_vals[i]) > eps32)
+                        row[i] = act
+                        count[i] += act
+                if bad and first_bad < 0:
+                    first_bad = lo + _first_nonfinite(base_vals, raw, codes, sub, m, agent_bits)
+                _pad(active, count, m)
+                _pack(active, lo, m, masks)
+                _count(active, count, equal, m, overlap[w], coverage[w])
         nonfinite[w] = first_bad
 
 
@@ -111,7 +122,7 @@ def _count(active, count, equal, m, overlap_w, coverage_w):  # type: ignore[no-u
 
 
 @njit(cache=True)
-def _first_nonfinite(base_vals, agents, agent_codes, lo, m, bits):  # type: ignore[no-untyped-def]
+def _first_nonfinite(base_vals, raw, codes, lo, m, bits):  # type: ignore[no-untyped-def]
     """Offset within the tile of the first non-finite value (base or any agent)."""
     first = m
     for i in range(m):
@@ -119,8 +130,8 @@ def _first_nonfinite(base_vals, agents, agent_codes, lo, m, bits):  # type: igno
             first = i
             break
     vals = bits.view(np.float32)
-    for t in range(len(agents)):
-        decode_tile(agents[t], lo, m, agent_codes[t], bits)
+    for k in range(1, codes.shape[0]):
+        decode_bytes(raw[k], lo, m, codes[k], bits)
         for i in range(min(first, m)):
             if not np.isfinite(vals[i]):
                 first = i

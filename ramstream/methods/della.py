@@ -135,7 +135,7 @@ class Magprune:
         elements [start, stop) of the tensor, or lie inside them; rows are read whole."""
         size, rows = geometry(tensor)
         lo, hi = start // size * size, min(-(-stop // size) * size, tensor.numel)
-        whole = arrays if arrays.base.shape[0] == hi - lo else _span(arrays, lo, hi)
+        whole = arrays if arrays.base.shape[0] == hi - lo else arrays.span(lo, hi)
         keep = np.empty((len(arrays.agents), hi - lo), np.float32)
         keys = random_keys(self.seed, len(arrays.agents), tensor.name)
         kernels.della_keep(
@@ -155,11 +155,6 @@ class Magprune:
             workers,
         )
         return keep if (lo, hi) == (start, stop) else np.ascontiguousarray(keep[:, start - lo : stop - lo])
-
-
-def _span(arrays: BlockArrays, start: int, stop: int) -> BlockArrays:
-    assert arrays.span is not None, "block inputs without span()"
-    return arrays.span(start, stop)
 
 
 def prepare_della(name: str, params: DellaParams, ctx: StatsContext) -> Prepared:

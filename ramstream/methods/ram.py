@@ -77,17 +77,20 @@ def prepare_ram(params: RamParams, ctx: StatsContext) -> Prepared:
     eps = ctx.eps
 
     def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, workers: int) -> None:
+        sources = arrays.sources
+        failed = np.full(workers, -1, np.int64)
         merge_ram_block(
-            arrays.base,
-            arrays.base_code,
-            arrays.agents,
-            arrays.agent_codes,
+            sources.fds,
+            sources.offsets,
+            sources.codes,
+            sources.size,
             eps,
             per_tensor[block.tensor],
-            out,
+            out.view(np.uint8),
             out_code,
-            workers,
+            failed,
         )
+        sources.check(failed)
 
     return Prepared(merge_block, {"lambda": tuple(float(x) for x in model)})
 

@@ -108,7 +108,6 @@ class Trim:
         if block.start >= s1:
             return 0
         if block.start > s0:  # the block starts inside the index block where the group ends
-            assert arrays.span is not None, "block inputs without span()"
             head = arrays.span(s0, block.start)
             before += kernels.find_tie(
                 head.base, head.base_code, head.agents[t], int(head.agent_codes[t]), v, 0, 0, workers

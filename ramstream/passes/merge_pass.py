@@ -17,7 +17,7 @@ import zarr
 from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, RAW_CARRIER
 from ramstream.format.family import Family
 from ramstream.index.journal import Journal
-from ramstream.io.reader import MappedFiles
+from ramstream.io.reader import InputFiles
 from ramstream.io.write_behind import WriteBehind
 from ramstream.io.writer import ShardLayout, ShardWriter
 from ramstream.kernels.nonfinite import first_nonfinite
@@ -90,7 +90,7 @@ def run_merge(job: MergeJob, work: Path, quiet: bool) -> None:
     # depth + 1 staging buffers: the kernel fills one while the blocks in flight are written.
     n_workers = workers()
     try:
-        with MappedFiles() as files, WriteBehind() as behind:
+        with InputFiles() as files, WriteBehind() as behind:
             inputs = BlockInputs(job.family, plan, files)
             for i, block in enumerate(todo):
                 if i + 1 < len(todo):
@@ -152,7 +152,7 @@ def _persist(
     journal.record_rate(done_bytes, seconds)
 
 
-def _copy_tensor(job: MergeJob, files: MappedFiles, writer: ShardWriter, tensor: int, progress: Progress) -> None:
+def _copy_tensor(job: MergeJob, files: InputFiles, writer: ShardWriter, tensor: int, progress: Progress) -> None:
     """Copy a non-float tensor's bytes from the base, a bounded chunk at a time."""
     name = job.plan.tensors[tensor].name
     ref = job.family.base.tensors[name]

@@ -8,7 +8,7 @@ import numpy as np
 
 from ramstream.format.family import Family
 from ramstream.index.store import IndexStore
-from ramstream.io.reader import MappedFiles
+from ramstream.io.reader import InputFiles
 from ramstream.io.write_behind import WriteBehind
 from ramstream.kernels.probe import probe_block, workers
 from ramstream.passes.inputs import BlockInputs
@@ -24,32 +24,34 @@ def run_probe(family: Family, index: IndexStore, quiet: bool, allow_nonfinite: b
     n_agents = len(family.agents)
     n_workers = workers()
     eps = index.header.eps
-    with MappedFiles() as files, WriteBehind() as behind:
+    with InputFiles() as files, WriteBehind() as behind:
         # The kernel fills one mask buffer while the blocks in flight are written from the others.
         masks = [np.empty((n_agents, plan.block_elems // 8), np.uint8) for _ in range(behind.depth + 1)]
         inputs = BlockInputs(family, plan, files)
         for i, block in enumerate(todo):
             if i + 1 < len(todo):
                 inputs.prefetch(todo[i + 1])
-            arrays = inputs.arrays(block)
+            sources = inputs.arrays(block).sources
             block_masks = masks[i % len(masks)]
             overlap = np.zeros((n_workers, n_agents, n_agents), np.int64)
             coverage = np.zeros((n_workers, n_agents + 1), np.int64)
             nonfinite = np.full(n_workers, -1, np.int64)
+            failed = np.full(n_workers, -1, np.int64)
             probe_block(
-                arrays.base,
-                arrays.base_code,
-                arrays.agents,
-                arrays.agent_codes,
+                sources.fds,
+                sources.offsets,
+                sources.codes,
+                sources.size,
                 eps,
                 block_masks,
                 overlap,
                 coverage,
                 nonfinite,
+                failed,
             )
+            sources.check(failed)
             if (nonfinite >= 0).any() and not allow_nonfinite:
                 raise inputs.nonfinite_error(block, int(nonfinite[nonfinite >= 0].min()))
-            del arrays
             inputs.release(block)
             progress.advance(plan.block_bytes(block))
             behind.submit(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ramstream.format.family import Family
 from ramstream.index.store import IndexStore
-from ramstream.io.reader import MappedFiles
+from ramstream.io.reader import InputFiles
 from ramstream.kernels.probe import workers
 from ramstream.passes.inputs import BlockInputs
 from ramstream.passes.progress import Progress
@@ -28,7 +28,7 @@ def run_statistics(family: Family, index: IndexStore, stats: list[BlockStatistic
     label = "statistics (" + ", ".join(s.key.split("-")[0] for s in pending) + ")"
     progress = Progress.for_terminal(label, sum(plan.block_bytes(b) for b in todo), quiet)
     n_workers = workers()
-    with MappedFiles() as files:
+    with InputFiles() as files:
         inputs = BlockInputs(family, plan, files)
         for i, block in enumerate(todo):
             if i + 1 < len(todo):
