@@ -268,7 +268,7 @@ def test_killed_probe_resumes_to_identical_index(tmp_path: Path, large: Referenc
 # Steps of a merge (with a complete index) that a timer rarely hits, in the order they happen.
 MERGE_STEPS: dict[str, dict[str, object]] = {
     "journal-group-written": renamed_to(".ramstream/journal/merge/zarr.json"),
-    "mid-merge": renamed_to(".ramstream/journal/merge/c/6"),
+    "mid-merge": renamed_to(".ramstream/journal/merge/c.6"),
     "first-shard-moved": renamed_to("out/model-00002-of-00002.safetensors"),
     "shards-moved": renamed_to("out/model.safetensors.index.json"),
     "before-record": renamed_to("out/ramstream_merge.json"),
@@ -307,7 +307,7 @@ def test_merge_without_index_killed_while_probing_resumes(tmp_path: Path, small:
     """A merge that builds its cached index, killed in its probe pass, then rerun."""
     args: list[str | Path] = ["merge", *small.members, "--out", tmp_path / "out", "--cache-dir", tmp_path / "cache"]
     args += small.merge_opts
-    kill_at_step(args, renamed_to("progress/probe/c/5"))
+    kill_at_step(args, renamed_to("progress/probe/c.5"))
     assert not finished_looking(tmp_path / "out", small)
     run_ok(cli(*args))
     assert tree_bytes(tmp_path / "out") == small.files
@@ -332,7 +332,7 @@ PROBE_STEPS: dict[str, dict[str, object]] = {
     "index-directory-made": renamed_to("index.zarr/zarr.json", 1),
     "index-metadata-written": renamed_to("index.zarr/zarr.json", 2),
     "index-arrays-created": renamed_to("index.zarr/zarr.json", 3),
-    "first-block-marked": renamed_to("index.zarr/progress/probe/c/0"),
+    "first-block-marked": renamed_to("index.zarr/progress/probe/c.0"),
     "before-probe-record": renamed_to("index.zarr/zarr.json", 4),
 }
 

@@ -30,7 +30,7 @@ from zarr.core.sync import sync
 from ramstream import __version__
 from ramstream.errors import IndexMismatchError
 from ramstream.index.guard import store_io
-from ramstream.index.journal import Journal
+from ramstream.index.journal import FLAT_KEYS, Journal
 from ramstream.index.local_store import open_group
 from ramstream.plan import Plan, TensorPlan, plan_from_tensors
 from ramstream.stats import OverlapCounts, per_tensor
@@ -235,6 +235,7 @@ class IndexStore:
                     dtype=dtype,
                     fill_value=0,
                     compressors=COMPRESSED,
+                    chunk_key_encoding=FLAT_KEYS,
                 )
                 journal = Journal.create(self.group, f"progress/{key}", len(self.plan.blocks))
         else:
@@ -307,6 +308,7 @@ def _create(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
             "dtype": "uint8",
             "fill_value": 0,
             "compressors": CHECKED,  # zstd cost 4x the rest of a block's index write; masks stay raw
+            "chunk_key_encoding": FLAT_KEYS,
             "attributes": {"tensor": t.name},
         }
         for i, t in enumerate(plan.tensors)
@@ -321,6 +323,7 @@ def _create(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
         dtype="int64",
         fill_value=0,
         compressors=CHECKED,
+        chunk_key_encoding=FLAT_KEYS,
     )
     stats.create_array(
         "coverage",
@@ -329,6 +332,7 @@ def _create(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
         dtype="int64",
         fill_value=0,
         compressors=CHECKED,
+        chunk_key_encoding=FLAT_KEYS,
     )
     progress = group.create_group("progress")
     Journal.create(progress, "probe", len(plan.blocks))
