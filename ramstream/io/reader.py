@@ -81,11 +81,16 @@ class InputFiles:
             mm.madvise(mmap.MADV_DONTNEED, lo_page, length)
 
     def prefetch(self, ref: TensorRef, start: int, stop: int) -> None:
-        """Ask the OS to read elements ``[start, stop)`` ahead (into its cache; nothing is mapped)."""
+        """Ask the OS to read elements ``[start, stop)`` ahead (into its cache; nothing is mapped),
+        unless the range's first, middle and last bytes are cached already: on a warm cache the
+        hint only walks cached pages (0.14 s of a 6 GB probe)."""
         size = ITEMSIZE[ref.entry.dtype]
-        os.posix_fadvise(
-            self.descriptor(ref.file), ref.entry.offset + start * size, (stop - start) * size, os.POSIX_FADV_WILLNEED
-        )
+        lo = ref.entry.offset + start * size
+        length = (stop - start) * size
+        fd = self.descriptor(ref.file)
+        if length <= 0 or all(_cached(fd, at) for at in (lo, lo + length // 2, lo + length - 1)):
+            return
+        os.posix_fadvise(fd, lo, length, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         for mm in self._maps.values():
@@ -103,3 +108,11 @@ class InputFiles:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _cached(fd: int, offset: int) -> bool:
+    """Whether the byte at ``offset`` is in the page cache (a one-byte read that may not block)."""
+    try:
+        return os.preadv(fd, [bytearray(1)], offset, os.RWF_NOWAIT) == 1
+    except OSError:  # EAGAIN: not cached; EOPNOTSUPP: cannot tell, so read ahead
+        return False

@@ -1,0 +1,49 @@
+"""The input files' reader: descriptors for the spine kernels, mapped views for the others, and
+read-ahead hints that skip what the page cache already holds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ramstream.format.checkpoint import open_checkpoint
+from ramstream.io.reader import InputFiles, _cached
+from tests.families import write_safetensors
+
+
+def _checkpoint(tmp_path: Path, n: int = 1 << 16):  # type: ignore[no-untyped-def]
+    values = np.arange(n, dtype=np.float32)
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, {"w": ("F32", (n,), values)})
+    return open_checkpoint(path), values
+
+
+def test_descriptor_and_view_read_the_same_bytes(tmp_path: Path) -> None:
+    checkpoint, values = _checkpoint(tmp_path)
+    ref = checkpoint.tensors["w"]
+    with InputFiles() as files:
+        fd = files.descriptor(ref.file)
+        assert files.descriptor(ref.file) == fd  # opened once
+        raw = os.pread(fd, 40, ref.entry.offset + 4 * 100)
+        np.testing.assert_array_equal(np.frombuffer(raw, np.float32), values[100:110])
+        np.testing.assert_array_equal(files.float_view(ref, 100, 110), values[100:110])
+        files.release(ref, 100, 110)
+    with pytest.raises(OSError):  # closed with its InputFiles
+        os.fstat(fd)
+
+
+def test_prefetch_skips_cached_ranges_and_hints_the_rest(tmp_path: Path) -> None:
+    checkpoint, _ = _checkpoint(tmp_path)
+    ref = checkpoint.tensors["w"]
+    with InputFiles() as files:
+        fd = files.descriptor(ref.file)
+        os.pread(fd, ref.entry.nbytes, ref.entry.offset)  # just read: in the page cache
+        assert _cached(fd, ref.entry.offset) and _cached(fd, ref.entry.offset + ref.entry.nbytes - 1)
+        files.prefetch(ref, 0, ref.entry.numel)  # cached: returns without a hint
+        files.prefetch(ref, 5, 5)  # empty range
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # best effort: may stay cached
+        files.prefetch(ref, 0, ref.entry.numel)  # either way, no error
+    assert not _cached(-1, 0)  # a read that fails counts as "not cached": read ahead
