@@ -1,0 +1,104 @@
+"""The spine kernels alone: probe and RAM merge over the benchmark family, no index, no output file.
+
+Reads the family that ``tools/bench_spine.py`` wrote (``--data``/full), calls each kernel block by
+block on the files' descriptors exactly as the passes do (16 Mi-element blocks, every core), and
+prints the median seconds and elements per second next to one plain read of the inputs. Numba's
+compile happens in an untimed first round.
+
+    python tools/bench_kernels.py --data bench-data --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE
+from ramstream.format.family import open_family
+from ramstream.io.reader import InputFiles
+from ramstream.kernels.merge_ram import merge_ram_block
+from ramstream.kernels.probe import probe_block
+
+BLOCK = 1 << 24
+READ_BUFFER = 64 * 1024 * 1024
+
+
+def blocks(family, files: InputFiles) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:  # type: ignore[no-untyped-def]
+    for name, ref in family.base.tensors.items():
+        if ref.entry.dtype not in FLOAT_CODES:
+            continue
+        refs = [m.tensors[name] for m in family.members]
+        fds = np.array([files.descriptor(r.file) for r in refs], np.int64)
+        codes = np.array([int(FLOAT_CODES[r.entry.dtype]) for r in refs], np.int64)
+        for start in range(0, ref.entry.numel, BLOCK):
+            offsets = np.array([r.entry.offset + start * ITEMSIZE[r.entry.dtype] for r in refs], np.int64)
+            yield fds, offsets, codes, min(BLOCK, ref.entry.numel - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="bench-data", help="where bench_spine.py wrote the family [bench-data]")
+    parser.add_argument("--repeat", type=int, default=3, help="timed rounds; medians are reported [3]")
+    args = parser.parse_args()
+    root = Path(args.data) / "full"
+    if not (root / ".bench-complete").is_file():
+        sys.exit(f"no benchmark family under {root}: run tools/bench_spine.py --data {args.data} first")
+    family = open_family(root / "base", [str(root / f"agent{k}") for k in (1, 2, 3)])
+    workers = numba.get_num_threads()
+    n_agents = len(family.agents)
+    lambdas = np.array([1.2, 1.1, 1.05][:n_agents], np.float32)
+    out = np.empty(BLOCK * 4, np.uint8)
+    masks = np.empty((n_agents, BLOCK // 8), np.uint8)
+    paths = [f for m in family.members for f in m.files]
+    elements = sum(r.entry.numel for r in family.base.tensors.values() if r.entry.dtype in FLOAT_CODES)
+
+    with InputFiles() as files:
+
+        def merge() -> None:
+            failed = np.full(workers, -1, np.int64)
+            for fds, offsets, codes, n in blocks(family, files):
+                merge_ram_block(fds, offsets, codes, n, 1e-5, lambdas, out[: 2 * n], 0, failed)
+
+        def probe() -> None:
+            for fds, offsets, codes, n in blocks(family, files):
+                overlap = np.zeros((workers, n_agents, n_agents), np.int64)
+                coverage = np.zeros((workers, n_agents + 1), np.int64)
+                nonfinite, failed = np.full(workers, -1, np.int64), np.full(workers, -1, np.int64)
+                probe_block(fds, offsets, codes, n, 1e-5, masks, overlap, coverage, nonfinite, failed)
+
+        def read_once() -> None:
+            view = memoryview(bytearray(READ_BUFFER))
+            for path in paths:
+                with open(path, "rb", buffering=0) as f:
+                    while f.readinto(view):
+                        pass
+
+        timings: dict[str, list[float]] = {"read": [], "probe": [], "merge": []}
+        steps = {"read": read_once, "probe": probe, "merge": merge}
+        for step in steps.values():  # compile (or load) the kernels, warm the page cache
+            step()
+        for _ in range(args.repeat):
+            for name, step in steps.items():
+                t0 = time.perf_counter()
+                step()
+                timings[name].append(time.perf_counter() - t0)
+
+    nbytes = sum(os.path.getsize(p) for p in paths)
+    print(f"family {root}: {elements / 1e9:.3f}G elements per checkpoint, {nbytes / 1e9:.2f} GB, {workers} threads")
+    read = statistics.median(timings["read"])
+    for name in ("read", "probe", "merge"):
+        t = statistics.median(timings[name])
+        print(f"{name:6s} {t:.3f} s  {elements / t / 1e9:.2f} G elements/s  {t / read:.2f} x read")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
