@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ramstream.errors import CorruptFileError
 from ramstream.format.checkpoint import open_checkpoint
 from ramstream.io.reader import InputFiles, _cached
+from ramstream.passes.inputs import BlockSources
 from tests.families import write_safetensors
 
 
@@ -47,3 +49,12 @@ def test_prefetch_skips_cached_ranges_and_hints_the_rest(tmp_path: Path) -> None
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # best effort: may stay cached
         files.prefetch(ref, 0, ref.entry.numel)  # either way, no error
     assert not _cached(-1, 0)  # a read that fails counts as "not cached": read ahead
+
+
+def test_a_short_read_names_the_file_and_tensor(tmp_path: Path) -> None:
+    files = (tmp_path / "base.safetensors", tmp_path / "a.safetensors", tmp_path / "b.safetensors")
+    ints = np.zeros(3, np.int64)
+    sources = BlockSources(ints, ints, ints, 10, files, "model.embed_tokens.weight")
+    sources.check(np.array([-1, -1]))  # every read whole: nothing to say
+    with pytest.raises(CorruptFileError, match=r"b\.safetensors: could not read tensor 'model\.embed_tokens\.weight'"):
+        sources.check(np.array([-1, 2]))
