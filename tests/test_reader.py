@@ -11,7 +11,8 @@ import pytest
 
 from ramstream.errors import CorruptFileError
 from ramstream.format.checkpoint import open_checkpoint
-from ramstream.io.reader import InputFiles, _cached
+from ramstream.io import os_hints
+from ramstream.io.reader import InputFiles
 from ramstream.passes.inputs import BlockSources
 from tests.families import write_safetensors
 
@@ -43,12 +44,14 @@ def test_prefetch_skips_cached_ranges_and_hints_the_rest(tmp_path: Path) -> None
     with InputFiles() as files:
         fd = files.descriptor(ref.file)
         os.pread(fd, ref.entry.nbytes, ref.entry.offset)  # just read: in the page cache
-        assert _cached(fd, ref.entry.offset) and _cached(fd, ref.entry.offset + ref.entry.nbytes - 1)
+        assert os_hints.is_cached(fd, ref.entry.offset) and os_hints.is_cached(
+            fd, ref.entry.offset + ref.entry.nbytes - 1
+        )
         files.prefetch(ref, 0, ref.entry.numel)  # cached: returns without a hint
         files.prefetch(ref, 5, 5)  # empty range
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # best effort: may stay cached
         files.prefetch(ref, 0, ref.entry.numel)  # either way, no error
-    assert not _cached(-1, 0)  # a read that fails counts as "not cached": read ahead
+    assert not os_hints.is_cached(-1, 0)  # a read that fails counts as "not cached": read ahead
 
 
 def test_a_short_read_names_the_file_and_tensor(tmp_path: Path) -> None:
@@ -58,3 +61,21 @@ def test_a_short_read_names_the_file_and_tensor(tmp_path: Path) -> None:
     sources.check(np.array([-1, -1]))  # every read whole: nothing to say
     with pytest.raises(CorruptFileError, match=r"b\.safetensors: could not read tensor 'model\.embed_tokens\.weight'"):
         sources.check(np.array([-1, 2]))
+
+
+def test_without_the_linux_calls_hints_are_skipped_and_syncs_are_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What macOS lacks (fdatasync, posix_fadvise, RWF_NOWAIT): the same calls still work."""
+    checkpoint, values = _checkpoint(tmp_path)
+    ref = checkpoint.tensors["w"]
+    monkeypatch.setattr(os_hints, "_FDATASYNC", os.fsync)
+    monkeypatch.setattr(os_hints, "_FADVISE", None)
+    monkeypatch.setattr(os_hints, "_NOWAIT", None)
+    with InputFiles() as files:
+        fd = files.descriptor(ref.file)
+        assert not os_hints.is_cached(fd, ref.entry.offset)
+        files.prefetch(ref, 0, ref.entry.numel)
+        os_hints.sync_data(fd)
+        os_hints.drop_cached(fd)
+        np.testing.assert_array_equal(files.float_view(ref, 0, 8), values[:8])

@@ -21,7 +21,7 @@ import zarr
 from zarr.core.buffer import Buffer
 from zarr.storage import LocalStore
 
-from ramstream.io import direct
+from ramstream.io import direct, os_hints
 
 DROP_AT = 256 * 1024
 
@@ -37,8 +37,8 @@ def _put_durable(path: Path, value: Buffer) -> None:
         try:
             done = _write_body_direct(tmp, data)
             direct.pwrite_all(fd, data[done:], done)
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os_hints.sync_data(fd)
+            os_hints.drop_cached(fd)
         finally:
             os.close(fd)
         tmp.replace(path)

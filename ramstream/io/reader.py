@@ -21,6 +21,7 @@ import numpy as np
 from ramstream.errors import CorruptFileError
 from ramstream.format.checkpoint import TensorRef
 from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, RAW_CARRIER
+from ramstream.io import os_hints
 
 PAGE = mmap.PAGESIZE
 
@@ -89,9 +90,9 @@ class InputFiles:
         lo = ref.entry.offset + start * size
         length = (stop - start) * size
         fd = self.descriptor(ref.file)
-        if length <= 0 or _cached(fd, lo + length - 1):
+        if length <= 0 or os_hints.is_cached(fd, lo + length - 1):
             return
-        os.posix_fadvise(fd, lo, length, os.POSIX_FADV_WILLNEED)
+        os_hints.read_ahead(fd, lo, length)
 
     def close(self) -> None:
         for mm in self._maps.values():
@@ -109,11 +110,3 @@ class InputFiles:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _cached(fd: int, offset: int) -> bool:
-    """Whether the byte at ``offset`` is in the page cache (a one-byte read that may not block)."""
-    try:
-        return os.preadv(fd, [bytearray(1)], offset, os.RWF_NOWAIT) == 1
-    except OSError:  # EAGAIN: not cached; EOPNOTSUPP: cannot tell, so read ahead
-        return False

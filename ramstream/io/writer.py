@@ -23,6 +23,7 @@ import numpy as np
 
 from ramstream.errors import OutputError
 from ramstream.io import direct as direct_io
+from ramstream.io import os_hints
 
 HEADER_ALIGN = 8
 DIRECT_MIN = 1 << 20  # smaller writes are not worth a second path
@@ -163,8 +164,8 @@ class ShardWriter:
         # done, and the next block's writes reuse those pages instead of growing the page
         # cache (on a VM whose memory is backed lazily, touching fresh pages was the slowest
         # part of a merge).
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+        os_hints.sync_data(fd)
+        os_hints.drop_cached(fd, offset, length)
 
     def sync(self) -> None:
         for fd in self._fds:
