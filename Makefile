@@ -23,11 +23,17 @@ install: $(STAMP)
 demo: $(STAMP)  ## install, then merge the built-in RL agents (docs/agents_lab.md) with RAM+
 	$(BIN)/ramstream demo
 
+# Numba's on-disk cache notices edits to a kernel's own file only, not to the helpers it calls
+# (kernels/codecs.py, ...): the tests use a cache keyed by a digest of every kernel source, so
+# they never run a stale kernel.
+KERNELS_DIGEST := $(shell $(PY) -c "import glob, hashlib; print(hashlib.sha256(b''.join(open(f, 'rb').read() for f in sorted(glob.glob('ramstream/kernels/*.py')))).hexdigest()[:16])")
+TEST_ENV := NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/$(KERNELS_DIGEST)
+
 test: $(STAMP)  ## install, then run the whole test suite (slow tests too: the mergekit parity)
-	$(BIN)/python -m pytest -q
+	$(TEST_ENV) $(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)  ## everything but the tests marked slow
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check ramstream tests tools
@@ -45,4 +51,4 @@ bench-mergekit: $(STAMP)  ## ramstream vs mergekit 0.1.5 on the same family (tas
 	$(BIN)/python tools/bench_vs_mergekit.py --data bench-data
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis .numba-cache
