@@ -11,6 +11,7 @@ compile happens in an untimed first round.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -47,6 +48,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="bench-data", help="where bench_spine.py wrote the family [bench-data]")
     parser.add_argument("--repeat", type=int, default=3, help="timed rounds; medians are reported [3]")
+    parser.add_argument("--json", default=None, help="also write the medians (seconds) to this JSON file")
     args = parser.parse_args()
     root = Path(args.data) / "full"
     if not (root / ".bench-complete").is_file():
@@ -93,10 +95,12 @@ def main() -> int:
 
     nbytes = sum(os.path.getsize(p) for p in paths)
     print(f"family {root}: {elements / 1e9:.3f}G elements per checkpoint, {nbytes / 1e9:.2f} GB, {workers} threads")
-    read = statistics.median(timings["read"])
+    medians = {name: statistics.median(t) for name, t in timings.items()}
     for name in ("read", "probe", "merge"):
-        t = statistics.median(timings[name])
-        print(f"{name:6s} {t:.3f} s  {elements / t / 1e9:.2f} G elements/s  {t / read:.2f} x read")
+        t = medians[name]
+        print(f"{name:6s} {t:.3f} s  {elements / t / 1e9:.2f} G elements/s  {t / medians['read']:.2f} x read")
+    if args.json:
+        Path(args.json).write_text(json.dumps(medians))
     return 0
 
 
