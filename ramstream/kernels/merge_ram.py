@@ -15,18 +15,18 @@ import numpy as np
 from numba import njit, prange
 
 from ramstream.kernels.codecs import TILE, decode_bytes, encode_bytes
-from ramstream.kernels.sources import MAX_ITEMSIZE, READ_TILE, read_inputs
+from ramstream.kernels.sources import read_buffer, read_tile, reads_of
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out, out_code, failed):  # type: ignore[no-untyped-def]
     n_inputs = fds.shape[0]
     workers = failed.shape[0]
-    n_reads = (n + READ_TILE - 1) // READ_TILE
+    n_reads = reads_of(n)
     eps32 = np.float32(eps)
     zero, one, two = np.float32(0.0), np.float32(1.0), np.float32(2.0)
     for w in prange(workers):
-        raw = np.empty((n_inputs, READ_TILE * MAX_ITEMSIZE), np.uint8)
+        raw = read_buffer(n_inputs)
         base_bits = np.empty(TILE, np.uint32)
         agent_bits = np.empty(TILE, np.uint32)
         total = np.empty(TILE, np.float32)
@@ -36,9 +36,7 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out, out_code, failed)
         agent_vals = agent_bits.view(np.float32)
         failed[w] = -1
         for read in range(n_reads * w // workers, n_reads * (w + 1) // workers):
-            read_lo = read * READ_TILE
-            read_m = min(READ_TILE, n - read_lo)
-            failed[w] = read_inputs(fds, offsets, codes, read_lo, read_m, raw)
+            read_lo, read_m, failed[w] = read_tile(fds, offsets, codes, n, read, raw)
             if failed[w] >= 0:
                 break
             for sub in range(0, read_m, TILE):

@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from ramstream.kernels.codecs import TILE, decode_bytes
-from ramstream.kernels.sources import MAX_ITEMSIZE, READ_TILE, read_inputs
+from ramstream.kernels.sources import read_buffer, read_tile, reads_of
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -24,11 +24,11 @@ def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite
     n_inputs = fds.shape[0]
     n_agents = n_inputs - 1
     workers = overlap.shape[0]
-    n_reads = (n + READ_TILE - 1) // READ_TILE
+    n_reads = reads_of(n)
     eps32 = np.float32(eps)
     zero = np.float32(0.0)
     for w in prange(workers):
-        raw = np.empty((n_inputs, READ_TILE * MAX_ITEMSIZE), np.uint8)
+        raw = read_buffer(n_inputs)
         base_bits = np.empty(TILE, np.uint32)
         agent_bits = np.empty(TILE, np.uint32)
         active = np.empty((n_agents, TILE), np.uint8)
@@ -39,9 +39,7 @@ def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite
         first_bad = -1
         failed[w] = -1
         for read in range(n_reads * w // workers, n_reads * (w + 1) // workers):
-            read_lo = read * READ_TILE
-            read_m = min(READ_TILE, n - read_lo)
-            failed[w] = read_inputs(fds, offsets, codes, read_lo, read_m, raw)
+            read_lo, read_m, failed[w] = read_tile(fds, offsets, codes, n, read, raw)
             if failed[w] >= 0:
                 break
             for sub in range(0, read_m, TILE):

@@ -58,12 +58,28 @@ def read_exactly(fd, offset, row, nbytes):  # type: ignore[no-untyped-def]
     return True
 
 
+@njit(inline="always", cache=True)
+def read_buffer(n_inputs):  # type: ignore[no-untyped-def]
+    """A worker's buffer: one row of a read tile per input, wide enough for any format."""
+    return np.empty((n_inputs, READ_TILE * MAX_ITEMSIZE), np.uint8)
+
+
+@njit(inline="always", cache=True)
+def reads_of(n):  # type: ignore[no-untyped-def]
+    """How many read tiles a block of ``n`` elements has (worker w takes its share of them)."""
+    return (n + READ_TILE - 1) // READ_TILE
+
+
 @njit(cache=True)
-def read_inputs(fds, offsets, codes, lo, m, raw):  # type: ignore[no-untyped-def]
-    """Elements ``[lo, lo + m)`` of every input into the rows of ``raw``; -1, or the first input
-    whose read failed."""
+def read_tile(fds, offsets, codes, n, read, raw):  # type: ignore[no-untyped-def]
+    """Read tile ``read`` of the block (``n`` elements) from every input into the rows of ``raw``.
+
+    Returns ``(lo, m, failed)``: the tile's first element and length, and -1 or the first input
+    whose read came up short."""
+    lo = read * READ_TILE
+    m = min(READ_TILE, n - lo)
     for k in range(fds.shape[0]):
         size = ITEMSIZES[codes[k]]
         if not read_exactly(fds[k], offsets[k] + lo * size, raw[k], m * size):
-            return k
-    return -1
+            return lo, m, k
+    return lo, m, -1
