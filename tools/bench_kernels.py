@@ -16,32 +16,27 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numba
 import numpy as np
 
-from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE
-from ramstream.format.family import open_family
+from ramstream.format.dtypes import FLOAT_CODES
+from ramstream.format.family import Family, open_family
 from ramstream.io.reader import InputFiles
 from ramstream.kernels.merge_ram import merge_ram_block
 from ramstream.kernels.probe import probe_block
+from ramstream.passes.inputs import BlockInputs, BlockSources
+from ramstream.plan import make_plan
 
 BLOCK = 1 << 24
 READ_BUFFER = 64 * 1024 * 1024
 
 
-def blocks(family, files: InputFiles) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:  # type: ignore[no-untyped-def]
-    for name, ref in family.base.tensors.items():
-        if ref.entry.dtype not in FLOAT_CODES:
-            continue
-        refs = [m.tensors[name] for m in family.members]
-        fds = np.array([files.descriptor(r.file) for r in refs], np.int64)
-        codes = np.array([int(FLOAT_CODES[r.entry.dtype]) for r in refs], np.int64)
-        for start in range(0, ref.entry.numel, BLOCK):
-            offsets = np.array([r.entry.offset + start * ITEMSIZE[r.entry.dtype] for r in refs], np.int64)
-            yield fds, offsets, codes, min(BLOCK, ref.entry.numel - start)
+def block_sources(family: Family, files: InputFiles) -> list[BlockSources]:
+    """Every block's sources, made by the passes' own code (plan, then ``BlockInputs``)."""
+    inputs = BlockInputs(family, make_plan(family, BLOCK), files)
+    return [inputs.arrays(block).sources for block in inputs.plan.blocks]
 
 
 def main() -> int:
@@ -63,18 +58,21 @@ def main() -> int:
     elements = sum(r.entry.numel for r in family.base.tensors.values() if r.entry.dtype in FLOAT_CODES)
 
     with InputFiles() as files:
+        sources = block_sources(family, files)
 
         def merge() -> None:
             failed = np.full(workers, -1, np.int64)
-            for fds, offsets, codes, n in blocks(family, files):
-                merge_ram_block(fds, offsets, codes, n, 1e-5, lambdas, out[: 2 * n], 0, failed)
+            for b in sources:
+                merge_ram_block(b.fds, b.offsets, b.codes, b.size, 1e-5, lambdas, out[: 2 * b.size], 0, failed)
+                b.check(failed)
 
         def probe() -> None:
-            for fds, offsets, codes, n in blocks(family, files):
+            for b in sources:
                 overlap = np.zeros((workers, n_agents, n_agents), np.int64)
                 coverage = np.zeros((workers, n_agents + 1), np.int64)
                 nonfinite, failed = np.full(workers, -1, np.int64), np.full(workers, -1, np.int64)
-                probe_block(fds, offsets, codes, n, 1e-5, masks, overlap, coverage, nonfinite, failed)
+                probe_block(b.fds, b.offsets, b.codes, b.size, 1e-5, masks, overlap, coverage, nonfinite, failed)
+                b.check(failed)
 
         def read_once() -> None:
             view = memoryview(bytearray(READ_BUFFER))
