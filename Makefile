@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 MERGEKIT := mergekit==0.1.5
 
-.PHONY: install demo test test-fast lint typecheck check bench bench-mergekit clean
+.PHONY: install demo test test-fast lint typecheck imports check bench bench-mergekit clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -26,7 +26,7 @@ demo: $(STAMP)  ## install, then merge the built-in RL agents (docs/agents_lab.m
 # Numba's on-disk cache notices edits to a kernel's own file only, not to the helpers it calls
 # (kernels/codecs.py, ...): the tests use a cache keyed by a digest of every kernel source, so
 # they never run a stale kernel.
-KERNELS_DIGEST := $(shell $(PY) -c "import glob, hashlib; print(hashlib.sha256(b''.join(open(f, 'rb').read() for f in sorted(glob.glob('ramstream/kernels/*.py')))).hexdigest()[:16])")
+KERNELS_DIGEST := $(shell $(PY) -c "import glob, hashlib; print(hashlib.sha256(b''.join(open(f, 'rb').read() for f in sorted(glob.glob('ramstream/backends/numba/*.py')))).hexdigest()[:16])")
 TEST_ENV := NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/$(KERNELS_DIGEST)
 
 test: $(STAMP)  ## install, then run the whole test suite (slow tests too: the mergekit parity)
@@ -42,7 +42,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy ramstream
 
-check: lint typecheck test
+imports: $(STAMP)  ## the layers and import contracts of pyproject.toml ([tool.importlinter])
+	$(BIN)/lint-imports
+
+check: lint typecheck imports test  ## what CI runs
 
 bench: $(STAMP)  ## the spine benchmark on a 0.75B-parameter family (writes ~6 GB under bench-data/)
 	$(BIN)/python tools/bench_spine.py --data bench-data

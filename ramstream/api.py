@@ -2,33 +2,36 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numba
 import numpy as np
 
-from ramstream import __version__
+from ramstream.backends.base import Backend
+from ramstream.backends.registry import make_backend
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
-from ramstream.errors import ConfigError, InputError
-from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES, TORCH_NAMES
+from ramstream.errors import ConfigError
+from ramstream.execution.local import LocalExecutor
+from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES
 from ramstream.format.family import Family, open_family
 from ramstream.index import resolve
 from ramstream.index.store import IndexStore
 from ramstream.inspect.view import IndexView
 from ramstream.inspect.view import open_index as open_index_view
-from ramstream.io import output_dir
-from ramstream.io.writer import plan_shards
+from ramstream.merge.merge_pass import MergeJob, run_merge, stored_block_elems
 from ramstream.methods.base import MethodSpec
 from ramstream.methods.ram import RhoScope
 from ramstream.methods.registry import get_method
-from ramstream.passes.merge_pass import MergeJob, run_merge, stored_block_elems
+from ramstream.methods.report import agent_reports
+from ramstream.output import directory as output_dir
+from ramstream.output.hf_config import merged_config
+from ramstream.output.model_card import model_card
+from ramstream.output.shards import plan_shards
 from ramstream.plan import block_elems_for, bytes_per_element, make_plan
-from ramstream.report import AgentReport, agent_reports
 from ramstream.statistics.context import StatsContext
+from ramstream.version import __version__
 
 OutDtype = Literal["auto", "bf16", "f16", "f32"]
 
@@ -48,9 +51,9 @@ class MergeResult:
         return self.per_agent.get("lambda", ())
 
 
-def _threads(options: RunOptions) -> None:
-    available = int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
-    numba.set_num_threads(min(options.threads or available, available))
+def _backend(options: RunOptions) -> Backend:
+    """The run's compute backend, with its thread count (scoped to its own calls)."""
+    return make_backend("numba", options.threads)
 
 
 def _block_elems(family: Family, options: RunOptions, out_itemsize: int = 0) -> int:
@@ -81,12 +84,21 @@ def probe(
     """
     options = options or RunOptions()
     family = open_family(base, list(agents))
-    _threads(options)
-    ctx = StatsContext(
-        family, _eps(eps), Path(index) if index else None, options, _block_elems(family, options), allow_nonfinite
-    )
-    ctx.overlap()
-    return ctx.store
+    backend = _backend(options)
+    try:
+        ctx = StatsContext(
+            family,
+            _eps(eps),
+            Path(index) if index else None,
+            options,
+            _block_elems(family, options),
+            LocalExecutor(backend),
+            allow_nonfinite,
+        )
+        ctx.overlap()
+        return ctx.store
+    finally:
+        backend.close()
 
 
 def merge(
@@ -138,10 +150,26 @@ def merge(
         **({"allow_nonfinite": True} if allow_nonfinite else {}),
     }
     output_dir.check_output_path(out_path, [m.path for m in family.members])
-    with output_dir.lock(out_path):
-        return _merge_into(
-            out_path, spec, params, family, run, dtypes, eps, index, shard_size, force, allow_nonfinite, options
-        )
+    backend = _backend(options)
+    try:
+        with output_dir.lock(out_path):
+            return _merge_into(
+                out_path,
+                spec,
+                params,
+                family,
+                run,
+                dtypes,
+                eps,
+                index,
+                shard_size,
+                force,
+                allow_nonfinite,
+                options,
+                backend,
+            )
+    finally:
+        backend.close()
 
 
 def _merge_into(
@@ -157,6 +185,7 @@ def _merge_into(
     force: bool,
     allow_nonfinite: bool,
     options: RunOptions,
+    backend: Backend,
 ) -> MergeResult:
     """The merge proper, with the output directory locked."""
     method = spec.name
@@ -164,9 +193,9 @@ def _merge_into(
         record = output_dir.finished_record(out_path) or {}
         per_agent = {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
         return MergeResult(out_path, None, method, params.to_dict(), per_agent, True)
-    _threads(options)
+    executor = LocalExecutor(backend)
     ctx = StatsContext(
-        family, eps, Path(index) if index else None, options, _block_elems(family, options), allow_nonfinite
+        family, eps, Path(index) if index else None, options, _block_elems(family, options), executor, allow_nonfinite
     )
     prepared = spec.prepare(params, ctx)
     work = output_dir.work_dir(out_path)
@@ -181,7 +210,7 @@ def _merge_into(
     index_path = ctx.store.path if ctx.used_index else None
     check = not allow_nonfinite and not ctx.checked_nonfinite
     job = MergeJob(family, plan, prepared.merge_block, dtypes, layout, index=index_path, check_nonfinite=check)
-    run_merge(job, work, options.quiet)
+    run_merge(job, work, executor, options.quiet)
     record = {
         "run": run,
         "method": method,
@@ -198,8 +227,8 @@ def _merge_into(
         layout,
         {n: work / f"{n}.partial" for n in layout.names},
         family.base.directory,
-        _config(family, dtypes),
-        _model_card(family, record, reports),
+        merged_config(family, dtypes),
+        model_card(family, record, reports),
         record,
     )
     return MergeResult(out_path, index_path, method, params.to_dict(), prepared.per_agent, False)
@@ -214,65 +243,6 @@ def _out_dtypes(family: Family, out_dtype: OutDtype) -> tuple[str, ...]:
         dtype = ref.entry.dtype
         result.append(chosen if chosen and dtype in ("BF16", "F16", "F32", "F64") else dtype)
     return tuple(result)
-
-
-def _config(family: Family, dtypes: tuple[str, ...]) -> dict[str, Any] | None:
-    directory = family.base.directory
-    if directory is None or not (directory / "config.json").is_file():
-        return None
-    try:
-        config = dict(json.loads((directory / "config.json").read_text()))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{directory / 'config.json'}: not valid JSON ({exc})") from exc
-    elements: dict[str, int] = {}
-    for dtype, ref in zip(dtypes, family.base.tensors.values(), strict=True):
-        if dtype in TORCH_NAMES:
-            elements[dtype] = elements.get(dtype, 0) + ref.entry.numel
-    if elements:
-        # The dtype holding most elements; ties go to the first in TORCH_NAMES order (no set order).
-        dominant = max(TORCH_NAMES, key=lambda d: (elements.get(d, -1), -list(TORCH_NAMES).index(d)))
-        config["torch_dtype"] = TORCH_NAMES[dominant]
-        if "dtype" in config:
-            config["dtype"] = TORCH_NAMES[dominant]
-    return config
-
-
-def _model_card(family: Family, record: dict[str, Any], reports: list[AgentReport]) -> str:
-    lines = [
-        "---",
-        "library_name: transformers",
-        "tags: [merge, ramstream]",
-        "---",
-        f"# Merge of {len(family.agents)} agents into {family.base.name}",
-        "",
-        f"Made with ramstream {__version__}, method `{record['method']}`.",
-        "",
-        "## Parameters",
-        "",
-        "```json",
-        json.dumps({"method": record["method"], "eps": record["eps"], **record["params"]}, indent=2),
-        "```",
-        "",
-        "## Agents",
-        "",
-    ]
-    values = record["per_agent"]
-    if reports:
-        lines += ["| agent | active | density | unique | shared | rho | " + " | ".join(values) + " |"]
-        lines += ["|---|---:|---:|---:|---:|---:|" + "---:|" * len(values)]
-        for t, rep in enumerate(reports):
-            cells = [rep.name, rep.active, f"{rep.density:.4f}", rep.unique, rep.shared, f"{rep.rho:.4g}"]
-            cells += [f"{v[t]:.6g}" for v in values.values()]
-            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    else:
-        lines += ["| agent | " + " | ".join(values) + " |", "|---|" + "---:|" * len(values)]
-        for t, name in enumerate(record["agents"]):
-            lines.append("| " + " | ".join([name, *(f"{v[t]:.6g}" for v in values.values())]) + " |")
-    lines += ["", "## Inputs", ""]
-    for fp in record["inputs"]:
-        for f in fp["files"]:
-            lines.append(f"- `{fp['name']}`: `{f['file']}`, {f['size']} bytes, header sha256 `{f['header_sha256']}`")
-    return "\n".join(lines) + "\n"
 
 
 def open_index(path: str | Path) -> IndexView:

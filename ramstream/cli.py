@@ -14,15 +14,21 @@ from typing import Any, TypeVar
 
 import click
 
-from ramstream import __version__
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions, default_cache_dir, parse_size
 from ramstream.errors import RamstreamError
+from ramstream.version import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# ramstream never calls BLAS, but numpy's OpenBLAS (and scipy's, which numba imports when it is
-# installed) starts a thread per core that spins at start-up, taking CPU the kernels need.
+# The program's own environment (the library sets none; an API user sets these as they like):
+# - ramstream never calls BLAS, but numpy's OpenBLAS (and scipy's, which numba imports when it is
+#   installed) starts a thread per core that spins at start-up, taking CPU the kernels need;
+# - Numba's OpenMP workers spin after each parallel call by default, taking a core from the
+#   write-behind threads between kernels (on 2 cores that halved merge throughput); passive
+#   waiting costs nothing measurable here.
+# setdefault: a user's own setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _load_api() -> ModuleType:
@@ -353,7 +359,7 @@ def inspect(
     from ramstream.inspect import document, text
     from ramstream.inspect.view import open_index
     from ramstream.methods.ram import RamParams
-    from ramstream.report import format_table
+    from ramstream.methods.report import format_table
 
     tables = ("layer", "module", "tensor") if "all" in by else tuple(b for b in by if b != "agent")
     request = document.InspectRequest(
@@ -429,7 +435,7 @@ def demo(directory: Path | None, synthetic: bool, method: str, **run: Any) -> No
     The built-in agents are a tiny transformer's base and three RL agents trained from it
     (docs/agents_lab.md), shipped with ramstream; with torch installed the demo also scores the
     base, the agents and the merge on each task. --synthetic writes a synthetic family instead."""
-    from ramstream.demo import run_demo
+    from ramstream.demo.run import run_demo
 
     run_demo(directory, _options(**run), click.echo, synthetic=synthetic, method=method)
 

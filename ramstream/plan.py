@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from ramstream.format.dtypes import ITEMSIZE, is_float
 from ramstream.format.family import Family
 
@@ -120,3 +122,12 @@ def plan_from_tensors(tensors: tuple[TensorPlan, ...], block_elems: int, row_ali
         for start in range(0, t.numel, step):
             blocks.append(Block(len(blocks), ti, start, min(start + step, t.numel)))
     return Plan(tensors, block_elems, tuple(blocks))
+
+
+def sum_by_tensor(plan: Plan, partials: np.ndarray) -> np.ndarray:
+    """Per-block partials ``(blocks, *shape)`` added up per tensor ``(tensors, *shape)``
+    (tensors without blocks get zeros)."""
+    totals = np.zeros((len(plan.tensors), *partials.shape[1:]), partials.dtype)
+    if len(plan.blocks):
+        np.add.at(totals, np.array([b.tensor for b in plan.blocks]), partials)
+    return totals

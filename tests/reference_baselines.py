@@ -2,7 +2,7 @@
 written from the formulas in ramstream's method docstrings (mergekit's semantics), in float32.
 
 It shares no code with ramstream's kernels, passes or statistics, with one exception: DARE's
-random draws come from ``ramstream.kernels.counter_rng.stream_key`` / ``uniforms`` (the draws are
+random draws come from ``ramstream.backends.numba.counter_rng.stream_key`` / ``uniforms`` (the draws are
 part of the method's definition: same seed, same kept elements). Every tensor is held whole and
 agents are looped over in the plainest way; exact sums use ``fractions.Fraction``.
 
@@ -19,7 +19,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ramstream.kernels.counter_rng import stream_key, uniforms
+from ramstream.backends.numba.counter_rng import stream_key, uniforms
 from tests.families import Family
 from tests.reference import OUT_OF, encode_out
 

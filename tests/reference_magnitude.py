@@ -6,7 +6,7 @@ descending stable order of |tau| (ties: lowest index first), breadcrumbs a windo
 ascending stable order; with ``trim_scope="model"`` one sort runs over every tensor of an
 agent, concatenated in the order of their names. DELLA ranks each row with a stable argsort.
 It shares no code with ramstream's kernels, passes or statistics; DELLA's draws come from
-``ramstream.kernels.counter_rng`` (the draws are part of the method's definition) and L1 sums
+``ramstream.backends.numba.counter_rng`` (the draws are part of the method's definition) and L1 sums
 follow ramstream's fixed rounding (float64 sums of 64-element groups, added exactly).
 """
 
@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from ramstream.kernels.counter_rng import stream_key, uniforms
+from ramstream.backends.numba.counter_rng import stream_key, uniforms
 from tests.families import Family
 from tests.reference import encode_out
 

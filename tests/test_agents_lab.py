@@ -20,7 +20,7 @@ from ramstream.config import RunOptions
 from ramstream.format.family import open_family
 from ramstream.lab import tasks
 from ramstream.lab.shipped import DATA, MEMBERS, shipped_family, shipped_record
-from ramstream.report import agent_reports
+from ramstream.methods.report import agent_reports
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "agents_lab.md"

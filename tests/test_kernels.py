@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ramstream.kernels.codecs import BF16, F16, F32, F64, TILE, decode_array, encode_array
-from ramstream.kernels.merge_ram import merge_ram_block
-from ramstream.kernels.probe import probe_block
-from ramstream.kernels.sources import READ_TILE
+from ramstream.backends.numba.codecs import BF16, F16, F32, F64, TILE, decode_array, encode_array
+from ramstream.backends.numba.merge_ram import merge_ram_block
+from ramstream.backends.numba.probe import probe_block
+from ramstream.backends.numba.sources import READ_TILE
 from tests.families import bf16_to_f32, f32_to_bf16
 
 CODES = {"BF16": BF16, "F16": F16, "F32": F32, "F64": F64}

@@ -12,13 +12,13 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from ramstream.kernels import gta
-from ramstream.kernels.codecs import BF16, F32, TILE
-from ramstream.kernels.counter_rng import stream_key, uniforms
-from ramstream.kernels.exact_stats import abs_sums_block, gram_block, reduce_workers
-from ramstream.kernels.exact_sum import BINS, finish
-from ramstream.kernels.keep import KEEP_ALL, KEEP_ARRAY, KEEP_RANDOM, NO_DENSITY, NO_KEEP, NO_KEYS
-from ramstream.kernels.linear import merge_linear_block
+from ramstream.backends.numba import gta
+from ramstream.backends.numba.codecs import BF16, F32, TILE
+from ramstream.backends.numba.counter_rng import stream_key, uniforms
+from ramstream.backends.numba.exact_stats import abs_sums_block, gram_block, reduce_workers
+from ramstream.backends.numba.exact_sum import BINS, finish
+from ramstream.backends.numba.keep import KEEP_ALL, KEEP_ARRAY, KEEP_RANDOM, NO_DENSITY, NO_KEEP, NO_KEYS
+from ramstream.backends.numba.linear import merge_linear_block
 from tests.families import bf16_to_f32, f32_to_bf16
 
 N = 5

@@ -21,8 +21,8 @@ import pytest
 from ramstream.api import MergeResult, merge, probe
 from ramstream.config import RunOptions
 from ramstream.errors import ConfigError
-from ramstream.report import agent_reports
-from ramstream.stats import per_tensor
+from ramstream.methods.report import agent_reports
+from ramstream.statistics.overlap import per_tensor
 from tests import reference as ref
 from tests.checks import assert_bit_identical
 from tests.families import (

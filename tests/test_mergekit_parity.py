@@ -39,8 +39,8 @@ import pytest
 from click.testing import CliRunner
 
 from ramstream.cli import main
+from ramstream.demo.samples import FamilyShape
 from ramstream.methods.registry import method_names
-from ramstream.samples import FamilyShape
 from tests.families import Family, bf16_to_f32, build_family, read_model_dir, read_safetensors
 
 pytestmark = pytest.mark.slow

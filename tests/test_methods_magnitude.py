@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ramstream.api import MergeResult, merge
+from ramstream.backends.numba.della import RADIX, stable_order
 from ramstream.config import RunOptions
 from ramstream.errors import ConfigError
 from ramstream.index.store import open_index_store
-from ramstream.kernels.della import RADIX, stable_order
 from ramstream.methods.registry import method_names
 from ramstream.statistics.magnitude import AbsHighHistogram
 from tests import reference_magnitude as ref

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from ramstream.api import merge, probe
 from ramstream.config import RunOptions
 from ramstream.index.store import IndexStore
-from ramstream.report import agent_reports
-from ramstream.stats import per_tensor
+from ramstream.methods.report import agent_reports
+from ramstream.statistics.overlap import per_tensor
 from tests import reference as ref
 from tests.families import DEFAULT_SHAPES, Family, build_family
 

@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ramstream.backends.numba.backend import NumbaBackend
+from ramstream.blocks import BlockSources
 from ramstream.errors import CorruptFileError
 from ramstream.format.checkpoint import open_checkpoint
 from ramstream.io import os_hints
 from ramstream.io.reader import InputFiles
-from ramstream.passes.inputs import BlockSources
 from tests.families import write_safetensors
 
 
@@ -56,11 +57,21 @@ def test_prefetch_skips_cached_ranges_and_hints_the_rest(tmp_path: Path) -> None
 
 def test_a_short_read_names_the_file_and_tensor(tmp_path: Path) -> None:
     files = (tmp_path / "base.safetensors", tmp_path / "a.safetensors", tmp_path / "b.safetensors")
-    ints = np.zeros(3, np.int64)
-    sources = BlockSources(ints, ints, ints, 10, files, "model.embed_tokens.weight")
-    sources.check(np.array([-1, -1]))  # every read whole: nothing to say
-    with pytest.raises(CorruptFileError, match=r"b\.safetensors: could not read tensor 'model\.embed_tokens\.weight'"):
-        sources.check(np.array([-1, 2]))
+    for f, nbytes in zip(files, (20, 20, 6), strict=True):  # 10 bf16 elements; b is cut short
+        f.write_bytes(bytes(nbytes))
+    zeros = np.zeros(3, np.int64)
+    sources = BlockSources(files, zeros, zeros, 10, "model.embed_tokens.weight")
+    backend = NumbaBackend(threads=1)
+    masks = np.empty((2, 2), np.uint8)
+    try:
+        whole = BlockSources(files[:2], zeros[:2], zeros[:2], 10, "model.embed_tokens.weight")
+        backend.probe(whole, 1e-5, masks[:1])  # every read whole: nothing to say
+        with pytest.raises(
+            CorruptFileError, match=r"b\.safetensors: could not read tensor 'model\.embed_tokens\.weight'"
+        ):
+            backend.probe(sources, 1e-5, masks)
+    finally:
+        backend.close()
 
 
 def test_without_the_linux_calls_hints_are_skipped_and_syncs_are_full(

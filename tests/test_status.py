@@ -245,7 +245,7 @@ def test_output_during_and_after_an_interrupted_merge(family: Family, tmp_path: 
 
 def test_merge_not_started_uses_the_probe_rate(family: Family, tmp_path: Path) -> None:
     """run.json written, the journal not yet: the merge's bytes are known, its ETA comes from the probe."""
-    from ramstream.io import output_dir
+    from ramstream.output import directory as output_dir
 
     index, out = tmp_path / "index.zarr", tmp_path / "merged"
     probe(family.base, [str(a) for a in family.agents], index=index, options=options(tmp_path))

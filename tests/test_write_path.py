@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 from zarr.codecs import Crc32cCodec
 
 from ramstream.errors import OutputError
+from ramstream.execution.write_behind import WriteBehind
 from ramstream.index.local_store import DROP_AT, open_group
-from ramstream.io.write_behind import WriteBehind
-from ramstream.io.writer import DIRECT_MIN, ShardWriter, plan_shards
+from ramstream.io.writer import DIRECT_MIN, ShardWriter
+from ramstream.output.shards import plan_shards
 
 
 def test_write_behind_runs_items_in_order_on_one_thread() -> None:

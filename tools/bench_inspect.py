@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from ramstream.index.store import SCHEMA_VERSION, IndexHeader, IndexStore, create_index
-from ramstream.io import output_dir
-from ramstream.passes.merge_pass import copied_tensors, open_journal
+from ramstream.merge.merge_pass import copied_tensors, open_journal
+from ramstream.output import directory as output_dir
 from ramstream.plan import TensorPlan, plan_from_tensors
 
 HIDDEN, LAYERS, INTERMEDIATE, VOCAB, KV = 3584, 28, 18944, 152064, 512

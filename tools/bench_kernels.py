@@ -1,7 +1,8 @@
 """The spine kernels alone: probe and RAM merge over the benchmark family, no index, no output file.
 
-Reads the family that ``tools/bench_spine.py`` wrote (``--data``/full), calls each kernel block by
-block on the files' descriptors exactly as the passes do (16 Mi-element blocks, every core), and
+Reads the family that ``tools/bench_spine.py`` wrote (``--data``/full), calls the Numba backend's
+probe and RAM merge block by block on the blocks' sources exactly as the passes do (16 Mi-element
+blocks, every core), and
 prints the median seconds and elements per second next to one plain read of the inputs. Numba's
 compile happens in an untimed first round.
 
@@ -18,15 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-import numba
 import numpy as np
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI runs the kernels (before numba loads)
+
+from ramstream.backends.numba.backend import NumbaBackend
+from ramstream.blocks import BlockReader, BlockSources
 from ramstream.format.dtypes import FLOAT_CODES
 from ramstream.format.family import Family, open_family
 from ramstream.io.reader import InputFiles
-from ramstream.kernels.merge_ram import merge_ram_block
-from ramstream.kernels.probe import probe_block
-from ramstream.passes.inputs import BlockInputs, BlockSources
 from ramstream.plan import make_plan
 
 BLOCK = 1 << 24
@@ -34,9 +35,9 @@ READ_BUFFER = 64 * 1024 * 1024
 
 
 def block_sources(family: Family, files: InputFiles) -> list[BlockSources]:
-    """Every block's sources, made by the passes' own code (plan, then ``BlockInputs``)."""
-    inputs = BlockInputs(family, make_plan(family, BLOCK), files)
-    return [inputs.arrays(block).sources for block in inputs.plan.blocks]
+    """Every block's sources, made by the passes' own code (plan, then ``BlockReader``)."""
+    reader = BlockReader(family, make_plan(family, BLOCK), files)
+    return [reader.arrays(block).sources for block in reader.plan.blocks]
 
 
 def main() -> int:
@@ -49,7 +50,8 @@ def main() -> int:
     if not (root / ".bench-complete").is_file():
         sys.exit(f"no benchmark family under {root}: run tools/bench_spine.py --data {args.data} first")
     family = open_family(root / "base", [str(root / f"agent{k}") for k in (1, 2, 3)])
-    workers = numba.get_num_threads()
+    backend = NumbaBackend()
+    workers = backend.threads
     n_agents = len(family.agents)
     lambdas = np.array([1.2, 1.1, 1.05][:n_agents], np.float32)
     out = np.empty(BLOCK * 4, np.uint8)
@@ -61,18 +63,12 @@ def main() -> int:
         sources = block_sources(family, files)
 
         def merge() -> None:
-            failed = np.full(workers, -1, np.int64)
             for b in sources:
-                merge_ram_block(b.fds, b.offsets, b.codes, b.size, 1e-5, lambdas, out[: 2 * b.size], 0, failed)
-                b.check(failed)
+                backend.merge_ram(b, 1e-5, lambdas, out[: 2 * b.size].view(np.uint16), 0)
 
         def probe() -> None:
             for b in sources:
-                overlap = np.zeros((workers, n_agents, n_agents), np.int64)
-                coverage = np.zeros((workers, n_agents + 1), np.int64)
-                nonfinite, failed = np.full(workers, -1, np.int64), np.full(workers, -1, np.int64)
-                probe_block(b.fds, b.offsets, b.codes, b.size, 1e-5, masks, overlap, coverage, nonfinite, failed)
-                b.check(failed)
+                backend.probe(b, 1e-5, masks)
 
         def read_once() -> None:
             view = memoryview(bytearray(READ_BUFFER))

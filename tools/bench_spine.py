@@ -40,7 +40,7 @@ MARKER = ".bench-complete"
 READ_BUFFER = 64 * 1024 * 1024
 GOALS = {"a": 3.0, "b": 2.0, "rss_mib": 1.3 * 1024}
 
-# FamilyShape fields; FULL is ramstream.samples.BENCH_SHAPE (kept here so the benchmark process
+# FamilyShape fields; FULL is ramstream.demo.samples.BENCH_SHAPE (kept here so the benchmark process
 # itself never imports numpy/numba: its own footprint stays out of the children's figures).
 FULL = {"hidden": 2048, "layers": 8, "vocab": 64000, "intermediate": 8448, "kv_hidden": 256}
 QUICK = {"hidden": 256, "layers": 2, "vocab": 8192, "intermediate": 1024, "kv_hidden": 64}
@@ -51,7 +51,7 @@ MEMBERS = ("base", "agent1", "agent2", "agent3")
 _WRITE_FAMILY = """
 import json, sys
 from pathlib import Path
-from ramstream.samples import FamilyShape, write_family
+from ramstream.demo.samples import FamilyShape, write_family
 directory, shape, densities = Path(sys.argv[1]), json.loads(sys.argv[2]), tuple(json.loads(sys.argv[3]))
 write_family(directory, shape=FamilyShape(**shape), densities=densities)
 """

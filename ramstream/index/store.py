@@ -27,13 +27,12 @@ import zarr.api.asynchronous
 from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
-from ramstream import __version__
 from ramstream.errors import IndexMismatchError
 from ramstream.index.guard import store_io
 from ramstream.index.journal import FLAT_KEYS, Journal
 from ramstream.index.local_store import open_group
-from ramstream.plan import Plan, TensorPlan, plan_from_tensors
-from ramstream.stats import OverlapCounts, per_tensor
+from ramstream.plan import Plan, TensorPlan, plan_from_tensors, sum_by_tensor
+from ramstream.version import __version__
 
 SCHEMA_VERSION = 2
 ATTR = "ramstream_index"
@@ -187,10 +186,11 @@ class IndexStore:
         """Persist the per-tensor sums of the block statistics (one chunk each), so that readers
         of a finished index read two chunks instead of every block's. Call after the last block,
         before ``record_probe(complete=True)``: readers trust the roll-up only once complete."""
-        counts = per_tensor(self.plan, *self.block_stats())
+        overlap_blocks, coverage_blocks = self.block_stats()
+        overlap, coverage = sum_by_tensor(self.plan, overlap_blocks), sum_by_tensor(self.plan, coverage_blocks)
         stats = self.group["stats"]
         assert isinstance(stats, zarr.Group)
-        for name, data in (("tensor_overlap", counts.overlap), ("tensor_coverage", counts.coverage)):
+        for name, data in (("tensor_overlap", overlap), ("tensor_coverage", coverage)):
             chunks = (max(data.shape[0], 1), *data.shape[1:])
             with store_io(self.path, f"writing the roll-up {name}"):
                 array = stats.create_array(
@@ -204,7 +204,7 @@ class IndexStore:
                 )
                 array[...] = data
 
-    def tensor_counts(self) -> OverlapCounts:
+    def tensor_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-tensor totals ``(tensors, N, N)`` / ``(tensors, N+1)``: the roll-up of a finished
         probe when present, else summed from the blocks (the same integers either way)."""
         n_tensors, n_agents = len(self.plan.tensors), self.n_agents
@@ -217,8 +217,9 @@ class IndexStore:
             and coverage.shape == (n_tensors, n_agents + 1)
         ):
             with store_io(self.path, "reading the per-tensor roll-up"):
-                return OverlapCounts(np.asarray(overlap[...]), np.asarray(coverage[...]))
-        return per_tensor(self.plan, *self.block_stats())
+                return np.asarray(overlap[...]), np.asarray(coverage[...])
+        overlap_blocks, coverage_blocks = self.block_stats()
+        return sum_by_tensor(self.plan, overlap_blocks), sum_by_tensor(self.plan, coverage_blocks)
 
     # -- method statistics (see ramstream/statistics) --------------------------------------
     def statistic(self, key: str, shape: tuple[int, ...], dtype: str) -> tuple[zarr.Array, Journal]:

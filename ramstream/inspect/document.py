@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from ramstream import __version__
 from ramstream.errors import ConfigError
 from ramstream.inspect.grouping import Role, role_of
 from ramstream.inspect.tables import By, RankBy, Table
 from ramstream.inspect.view import IndexView
 from ramstream.methods.ram import RamParams, lambdas
-from ramstream.report import AgentReport, agent_reports
+from ramstream.methods.report import AgentReport, agent_reports
+from ramstream.version import __version__
 
 INSPECT_SCHEMA = 1
 SECTIONS: dict[By, str] = {"layer": "layers", "module": "modules", "tensor": "tensors"}

@@ -23,7 +23,7 @@ from ramstream.errors import IndexMismatchError, RamstreamError
 from ramstream.format.dtypes import ITEMSIZE
 from ramstream.index.journal import Journal
 from ramstream.index.store import IndexStore, open_index_store
-from ramstream.io import output_dir
+from ramstream.output import directory as output_dir
 from ramstream.plan import Plan, plan_from_tensors
 
 STATUS_SCHEMA = 1

@@ -1,7 +1,7 @@
 """Tables of overlap numbers: one row per tensor, layer, module (or the whole model), per agent.
 
 A table holds the integer counts (``overlap (rows, N, N)``, ``coverage (rows, N+1)``, as in
-``ramstream.stats``) and derives every ratio from them, so each number can be checked against a
+``ramstream.statistics.overlap``) and derives every ratio from them, so each number can be checked against a
 dense reference:
 
     params        elements of the row (its merged tensors)
@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ramstream.errors import ConfigError
-from ramstream.stats import OverlapCounts
+from ramstream.statistics.overlap import OverlapCounts
 
 By = Literal["model", "tensor", "layer", "module"]
 RankBy = Literal["unique_share", "unique", "shared", "active", "density", "rho"]

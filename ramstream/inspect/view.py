@@ -26,7 +26,7 @@ from ramstream.inspect import masks
 from ramstream.inspect.grouping import Role, layer_groups, module_groups, role_of
 from ramstream.inspect.tables import By, Table
 from ramstream.plan import TensorPlan
-from ramstream.stats import OverlapCounts
+from ramstream.statistics.overlap import OverlapCounts
 
 
 class IndexView:
@@ -64,7 +64,7 @@ class IndexView:
     @cached_property
     def counts(self) -> OverlapCounts:
         """Per-tensor counts over every tensor of the index (non-float tensors are zero)."""
-        return self.store.tensor_counts()
+        return OverlapCounts(*self.store.tensor_counts())
 
     @cached_property
     def tensors(self) -> Table:

@@ -14,7 +14,6 @@ fresh pages); the unaligned head and tail, and every write where the file system
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,6 @@ from ramstream.errors import OutputError
 from ramstream.io import direct as direct_io
 from ramstream.io import os_hints
 
-HEADER_ALIGN = 8
 DIRECT_MIN = 1 << 20  # smaller writes are not worth a second path
 
 
@@ -46,37 +44,6 @@ class ShardLayout:
 
     def weight_map(self) -> dict[str, str]:
         return {name: self.names[p.shard] for name, p in self.placements.items()}
-
-
-def plan_shards(tensors: list[tuple[str, str, tuple[int, ...], int]], shard_size: int) -> ShardLayout:
-    """Assign ``(name, dtype, shape, nbytes)`` tensors, in order, to shards of at most ``shard_size``."""
-    groups: list[list[tuple[str, str, tuple[int, ...], int]]] = [[]]
-    used = 0
-    for item in tensors:
-        if groups[-1] and used + item[3] > shard_size:
-            groups.append([])
-            used = 0
-        groups[-1].append(item)
-        used += item[3]
-    count = len(groups)
-    names = tuple(f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count))
-    headers, sizes, placements = [], [], {}
-    for shard, group in enumerate(groups):
-        doc: dict[str, object] = {"__metadata__": {"format": "pt"}}
-        offset = 0
-        for name, dtype, shape, nbytes in group:
-            doc[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-            offset += nbytes
-        raw = json.dumps(doc, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % HEADER_ALIGN)
-        header = len(raw).to_bytes(8, "little") + raw
-        data_start = len(header)
-        for name, dtype, _shape, nbytes in group:
-            start = doc[name]["data_offsets"][0]  # type: ignore[index]
-            placements[name] = Placement(shard, data_start + start, dtype, nbytes)
-        headers.append(header)
-        sizes.append(data_start + offset)
-    return ShardLayout(names, tuple(headers), tuple(sizes), placements)
 
 
 class ShardWriter:

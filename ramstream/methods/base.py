@@ -3,7 +3,8 @@
 A method is a frozen spec: a name, how it parses and validates its parameters, and how it
 prepares: it asks a ``StatsContext`` for the statistics it needs (none, RAM's overlap counts,
 |tau| histograms, exact sums...), turns them into constants, and returns the function that
-merges one block. The merge pass knows nothing else about methods.
+merges one block by calling the backend it is given (never a kernel). The merge pass knows
+nothing else about methods.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ramstream.passes.inputs import BlockArrays
+from ramstream.backends.base import Backend
+from ramstream.blocks import BlockArrays
 from ramstream.plan import Block
 from ramstream.statistics.context import StatsContext
 
@@ -23,8 +25,9 @@ class MethodParams(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-# merge_block(arrays, block, out, out_code, workers): write the merged block into ``out``.
-BlockMerger = Callable[[BlockArrays, Block, np.ndarray, int, int], None]
+# merge_block(arrays, block, out, out_code, backend): write the merged block into ``out`` (the
+# raw carrier of format ``out_code``), computing through ``backend``.
+BlockMerger = Callable[[BlockArrays, Block, np.ndarray, int, Backend], None]
 
 
 @dataclass(frozen=True)

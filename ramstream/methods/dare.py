@@ -12,7 +12,7 @@ draws are a pure function of (seed, agent, tensor name, element index). Survivor
   paper. A single read.
 - ``rescale="none"`` (mergekit's ``rescale: false``): survivors as they are.
 
-Then generalized task arithmetic (``ramstream.kernels.gta``) with the agents' weights:
+Then generalized task arithmetic (``ramstream.backends.numba.gta``) with the agents' weights:
 ``dare_linear`` sums the weighted deltas, ``dare_ties`` keeps those that agree with the sign
 elected by summed mass. ``normalize`` (default off, as mergekit) divides by the summed weights;
 ``lambda`` (default 1) scales the result. A density of 1 keeps an agent's task vector whole
@@ -27,12 +27,14 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ramstream.backends.base import Consensus
+from ramstream.backends.rng import random_keys
 from ramstream.errors import ConfigError
 from ramstream.methods import options
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
 from ramstream.methods.gta import RandomDrop, gta_merger
 from ramstream.statistics.context import StatsContext
-from ramstream.statistics.exact_sums import DareL1Sums, random_keys, tensor_sums
+from ramstream.statistics.exact_sums import DareL1Sums, tensor_sums
 
 Rescale = Literal["l1", "inverse", "none"]
 L1_EPS = 1e-7
@@ -69,7 +71,7 @@ def _rescale(value: Any) -> Rescale:
     raise ConfigError(f"--rescale must be l1, inverse or none, got {value!r}")
 
 
-def dare_spec(name: str, consensus: str) -> MethodSpec:
+def dare_spec(name: str, consensus: Consensus) -> MethodSpec:
     def parse(given: Mapping[str, Any], n_agents: int) -> DareParams:
         refuse_unknown(name, given, DARE_OPTIONS)
         density = options.per_agent("density", given.get("density", 1.0), n_agents)

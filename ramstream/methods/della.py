@@ -2,7 +2,7 @@
 
 Per agent t and tensor, MAGPRUNE keeps element i with probability
 p_i = (density - epsilon) + rank_norm_i * 2 epsilon, where rank_norm is the element's rank of |tau|
-within its row scaled to [0, 1] (``ramstream.kernels.della``), drawn with the counter RNG keyed
+within its row scaled to [0, 1] (``ramstream.backends.numba.della``), drawn with the counter RNG keyed
 by (seed, agent, tensor, element index). Survivors are then rescaled:
 
 - ``rescale="l1"`` (``True``, the default, mergekit): by sum|tau| / sum|tau kept| per tensor and
@@ -28,16 +28,16 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ramstream.backends.base import DROP_EVERYTHING, KEEP_EVERYTHING, PRUNE, Backend, Consensus, MagpruneParams
+from ramstream.backends.rng import random_keys
+from ramstream.blocks import BlockArrays
 from ramstream.errors import ConfigError
-from ramstream.kernels import della as kernels
 from ramstream.methods import options
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
 from ramstream.methods.gta import gta_merger
 from ramstream.methods.trim import l1_factors
-from ramstream.passes.inputs import BlockArrays
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.context import StatsContext
-from ramstream.statistics.exact_sums import random_keys
 from ramstream.statistics.magnitude import KeptL1, digest
 
 Rescale = Literal["l1", "inverse", "none"]
@@ -110,13 +110,13 @@ def geometry(tensor: TensorPlan) -> tuple[int, int]:
 @dataclass(frozen=True, eq=False)
 class Magprune:
     seed: int
-    mode: np.ndarray  # int64 (N,): kernels.PRUNE / KEEP_ALL / DROP_ALL
+    mode: np.ndarray  # int64 (N,): PRUNE / KEEP_EVERYTHING / DROP_EVERYTHING
     lo: np.ndarray  # float32 (N,): density - epsilon
     width: np.ndarray  # float32 (N,): 2 epsilon
 
     @classmethod
     def of(cls, params: DellaParams) -> Magprune:
-        mode = [kernels.KEEP_ALL if d >= 1 else kernels.DROP_ALL if d <= 0 else kernels.PRUNE for d in params.density]
+        mode = [KEEP_EVERYTHING if d >= 1 else DROP_EVERYTHING if d <= 0 else PRUNE for d in params.density]
         lo = [d - e for d, e in zip(params.density, params.epsilon, strict=True)]
         return cls(
             params.seed,
@@ -129,41 +129,26 @@ class Magprune:
         return digest(np.array([self.seed], np.uint64), self.mode, self.lo, self.width)
 
     def keep(
-        self, arrays: BlockArrays, tensor: TensorPlan, start: int, stop: int, inverse: bool, workers: int
+        self, arrays: BlockArrays, tensor: TensorPlan, start: int, stop: int, inverse: bool, backend: Backend
     ) -> np.ndarray:
         """float32 (N, stop - start): 0 where dropped, 1 (or 1/p) where kept. ``arrays`` hold
         elements [start, stop) of the tensor, or lie inside them; rows are read whole."""
         size, rows = geometry(tensor)
         lo, hi = start // size * size, min(-(-stop // size) * size, tensor.numel)
         whole = arrays if arrays.base.shape[0] == hi - lo else arrays.span(lo, hi)
-        keep = np.empty((len(arrays.agents), hi - lo), np.float32)
-        keys = random_keys(self.seed, len(arrays.agents), tensor.name)
-        kernels.della_keep(
-            whole.base,
-            whole.base_code,
-            whole.agents,
-            whole.agent_codes,
-            lo,
-            size,
-            rows,
-            keys,
-            self.mode,
-            self.lo,
-            self.width,
-            inverse,
-            keep,
-            workers,
-        )
+        keys = random_keys(self.seed, arrays.n_agents, tensor.name)
+        params = MagpruneParams(lo, size, rows, keys, self.mode, self.lo, self.width, inverse)
+        keep = backend.magprune_keep(whole, params)
         return keep if (lo, hi) == (start, stop) else np.ascontiguousarray(keep[:, start - lo : stop - lo])
 
 
 def prepare_della(name: str, params: DellaParams, ctx: StatsContext) -> Prepared:
     prune = Magprune.of(params)
     n_tensors, n_agents = len(ctx.family.base.tensors), len(params.weights)
-    if params.rescale == "l1" and (prune.mode == kernels.PRUNE).any():
+    if params.rescale == "l1" and (prune.mode == PRUNE).any():
 
-        def select(arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
-            return prune.keep(arrays, tensor, block.start, block.stop, False, workers)
+        def select(arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+            return prune.keep(arrays, tensor, block.start, block.stop, False, backend)
 
         stat = KeptL1("della", prune.digest(), select)
         ctx.compute(stat)
@@ -173,12 +158,12 @@ def prepare_della(name: str, params: DellaParams, ctx: StatsContext) -> Prepared
     tensors = [_tensor_plan(ctx, name) for name in ctx.family.base.tensors]
     weights = np.array(params.weights, np.float32)
     lam = np.float32(params.lam)
-    consensus = "sum" if name == "della" else "none"
+    consensus: Consensus = "sum" if name == "della" else "none"
     normalize = params.normalize
     inverse = params.rescale == "inverse"
 
-    def keep(arrays: BlockArrays, block: Block, workers: int) -> np.ndarray:
-        return prune.keep(arrays, tensors[block.tensor], block.start, block.stop, inverse, workers)
+    def keep(arrays: BlockArrays, block: Block, backend: Backend) -> np.ndarray:
+        return prune.keep(arrays, tensors[block.tensor], block.start, block.stop, inverse, backend)
 
     merge_block = gta_merger(
         weights, scale, np.full(n_tensors, lam), consensus=consensus, normalize=normalize, keep=keep

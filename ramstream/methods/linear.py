@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from ramstream.backends.base import Backend
+from ramstream.backends.base import LinearParams as LinearRecord
+from ramstream.blocks import BlockArrays
 from ramstream.errors import ConfigError
-from ramstream.kernels.linear import merge_linear_block
 from ramstream.methods import options
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.passes.inputs import BlockArrays
 from ramstream.plan import Block
 from ramstream.statistics.context import StatsContext
 
@@ -49,23 +50,10 @@ def parse_linear(given: Mapping[str, Any], n_agents: int) -> LinearParams:
 
 
 def prepare_linear(params: LinearParams, ctx: StatsContext) -> Prepared:
-    weights = np.array(params.weights, np.float32)
-    base_weight = np.float32(params.base_weight)
-    normalize = params.normalize
+    record = LinearRecord(np.array(params.weights, np.float32), np.float32(params.base_weight), params.normalize)
 
-    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, workers: int) -> None:
-        merge_linear_block(
-            arrays.base,
-            arrays.base_code,
-            base_weight,
-            arrays.agents,
-            arrays.agent_codes,
-            weights,
-            normalize,
-            out,
-            out_code,
-            workers,
-        )
+    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> None:
+        backend.merge_linear(arrays, record, out, out_code)
 
     return Prepared(merge_block, {"weight": params.weights})
 

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ramstream.backends.base import Consensus
 from ramstream.errors import ConfigError
 from ramstream.methods import options, trim
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
@@ -35,7 +36,6 @@ from ramstream.methods.gta import gta_merger
 from ramstream.statistics.context import StatsContext
 
 TrimScope = Literal["tensor", "model"]
-Consensus = Literal["none", "sum"]
 Rescale = Literal["l1", "none"]
 
 
@@ -44,7 +44,7 @@ class MagnitudeMethod:
     name: str
     summary: str
     outliers: bool  # breadcrumbs' window (with gamma) rather than TIES' top-k
-    consensus: Consensus
+    consensus: Literal["none", "sum"]
     normalize: bool  # mergekit's default
 
 
@@ -173,7 +173,7 @@ def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: Sta
         scale = np.ones((n_tensors, n_agents), np.float32)
     weights = np.array(params.weights, np.float32)
     lam = np.float32(params.lam)
-    consensus = "sum" if method.consensus == "sum" else "none"
+    consensus: Consensus = "sum" if method.consensus == "sum" else "none"
     normalize = params.normalize
 
     merge_block = gta_merger(

@@ -16,13 +16,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ramstream.backends.base import Backend
+from ramstream.blocks import BlockArrays
 from ramstream.errors import ConfigError
-from ramstream.kernels.merge_ram import merge_ram_block
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.passes.inputs import BlockArrays
 from ramstream.plan import Block
 from ramstream.statistics.context import StatsContext
-from ramstream.stats import OverlapCounts, model_total
+from ramstream.statistics.overlap import OverlapCounts, model_total
 
 RhoScope = Literal["model", "tensor"]
 LambdaRule = Literal["paper", "script", "share"]
@@ -76,21 +76,8 @@ def prepare_ram(params: RamParams, ctx: StatsContext) -> Prepared:
     per_tensor, model = ram_lambdas(params, ctx.overlap())
     eps = ctx.eps
 
-    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, workers: int) -> None:
-        sources = arrays.sources
-        failed = np.full(workers, -1, np.int64)
-        merge_ram_block(
-            sources.fds,
-            sources.offsets,
-            sources.codes,
-            sources.size,
-            eps,
-            per_tensor[block.tensor],
-            out.view(np.uint8),
-            out_code,
-            failed,
-        )
-        sources.check(failed)
+    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> None:
+        backend.merge_ram(arrays.sources, eps, per_tensor[block.tensor], out, out_code)
 
     return Prepared(merge_block, {"lambda": tuple(float(x) for x in model)})
 

@@ -3,7 +3,7 @@
     merged = theta_0 + lambda * sum_t w_t tau_t                      (normalize off, the default)
     merged = theta_0 + lambda * sum_t w_t tau_t / sum_t w_t          (normalize; |sum w| < 1e-8 -> 1)
 
-in float32 through the generalized task arithmetic kernel (``ramstream.kernels.gta``).
+in float32 through the generalized task arithmetic kernel (``ramstream.backends.numba.gta``).
 Weights default to 1 for every agent (mergekit requires them), lambda to 1.
 """
 

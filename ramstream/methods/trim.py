@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ramstream.kernels import magnitude as kernels
-from ramstream.kernels.exact_sum import finish
-from ramstream.passes.inputs import BlockArrays
+from ramstream.backends.base import ALL, HIGH_BINS, LOW_BINS, Backend, Cuts
+from ramstream.backends.exact_sum import finish
+from ramstream.blocks import BlockArrays
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.context import StatsContext
 from ramstream.statistics.magnitude import (
@@ -64,37 +64,33 @@ class Trim:
         flag = b"first" if self.lower_takes_first else b"last"
         return digest(self.kind, self.value, self.ties, self.first, self.straddle, flag)
 
-    def keep(self, arrays: BlockArrays, block: Block, workers: int) -> np.ndarray:
+    def keep(self, arrays: BlockArrays, block: Block, backend: Backend) -> np.ndarray:
         """uint8 (N, block.size): 1 where an agent keeps the element."""
         n_agents = len(arrays.agents)
         cut_v = np.empty((n_agents, 2), np.uint32)
         cut_range = np.zeros((n_agents, 2, 2), np.int64)
-        cut_v[:, 1] = kernels.ALL  # one cut: everything above it
+        cut_v[:, 1] = ALL  # one cut: everything above it
         for t in range(n_agents):
             for j in range(self.n_cuts):
-                cut_v[t, j], cut_range[t, j] = self._cut(arrays, block, t, j, workers)
-        keep = np.empty((n_agents, block.size), np.uint8)
-        kernels.cut_keep(
-            arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, cut_v, cut_range, keep, workers
-        )
-        return keep
+                cut_v[t, j], cut_range[t, j] = self._cut(arrays, block, t, j, backend)
+        return backend.cut_keep(arrays, Cuts(cut_v, cut_range))
 
-    def _cut(self, arrays: BlockArrays, block: Block, t: int, j: int, workers: int) -> tuple[int, tuple[int, int]]:
+    def _cut(self, arrays: BlockArrays, block: Block, t: int, j: int, backend: Backend) -> tuple[int, tuple[int, int]]:
         at = (block.tensor, t, j)
         kind = self.kind[at]
         if kind == EMPTY:
             return 0, (0, 0)
         if kind == FULL:
-            return int(kernels.ALL), (0, 0)
+            return int(ALL), (0, 0)
         v = int(self.value[at])
         limit = self._first_limit(
-            arrays, block, t, v, int(self.first[at]), int(self.ties[at]), self.straddle[at], workers
+            arrays, block, t, v, int(self.first[at]), int(self.ties[at]), self.straddle[at], backend
         )
         return v, ((0, limit) if self.lower_takes_first else (limit, block.size))
 
     @staticmethod
     def _first_limit(
-        arrays: BlockArrays, block: Block, t: int, v: int, first: int, ties: int, straddle: np.ndarray, workers: int
+        arrays: BlockArrays, block: Block, t: int, v: int, first: int, ties: int, straddle: np.ndarray, backend: Backend
     ) -> int:
         """The block position P such that the ties of the first group are those before P."""
         size = block.size
@@ -109,22 +105,18 @@ class Trim:
             return 0
         if block.start > s0:  # the block starts inside the index block where the group ends
             head = arrays.span(s0, block.start)
-            before += kernels.find_tie(
-                head.base, head.base_code, head.agents[t], int(head.agent_codes[t]), v, 0, 0, workers
-            )[1]
+            before += backend.find_tie(head, t, v, 0, 0)[1]
         begin = max(s0, block.start) - block.start
         need = first - before
         if need <= 0:
             return begin
-        pos, _ = kernels.find_tie(
-            arrays.base, arrays.base_code, arrays.agents[t], int(arrays.agent_codes[t]), v, begin, need, workers
-        )
+        pos, _ = backend.find_tie(arrays, t, v, begin, need)
         return size if pos < 0 else pos + 1
 
     def l1_factors(self, ctx: StatsContext, name: str) -> np.ndarray:
         """float32 (tensors, N): mergekit's L1 norm matching, sum|tau| / sum|tau kept| per tensor
         and agent (1 where either sum is below 1e-7)."""
-        stat = KeptL1(name, self.digest(), lambda arrays, block, tensor, workers: self.keep(arrays, block, workers))
+        stat = KeptL1(name, self.digest(), lambda arrays, block, tensor, backend: self.keep(arrays, block, backend))
         ctx.compute(stat)
         return l1_factors(ctx, stat)
 
@@ -152,7 +144,7 @@ def solve(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_t
 
     high = AbsHighHistogram()
     ctx.compute(high)
-    model_hist = np.zeros((n_agents, kernels.HIGH_BINS), np.int64)
+    model_hist = np.zeros((n_agents, HIGH_BINS), np.int64)
     for ti, hist in tensor_totals(ctx, high):
         check_finite(plan.tensors[ti], hist)
         if scope == "tensor":
@@ -169,7 +161,7 @@ def solve(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_t
     if (kind == REAL).any():
         low = AbsLowHistogram(targets)
         ctx.compute(low)
-        model_low = np.zeros((n_agents, n_cuts, kernels.LOW_BINS), np.int64)
+        model_low = np.zeros((n_agents, n_cuts, LOW_BINS), np.int64)
         for ti, hist in tensor_totals(ctx, low):
             if scope == "tensor":
                 _refine(kind, targets, rank, value, lower, [ti], hist)

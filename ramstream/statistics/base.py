@@ -6,7 +6,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ramstream.passes.inputs import BlockArrays
+from ramstream.backends.base import Backend
+from ramstream.blocks import BlockArrays
 from ramstream.plan import Block, TensorPlan
 
 
@@ -27,6 +28,7 @@ class BlockStatistic(Protocol):
     @property
     def dtype(self) -> str: ...
 
-    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
-        """The partial of ``block`` (pure: depends only on the arrays, the block and the tensor)."""
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        """The partial of ``block`` (pure: depends only on the arrays, the block and the tensor,
+        never on the backend that computes it)."""
         ...

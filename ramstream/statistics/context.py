@@ -1,7 +1,8 @@
-"""What a method sees while it prepares: the family, and statistics on demand.
+"""What a method sees while it prepares: the family, the backend, and statistics on demand.
 
 The index is opened (or created) only when a method asks for a statistic, so methods that need
-none (linear, task arithmetic, DARE with the 1/(1-p) rescale) merge in a single read.
+none (linear, task arithmetic, DARE with the 1/(1-p) rescale) merge in a single read. Passes
+run on the context's executor, which computes with its backend.
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ from pathlib import Path
 import numpy as np
 
 from ramstream.config import RunOptions
+from ramstream.execution.executor import Executor
 from ramstream.format.family import Family
 from ramstream.index import resolve
 from ramstream.index.store import IndexStore
 from ramstream.io.lock import hold
-from ramstream.passes.probe_pass import run_probe
-from ramstream.passes.stats_pass import run_statistics
 from ramstream.plan import Plan
 from ramstream.statistics.base import BlockStatistic
-from ramstream.stats import OverlapCounts
+from ramstream.statistics.overlap import OverlapCounts
+from ramstream.statistics.probe_pass import run_probe
+from ramstream.statistics.stats_pass import run_statistics
 
 
 class StatsContext:
@@ -31,9 +33,11 @@ class StatsContext:
         index: Path | None,
         options: RunOptions,
         block_elems: int,
+        executor: Executor,
         allow_nonfinite: bool = False,
     ) -> None:
         self.family = family
+        self.executor = executor
         self.allow_nonfinite = allow_nonfinite
         self.eps = eps
         self.options = options
@@ -81,8 +85,8 @@ class StatsContext:
                 with self._writing():
                     self._store = self._open()  # another process may have finished it meanwhile
                     if not self._store.probe_complete():
-                        run_probe(self.family, self._store, self.options.quiet, self.allow_nonfinite)
-            self._overlap = self.store.tensor_counts()  # the roll-up: two chunks, not every block's
+                        run_probe(self.family, self._store, self.executor, self.options.quiet, self.allow_nonfinite)
+            self._overlap = OverlapCounts(*self.store.tensor_counts())  # the roll-up: two chunks
         return self._overlap
 
     def gather(self, *stats: BlockStatistic) -> list[np.ndarray]:
@@ -97,7 +101,7 @@ class StatsContext:
         if not all(self.store.statistic_complete(s.key) for s in stats):
             with self._writing():
                 self._store = self._open()
-                run_statistics(self.family, self._store, list(stats), self.options.quiet)
+                run_statistics(self.family, self._store, list(stats), self.executor, self.options.quiet)
 
     def partials(self, stat: BlockStatistic, blocks: range) -> np.ndarray:
         """The partials ``(len(blocks), *shape)`` of consecutive blocks of a computed statistic."""

@@ -4,7 +4,7 @@ A block's partial is a set of renormalised ``exact_sum`` accumulator rows (int64
 tensor's blocks add without overflow (fewer than 2**31 blocks) and ``finish`` rounds the exact
 total to float64 once, so totals never depend on the block size, thread count or resume point.
 The fixed grouping of 64 elements summed in float64 first is described in
-``ramstream.kernels.exact_stats``.
+the backend (``Backend.abs_sums``, ``Backend.gram``).
 """
 
 from __future__ import annotations
@@ -13,31 +13,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ramstream.backends.base import Backend, KeepRandom
+from ramstream.backends.exact_sum import BINS, finish
+from ramstream.backends.rng import random_keys
+from ramstream.blocks import BlockArrays
 from ramstream.errors import NonFiniteWeightError
-from ramstream.kernels import exact_stats
-from ramstream.kernels.counter_rng import stream_key
-from ramstream.kernels.exact_sum import BINS, finish
-from ramstream.kernels.keep import KEEP_RANDOM, NO_KEEP
-from ramstream.passes.inputs import BlockArrays
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 
 
-def _check_finite(nonfinite: np.ndarray, block: Block, tensor: TensorPlan, allow: bool) -> None:
+def _check_finite(first_nonfinite: int, block: Block, tensor: TensorPlan, allow: bool) -> None:
     """Refuse a NaN/Inf task vector element (with ``allow``, the kernels counted it as 0)."""
-    bad = nonfinite[nonfinite >= 0]
-    if len(bad) and not allow:
-        element = block.start + int(bad.min())
+    if first_nonfinite >= 0 and not allow:
+        element = block.start + first_nonfinite
         raise NonFiniteWeightError(
             f"tensor {tensor.name!r}: a task vector is NaN or Inf at element {element}; "
             "fix the checkpoint (NaN/Inf weights cannot be merged)"
         )
-
-
-def random_keys(seed: int, n_agents: int, tensor_name: str) -> np.ndarray:
-    """The counter-RNG stream keys (N,) uint64 of every agent over one tensor."""
-    return np.array([stream_key(seed, t, tensor_name) for t in range(n_agents)], np.uint64)
 
 
 @dataclass(frozen=True)
@@ -64,27 +57,11 @@ class DareL1Sums:
     def dtype(self) -> str:
         return "int64"
 
-    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
-        n_agents = len(arrays.agents)
-        acc = np.zeros((workers, n_agents, 2, BINS + 1), np.int64)
-        nonfinite = np.empty(workers, np.int64)
-        density = np.array(self.density, np.float32)
-        keys = random_keys(self.seed, n_agents, tensor.name)
-        exact_stats.abs_sums_block(
-            arrays.base,
-            arrays.base_code,
-            arrays.agents,
-            arrays.agent_codes,
-            KEEP_RANDOM,
-            keys,
-            density,
-            block.start,
-            NO_KEEP,
-            acc,
-            nonfinite,
-        )
-        _check_finite(nonfinite, block, tensor, self.allow_nonfinite)
-        return np.asarray(exact_stats.reduce_workers(acc)).reshape(n_agents, 2, BINS + 1)
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        keys = random_keys(self.seed, arrays.n_agents, tensor.name)
+        result = backend.abs_sums(arrays, KeepRandom(keys, np.array(self.density, np.float32), block.start))
+        _check_finite(result.first_nonfinite, block, tensor, self.allow_nonfinite)
+        return result.sums
 
 
 @dataclass(frozen=True)
@@ -104,13 +81,10 @@ class TaskVectorGram:
     def dtype(self) -> str:
         return "int64"
 
-    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
-        n_agents = len(arrays.agents)
-        acc = np.zeros((workers, len(pairs(n_agents)), BINS + 1), np.int64)
-        nonfinite = np.empty(workers, np.int64)
-        exact_stats.gram_block(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, acc, nonfinite)
-        _check_finite(nonfinite, block, tensor, self.allow_nonfinite)
-        return np.asarray(exact_stats.reduce_workers(acc))
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        result = backend.gram(arrays)
+        _check_finite(result.first_nonfinite, block, tensor, self.allow_nonfinite)
+        return result.sums
 
 
 def pairs(n_agents: int) -> list[tuple[int, int]]:

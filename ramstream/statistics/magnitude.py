@@ -22,12 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ramstream.backends.base import HIGH_BINS, LOW_BINS, NONFINITE_BIN, Backend, KeepArray
+from ramstream.backends.exact_sum import BINS
+from ramstream.blocks import BlockArrays
 from ramstream.errors import NonFiniteWeightError
-from ramstream.kernels import magnitude as kernels
-from ramstream.kernels.exact_stats import abs_sums_block, reduce_workers
-from ramstream.kernels.exact_sum import BINS
-from ramstream.kernels.keep import KEEP_ARRAY, NO_DENSITY, NO_KEYS
-from ramstream.passes.inputs import BlockArrays
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
@@ -48,10 +46,6 @@ def digest(*arrays: np.ndarray | bytes | str) -> str:
     return h.hexdigest()[:20]
 
 
-def _reduce_counts(counts: np.ndarray) -> np.ndarray:
-    return counts.sum(axis=0, dtype=np.int64).astype(np.int32)
-
-
 @dataclass(frozen=True)
 class AbsHighHistogram:
     @property
@@ -59,16 +53,14 @@ class AbsHighHistogram:
         return "abs_hi16_v1"
 
     def shape(self, n_agents: int) -> tuple[int, ...]:
-        return (n_agents, kernels.HIGH_BINS)
+        return (n_agents, HIGH_BINS)
 
     @property
     def dtype(self) -> str:
         return "int32"
 
-    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
-        counts = np.zeros((workers, len(arrays.agents), kernels.HIGH_BINS), np.int32)
-        kernels.high_histogram(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, counts)
-        return _reduce_counts(counts)
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        return backend.abs_high_histogram(arrays)
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,22 +72,18 @@ class AbsLowHistogram:
         return f"abs_lo16_v1-{digest(self.targets)}"
 
     def shape(self, n_agents: int) -> tuple[int, ...]:
-        return (n_agents, self.targets.shape[2], kernels.LOW_BINS)
+        return (n_agents, self.targets.shape[2], LOW_BINS)
 
     @property
     def dtype(self) -> str:
         return "int32"
 
-    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
-        targets = np.ascontiguousarray(self.targets[block.tensor])
-        counts = np.zeros((workers, *targets.shape, kernels.LOW_BINS), np.int32)
-        if targets.max(initial=-1) >= 0:
-            kernels.low_histogram(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, targets, counts)
-        return _reduce_counts(counts)
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        return backend.abs_low_histogram(arrays, self.targets[block.tensor])
 
 
-# selector(arrays, block, tensor, workers) -> (N, block.size) array, nonzero where kept
-Selector = Callable[[BlockArrays, Block, TensorPlan, int], np.ndarray]
+# selector(arrays, block, tensor, backend) -> (N, block.size) array, nonzero where kept
+Selector = Callable[[BlockArrays, Block, TensorPlan, Backend], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -115,31 +103,15 @@ class KeptL1:
     def dtype(self) -> str:
         return "int64"
 
-    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, workers: int) -> np.ndarray:
-        keep = self.selector(arrays, block, tensor, workers)
-        n_agents = len(arrays.agents)
-        acc = np.zeros((workers, n_agents, 2, BINS + 1), np.int64)
-        nonfinite = np.empty(workers, np.int64)
-        abs_sums_block(
-            arrays.base,
-            arrays.base_code,
-            arrays.agents,
-            arrays.agent_codes,
-            KEEP_ARRAY,
-            NO_KEYS,
-            NO_DENSITY,
-            0,
-            keep,
-            acc,
-            nonfinite,
-        )
-        bad = nonfinite[nonfinite >= 0]
-        if len(bad):
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        result = backend.abs_sums(arrays, KeepArray(self.selector(arrays, block, tensor, backend)))
+        if result.first_nonfinite >= 0:
+            element = block.start + result.first_nonfinite
             raise NonFiniteWeightError(
-                f"tensor {tensor.name!r}: a task vector is NaN or Inf at element {block.start + int(bad.min())}; "
+                f"tensor {tensor.name!r}: a task vector is NaN or Inf at element {element}; "
                 "fix the checkpoint (NaN/Inf weights cannot be merged)"
             )
-        return np.asarray(reduce_workers(acc)).reshape(n_agents, 2, BINS + 1)
+        return result.sums
 
 
 def tensor_totals(ctx: StatsContext, stat: BlockStatistic, dtype: type = np.int64) -> Iterator[tuple[int, np.ndarray]]:
@@ -175,7 +147,7 @@ def block_values(ctx: StatsContext, stat: BlockStatistic, pick: Callable[[int, n
 
 def check_finite(tensor: TensorPlan, high: np.ndarray) -> None:
     """Refuse a tensor whose |tau| high-half histogram (N, HIGH_BINS) counts an Inf or a NaN."""
-    bad = np.flatnonzero(high[:, kernels.NONFINITE_BIN :].sum(axis=1))
+    bad = np.flatnonzero(high[:, NONFINITE_BIN:].sum(axis=1))
     if len(bad):
         raise NonFiniteWeightError(
             f"tensor {tensor.name!r}: the task vector of agent {int(bad[0])} holds NaN or Inf; "

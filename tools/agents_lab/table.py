@@ -26,7 +26,7 @@ from ramstream import api
 from ramstream.config import DEFAULT_EPS, RunOptions
 from ramstream.lab.evaluate import TaskScore, evaluate_dir
 from ramstream.lab.tasks import SPLIT_SIZES, TASKS, Split
-from ramstream.report import agent_reports
+from ramstream.methods.report import agent_reports
 from tools.agents_lab import merges
 from tools.agents_lab.build import Recipe, base_dir, ensure_agents, ensure_base, seed_dir
 from tools.agents_lab.common import Log, Timer, set_threads

@@ -1,0 +1,191 @@
+"""The compute-backend contract: every operation the engine runs on a block's data.
+
+A backend gets a block's sources (files, offsets, formats; ``ramstream.blocks.BlockSources``) or
+its arrays (``BlockArrays``: raw views, base first) and small parameter records, and returns
+arrays. It decides how to read and where to compute (Numba threads on the CPU, torch on a GPU...),
+and owns its threads and scratch buffers; callers never pass worker counts or library types.
+
+Every backend gives the same bytes for the same inputs: arithmetic in float32 in the order the
+operations document (the Numba kernels in ``backends/numba/`` are the reference), exact integer
+histograms, exact sums in the ``backends.exact_sum`` accumulator format, the counter RNG of
+``backends.rng``. Outputs the caller persists (masks, merged blocks) go into buffers the caller
+owns (``out``), so a pass can keep several in flight; everything else is returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+from ramstream.blocks import BlockArrays, BlockSources
+
+Consensus = Literal["none", "sum", "count"]
+
+# |tau| bit-pattern histograms (magnitude trimming): see ``abs_high_histogram``.
+HIGH_BINS = 1 << 15
+LOW_BINS = 1 << 16
+NONFINITE_BIN = 0x7F80  # high halves >= this are Inf or NaN
+ALL = np.uint32(0xFFFFFFFF)  # a cut value above every |tau|: the lower set is everything
+
+# DELLA's per-agent modes (``MagpruneParams.mode``)
+PRUNE = 0
+KEEP_EVERYTHING = 1
+DROP_EVERYTHING = 2
+
+
+@dataclass(frozen=True)
+class KeepAll:
+    """Every element of every task vector survives."""
+
+
+@dataclass(frozen=True, eq=False)
+class KeepArray:
+    """Element i of agent t survives where ``keep[t, i] != 0``; ``keep`` is (N, n) uint8 (a mask)
+    or float32 (multipliers, for the GTA merge: a survivor becomes ``(tau * keep) * scale``)."""
+
+    keep: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class KeepRandom:
+    """DARE's draw: element i of agent t survives where ``rng.uniform(keys[t], start + i) <
+    density[t]`` (float32), ``start`` being the block's first element within its tensor."""
+
+    keys: np.ndarray  # uint64 (N,)
+    density: np.ndarray  # float32 (N,)
+    start: int
+
+
+Keep = KeepAll | KeepArray | KeepRandom
+
+
+@dataclass(frozen=True, eq=False)
+class GtaParams:
+    """Generalized task arithmetic over one block (see ``merge_gta``)."""
+
+    weights: np.ndarray  # float32 (N,)
+    scale: np.ndarray  # float32 (N,): the rescale of each agent's survivors
+    consensus: Consensus
+    normalize: bool
+    lam: np.float32
+
+
+@dataclass(frozen=True, eq=False)
+class LinearParams:
+    weights: np.ndarray  # float32 (N,)
+    base_weight: np.float32
+    normalize: bool
+
+
+@dataclass(frozen=True, eq=False)
+class MagpruneParams:
+    """DELLA's MAGPRUNE over arrays holding whole dim-0 slices of a tensor (see ``magprune_keep``)."""
+
+    start: int  # the arrays' first element within the tensor
+    slice_size: int
+    rows: int
+    keys: np.ndarray  # uint64 (N,)
+    mode: np.ndarray  # int64 (N,): PRUNE, KEEP_EVERYTHING or DROP_EVERYTHING
+    lo: np.ndarray  # float32 (N,): density - epsilon
+    width: np.ndarray  # float32 (N,): 2 epsilon
+    inverse: bool  # kept elements get 1/p instead of 1
+
+
+@dataclass(frozen=True, eq=False)
+class Cuts:
+    """Two magnitude cuts per agent: cut j of agent t is the lower set {|tau| bits < value[t, j]}
+    plus the elements equal to it at block positions range[t, j, 0] <= i < range[t, j, 1]."""
+
+    value: np.ndarray  # uint32 (N, 2)
+    range: np.ndarray  # int64 (N, 2, 2)
+
+
+@dataclass(frozen=True)
+class ProbeCounts:
+    """One block's probe partials (the masks went into the caller's buffer)."""
+
+    overlap: np.ndarray  # int64 (N, N): [t, k-1] elements where t and exactly k agents are active
+    coverage: np.ndarray  # int64 (N+1,): [k] elements where exactly k agents are active
+    first_nonfinite: int  # block position of the first NaN/Inf in any input, or -1
+
+
+@dataclass(frozen=True)
+class ExactSums:
+    """Exact accumulators (``backends.exact_sum`` format) and where a task vector was NaN/Inf
+    (those elements counted as 0)."""
+
+    sums: np.ndarray  # int64 (*rows, exact_sum.BINS + 1)
+    first_nonfinite: int  # block position, or -1
+
+
+class Backend(Protocol):
+    """The operations. ``out`` buffers are raw carriers of the output format ``out_code``
+    (``format.dtypes.FloatCode``): uint16 for BF16/F16, float32, float64."""
+
+    name: str
+
+    @property
+    def device(self) -> str:
+        """Where it computes, for progress and status (``cpu``, ``cuda:0``...)."""
+        ...
+
+    def probe(self, sources: BlockSources, eps: float, masks: np.ndarray) -> ProbeCounts:
+        """Active masks |tau| > eps (float32, strict) bit-packed into ``masks`` (N, >= ceil(n/8))
+        uint8 (bit i % 8 of byte i // 8, little bit order, zero past n), and the overlap counts.
+        A NaN/Inf element counts as inactive."""
+        ...
+
+    def merge_ram(self, sources: BlockSources, eps: float, lambdas: np.ndarray, out: np.ndarray, out_code: int) -> None:
+        """RAM: per element c = active agents; base where c = 0, base + lambdas[t] * tau_t where
+        only t is active, base + (sum of active tau in agent order) / c otherwise."""
+        ...
+
+    def merge_gta(self, arrays: BlockArrays, params: GtaParams, keep: Keep, out: np.ndarray, out_code: int) -> None:
+        """Generalized task arithmetic (the semantics in ``backends/numba/gta.py``)."""
+        ...
+
+    def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> None:
+        """(w0 base + sum_t w_t agent_t), divided by the summed weights with ``normalize``."""
+        ...
+
+    def first_nonfinite(self, arrays: BlockArrays) -> int:
+        """Block position of the first NaN/Inf in any input, or -1."""
+        ...
+
+    def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
+        """int32 (N, HIGH_BINS): per agent, elements per high half (bits >> 16) of |tau| (float32)."""
+        ...
+
+    def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
+        """int32 (N, C, LOW_BINS): per agent and cut, the low halves of the elements whose high
+        half is ``targets[t, c]`` (int32 (N, C); -1 matches nothing)."""
+        ...
+
+    def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
+        """uint8 (N, n): 1 where an element lies in cut 1's lower set and not in cut 0's."""
+        ...
+
+    def find_tie(self, arrays: BlockArrays, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
+        """``(position, count)``: the block position of the ``need``-th (1-based) element at or
+        after ``begin`` whose |tau| bits equal ``value`` (-1 if fewer), and how many there are."""
+        ...
+
+    def abs_sums(self, arrays: BlockArrays, keep: Keep) -> ExactSums:
+        """Per agent, exact sums of |tau| (row 0) and of |tau| over the kept elements (row 1):
+        (N, 2, BINS + 1). Groups of 64 elements (aligned in the tensor) are summed in float64 in
+        order, then added exactly."""
+        ...
+
+    def gram(self, arrays: BlockArrays) -> ExactSums:
+        """Exact sums of tau_a * tau_b for every pair a <= b ((0,0), (0,1), ...): (pairs, BINS + 1)."""
+        ...
+
+    def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:
+        """float32 (N, n): 0 where MAGPRUNE drops an element, 1 (or 1/p) where it keeps it."""
+        ...
+
+    def close(self) -> None:
+        """Release files, threads and buffers."""
+        ...

@@ -1,0 +1,251 @@
+"""The Numba backend: today's CPU kernels behind the ``Backend`` protocol.
+
+The spine kernels (probe, RAM merge) ``pread`` their own tiles from descriptors this backend
+opens (and keeps) per file; the others work on the block's mapped views. Each call runs with the
+backend's thread count, scoped to the call: the caller's Numba setting is restored afterwards.
+Per-thread partial rows are allocated and reduced here, so callers never see worker counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numba
+import numpy as np
+
+from ramstream.backends.base import (
+    HIGH_BINS,
+    LOW_BINS,
+    Cuts,
+    ExactSums,
+    GtaParams,
+    Keep,
+    KeepArray,
+    KeepRandom,
+    LinearParams,
+    MagpruneParams,
+    ProbeCounts,
+)
+from ramstream.backends.exact_sum import BINS
+from ramstream.backends.numba import della, exact_stats, gta, linear, magnitude, merge_ram, nonfinite, probe
+from ramstream.backends.numba.keep import KEEP_ALL, KEEP_ARRAY, KEEP_RANDOM, NO_DENSITY, NO_KEEP, NO_KEYS
+from ramstream.blocks import BlockArrays, BlockSources
+from ramstream.io.reader import InputFiles
+
+CONSENSUS = {"none": gta.CONSENSUS_NONE, "sum": gta.CONSENSUS_SUM, "count": gta.CONSENSUS_COUNT}
+
+
+def available_threads() -> int:
+    return int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+
+
+class NumbaBackend:
+    name = "numba"
+
+    def __init__(self, threads: int | None = None) -> None:
+        available = available_threads()
+        self.threads = min(threads or available, available)
+        self._files = InputFiles()  # descriptors for the kernels that read their own tiles
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    @contextmanager
+    def _scoped(self) -> Iterator[int]:
+        """Run with this backend's thread count; yield it (the partial rows a kernel fills)."""
+        before = numba.get_num_threads()
+        numba.set_num_threads(self.threads)
+        try:
+            yield self.threads
+        finally:
+            numba.set_num_threads(before)
+
+    def _descriptors(self, sources: BlockSources) -> np.ndarray:
+        return np.array([self._files.descriptor(path) for path in sources.files], np.int64)
+
+    @staticmethod
+    def _check_reads(sources: BlockSources, failed: np.ndarray) -> None:
+        bad = failed[failed >= 0]
+        if bad.size:
+            raise sources.read_error(int(bad.min()))
+
+    def probe(self, sources: BlockSources, eps: float, masks: np.ndarray) -> ProbeCounts:
+        n_agents = len(sources.files) - 1
+        fds = self._descriptors(sources)
+        with self._scoped() as workers:
+            overlap = np.zeros((workers, n_agents, n_agents), np.int64)
+            coverage = np.zeros((workers, n_agents + 1), np.int64)
+            bad = np.full(workers, -1, np.int64)
+            failed = np.full(workers, -1, np.int64)
+            probe.probe_block(
+                fds, sources.offsets, sources.codes, sources.size, eps, masks, overlap, coverage, bad, failed
+            )
+        self._check_reads(sources, failed)
+        first = int(bad[bad >= 0].min()) if (bad >= 0).any() else -1
+        return ProbeCounts(overlap.sum(axis=0), coverage.sum(axis=0), first)
+
+    def merge_ram(self, sources: BlockSources, eps: float, lambdas: np.ndarray, out: np.ndarray, out_code: int) -> None:
+        fds = self._descriptors(sources)
+        with self._scoped() as workers:
+            failed = np.full(workers, -1, np.int64)
+            merge_ram.merge_ram_block(
+                fds, sources.offsets, sources.codes, sources.size, eps, lambdas, out.view(np.uint8), out_code, failed
+            )
+        self._check_reads(sources, failed)
+
+    @staticmethod
+    def _keep_args(keep: Keep) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, int]:
+        """(mode, keep array, keys, density, start) as the kernels take them."""
+        if isinstance(keep, KeepRandom):
+            return KEEP_RANDOM, NO_KEEP, keep.keys, keep.density, keep.start
+        if isinstance(keep, KeepArray):
+            return KEEP_ARRAY, keep.keep, NO_KEYS, NO_DENSITY, 0
+        return KEEP_ALL, NO_KEEP, NO_KEYS, NO_DENSITY, 0
+
+    def merge_gta(self, arrays: BlockArrays, params: GtaParams, keep: Keep, out: np.ndarray, out_code: int) -> None:
+        mode, keep_array, keys, density, start = self._keep_args(keep)
+        with self._scoped() as workers:
+            gta.gta_merge_block(
+                arrays.base,
+                arrays.base_code,
+                arrays.agents,
+                arrays.agent_codes,
+                params.weights,
+                params.scale,
+                mode,
+                keep_array,
+                keys,
+                density,
+                start,
+                CONSENSUS[params.consensus],
+                params.normalize,
+                params.lam,
+                out,
+                out_code,
+                workers,
+            )
+
+    def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> None:
+        with self._scoped() as workers:
+            linear.merge_linear_block(
+                arrays.base,
+                arrays.base_code,
+                params.base_weight,
+                arrays.agents,
+                arrays.agent_codes,
+                params.weights,
+                params.normalize,
+                out,
+                out_code,
+                workers,
+            )
+
+    def first_nonfinite(self, arrays: BlockArrays) -> int:
+        with self._scoped() as workers:
+            return int(
+                nonfinite.first_nonfinite(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, workers)
+            )
+
+    def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
+        with self._scoped() as workers:
+            counts = np.zeros((workers, len(arrays.agents), HIGH_BINS), np.int32)
+            magnitude.high_histogram(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, counts)
+        return _reduce_counts(counts)
+
+    def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
+        targets = np.ascontiguousarray(targets, np.int32)
+        with self._scoped() as workers:
+            counts = np.zeros((workers, *targets.shape, LOW_BINS), np.int32)
+            if targets.max(initial=-1) >= 0:
+                magnitude.low_histogram(
+                    arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, targets, counts
+                )
+        return _reduce_counts(counts)
+
+    def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
+        keep = np.empty((len(arrays.agents), arrays.size), np.uint8)
+        with self._scoped() as workers:
+            magnitude.cut_keep(
+                arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, cuts.value, cuts.range, keep, workers
+            )
+        return keep
+
+    def find_tie(self, arrays: BlockArrays, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
+        with self._scoped() as workers:
+            return magnitude.find_tie(
+                arrays.base,
+                arrays.base_code,
+                arrays.agents[agent],
+                int(arrays.agent_codes[agent]),
+                value,
+                begin,
+                need,
+                workers,
+            )
+
+    def abs_sums(self, arrays: BlockArrays, keep: Keep) -> ExactSums:
+        mode, keep_array, keys, density, start = self._keep_args(keep)
+        n_agents = len(arrays.agents)
+        with self._scoped() as workers:
+            acc = np.zeros((workers, n_agents, 2, BINS + 1), np.int64)
+            bad = np.empty(workers, np.int64)
+            exact_stats.abs_sums_block(
+                arrays.base,
+                arrays.base_code,
+                arrays.agents,
+                arrays.agent_codes,
+                mode,
+                keys,
+                density,
+                start,
+                keep_array,
+                acc,
+                bad,
+            )
+            total = np.asarray(exact_stats.reduce_workers(acc)).reshape(n_agents, 2, BINS + 1)
+        return ExactSums(total, _first(bad))
+
+    def gram(self, arrays: BlockArrays) -> ExactSums:
+        n_agents = len(arrays.agents)
+        n_pairs = n_agents * (n_agents + 1) // 2
+        with self._scoped() as workers:
+            acc = np.zeros((workers, n_pairs, BINS + 1), np.int64)
+            bad = np.empty(workers, np.int64)
+            exact_stats.gram_block(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, acc, bad)
+            total = np.asarray(exact_stats.reduce_workers(acc))
+        return ExactSums(total, _first(bad))
+
+    def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:
+        keep = np.empty((len(arrays.agents), arrays.size), np.float32)
+        with self._scoped() as workers:
+            della.della_keep(
+                arrays.base,
+                arrays.base_code,
+                arrays.agents,
+                arrays.agent_codes,
+                params.start,
+                params.slice_size,
+                params.rows,
+                params.keys,
+                params.mode,
+                params.lo,
+                params.width,
+                params.inverse,
+                keep,
+                workers,
+            )
+        return keep
+
+    def close(self) -> None:
+        self._files.close()
+
+
+def _reduce_counts(counts: np.ndarray) -> np.ndarray:
+    return counts.sum(axis=0, dtype=np.int64).astype(np.int32)
+
+
+def _first(bad: np.ndarray) -> int:
+    found = bad[bad >= 0]
+    return int(found.min()) if found.size else -1

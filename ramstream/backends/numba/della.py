@@ -1,0 +1,155 @@
+"""DELLA's MAGPRUNE (arXiv 2406.11617, as mergekit's ``della_magprune``): keep probabilities from
+magnitude ranks within a row, and a counter-RNG draw per element.
+
+The arrays hold whole slices along dim 0 (``slice_size`` elements each) of a tensor whose slices
+are ``rows x inner`` (shape[1] and the product of the dimensions after it; a 1-D tensor is one
+slice of ``rows = numel`` and ``inner = 1``). As ``torch.argsort(|tau|, dim=1)``,
+the elements ranked together are those of one slice that share their index along the dimensions
+after dim 1: ``slice_start + j * inner + k`` for j < rows. Per such group of ``rows`` elements:
+
+    rank_j    = position of element j in the stable ascending order of |tau| (ties: lower index first)
+    rank_norm = f32(rank_j) / f32(rows - 1)          (0.5 when rows == 1: p = density)
+    p_j       = lo_t + rank_norm * width_t           (lo_t = f32(density - epsilon), width_t = f32(2 epsilon))
+    keep_j    = uniform(keys[t], start + index_j) < p_j
+
+all in float32, with ``counter_rng.uniform`` keyed by (seed, agent, tensor) and the element's
+flat index in the tensor, so a decision never depends on the block split or the thread count.
+
+``keep[t, i]`` receives 0 for a dropped element and, for a kept one, 1 (``inverse`` false) or
+f32(1) / p (``inverse`` true: the paper's 1/p rescale). ``mode[t]``: 0 = prune as above,
+1 = keep every element (density >= 1), 2 = drop every element (density <= 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ramstream.backends.base import KEEP_EVERYTHING as KEEP_ALL
+from ramstream.backends.base import PRUNE
+from ramstream.backends.numba.codecs import TILE, decode_tile
+from ramstream.backends.numba.counter_rng import uniform
+
+_LOW32 = np.uint64(0xFFFFFFFF)
+RADIX_BITS = 11
+RADIX = 1 << RADIX_BITS
+_DIGIT = np.uint32(RADIX - 1)
+
+
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def della_keep(  # type: ignore[no-untyped-def]
+    base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse, keep, workers
+):
+    n_slices = base.shape[0] // slice_size
+    for w in prange(workers):
+        first, end = n_slices * w // workers, n_slices * (w + 1) // workers
+        if first < end:  # idle threads allocate nothing: a 1-D tensor is one (possibly long) row
+            _prune_slices(
+                base,
+                base_code,
+                agents,
+                agent_codes,
+                start,
+                slice_size,
+                rows,
+                keys,
+                mode,
+                lo,
+                width,
+                inverse,
+                keep,
+                first,
+                end,
+            )
+
+
+@njit(cache=True, error_model="numpy")
+def _prune_slices(  # type: ignore[no-untyped-def]
+    base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse, keep, first, end
+):
+    """Slices [first, end) of the block, by one thread."""
+    inner = slice_size // rows
+    one, zero = np.float32(1.0), np.float32(0.0)
+    span = np.float32(rows - 1)
+    base_slice = np.empty(slice_size, np.float32)
+    agent_slice = np.empty(slice_size, np.float32)
+    group = np.empty(rows, np.uint32)
+    order = np.empty(rows, np.int64)
+    scratch = np.empty(rows, np.int64)
+    packed = np.empty(rows, np.uint64)
+    count = np.empty(RADIX, np.int64)
+    bits = np.empty(TILE, np.uint32)
+    vals = bits.view(np.float32)
+    for s in range(first, end):
+        at = s * slice_size
+        _decode_range(base, base_code, at, slice_size, bits, vals, base_slice)
+        for t in range(len(agents)):
+            dst = keep[t, at : at + slice_size]
+            if mode[t] != PRUNE:
+                value = one if mode[t] == KEEP_ALL else zero
+                for i in range(slice_size):
+                    dst[i] = value
+                continue
+            _decode_range(agents[t], agent_codes[t], at, slice_size, bits, vals, agent_slice)
+            for i in range(slice_size):
+                agent_slice[i] = abs(agent_slice[i] - base_slice[i])
+            magnitude = agent_slice.view(np.uint32)
+            for k in range(inner):
+                for j in range(rows):
+                    group[j] = magnitude[j * inner + k]
+                stable_order(group, order, scratch, packed, count)
+                for rank in range(rows):
+                    j = order[rank]
+                    norm = np.float32(rank) / span if rows > 1 else np.float32(0.5)
+                    p = lo[t] + norm * width[t]
+                    i = j * inner + k
+                    if uniform(keys[t], start + at + i) >= p:
+                        dst[i] = zero
+                    elif inverse:
+                        dst[i] = one / p
+                    else:
+                        dst[i] = one
+
+
+@njit(cache=True)
+def stable_order(keys, order, scratch, packed, count):  # type: ignore[no-untyped-def]
+    """order <- the indices of ``keys`` (uint32) in ascending order, equal keys by index: an LSD
+    radix sort (three stable passes of 11 bits) for long rows, a sort of (key << 32 | index) for
+    short ones."""
+    n = keys.shape[0]
+    if n < 64:
+        for j in range(n):
+            packed[j] = (np.uint64(keys[j]) << np.uint64(32)) | np.uint64(j)
+        packed.sort()
+        for j in range(n):
+            order[j] = np.int64(packed[j] & _LOW32)
+        return
+    for j in range(n):
+        order[j] = j
+    for shift in range(0, 32, RADIX_BITS):
+        digit_shift = np.uint32(shift)
+        for d in range(RADIX):
+            count[d] = 0
+        for j in range(n):
+            count[(keys[j] >> digit_shift) & _DIGIT] += 1
+        total = 0
+        for d in range(RADIX):
+            c = count[d]
+            count[d] = total
+            total += c
+        for j in range(n):
+            o = order[j]
+            d = (keys[o] >> digit_shift) & _DIGIT
+            scratch[count[d]] = o
+            count[d] += 1
+        for j in range(n):
+            order[j] = scratch[j]
+
+
+@njit(inline="always", cache=True)
+def _decode_range(raw, code, first, count, bits, vals, out):  # type: ignore[no-untyped-def]
+    for lo in range(first, first + count, TILE):
+        m = min(TILE, first + count - lo)
+        decode_tile(raw, lo, m, code, bits)
+        for i in range(m):
+            out[lo - first + i] = vals[i]

@@ -1,0 +1,49 @@
+"""Linear merge kernel: a weighted sum of the agents' weights themselves (not of task vectors).
+
+Per element, in float32: ``total = w_0 * f32(base) + sum_t w_t * f32(agent_t)`` (from +0.0, the
+base first, then agents in order, each product rounded before the add; the base is not read and
+takes no part when its weight is 0), then ``total / divisor`` when ``normalize`` (``divisor`` is
+the float32 sum of the base weight and the agent weights, in that order), encoded to the output
+format.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ramstream.backends.numba.codecs import TILE, decode_tile, encode_tile
+
+
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def merge_linear_block(base, base_code, base_weight, agents, agent_codes, weights, normalize, out, out_code, workers):  # type: ignore[no-untyped-def]
+    n = base.shape[0]
+    n_agents = len(agents)
+    n_tiles = (n + TILE - 1) // TILE
+    w0 = np.float32(base_weight)
+    divisor = np.float32(0.0) + w0
+    for t in range(n_agents):
+        divisor += weights[t]
+    for w in prange(workers):
+        agent_bits = np.empty(TILE, np.uint32)
+        total_bits = np.empty(TILE, np.uint32)
+        agent_vals = agent_bits.view(np.float32)
+        total = total_bits.view(np.float32)
+        for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
+            lo = tile * TILE
+            m = min(TILE, n - lo)
+            for i in range(m):
+                total[i] = np.float32(0.0)
+            if w0 != np.float32(0.0):
+                decode_tile(base, lo, m, base_code, agent_bits)
+                for i in range(m):
+                    total[i] += w0 * agent_vals[i]
+            for t in range(n_agents):
+                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                wt = weights[t]
+                for i in range(m):
+                    total[i] += wt * agent_vals[i]
+            if normalize:
+                for i in range(m):
+                    total[i] = total[i] / divisor
+            encode_tile(total_bits, lo, m, out_code, out)

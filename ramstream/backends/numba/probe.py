@@ -1,0 +1,142 @@
+"""Probe kernel: read -> decode -> task vectors -> active masks -> overlap counts, fused per tile.
+
+The block's inputs are read by the kernel itself (``kernels/sources.py``: ``fds``, ``offsets``,
+``codes``, base first; ``n`` elements). It writes each agent's bit-packed mask (bit ``i % 8`` of
+byte ``i // 8`` is element ``i``, numpy's ``bitorder="little"``) and per-thread partial counts:
+``overlap[w, t, k-1]`` = elements where agent t is active and exactly k agents are active,
+``coverage[w, k]`` = elements where exactly k agents are active, ``nonfinite[w]`` = the first
+element index whose base or agent value is NaN/Inf (or -1), and ``failed[w]`` = -1 or the
+input whose read failed (the file is shorter than its header said: it changed under us).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ramstream.backends.numba.codecs import TILE, decode_bytes
+from ramstream.backends.numba.sources import read_buffer, read_tile, reads_of
+
+
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite, failed):  # type: ignore[no-untyped-def]
+    n_inputs = fds.shape[0]
+    n_agents = n_inputs - 1
+    workers = overlap.shape[0]
+    n_reads = reads_of(n)
+    eps32 = np.float32(eps)
+    zero = np.float32(0.0)
+    for w in prange(workers):
+        raw = read_buffer(n_inputs)
+        base_bits = np.empty(TILE, np.uint32)
+        agent_bits = np.empty(TILE, np.uint32)
+        active = np.empty((n_agents, TILE), np.uint8)
+        count = np.empty(TILE, np.uint8)
+        equal = np.empty((n_agents + 1, TILE), np.uint8)
+        base_vals = base_bits.view(np.float32)
+        agent_vals = agent_bits.view(np.float32)
+        first_bad = -1
+        failed[w] = -1
+        for read in range(n_reads * w // workers, n_reads * (w + 1) // workers):
+            read_lo, read_m, failed[w] = read_tile(fds, offsets, codes, n, read, raw)
+            if failed[w] >= 0:
+                break
+            for sub in range(0, read_m, TILE):
+                lo = read_lo + sub
+                m = min(TILE, read_m - sub)
+                decode_bytes(raw[0], sub, m, codes[0], base_bits)
+                bad = np.int32(0)
+                for i in range(m):
+                    count[i] = 0
+                    bad += np.int32(base_vals[i] - base_vals[i] != zero)
+                for t in range(n_agents):
+                    decode_bytes(raw[t + 1], sub, m, codes[t + 1], agent_bits)
+                    row = active[t]
+                    for i in range(m):
+                        a = agent_vals[i]
+                        bad += np.int32(a - a != zero)
+                        act = np.uint8(abs(a - base_vals[i]) > eps32)
+                        row[i] = act
+                        count[i] += act
+                if bad and first_bad < 0:
+                    first_bad = lo + _first_nonfinite(base_vals, raw, codes, sub, m, agent_bits)
+                _pad(active, count, m)
+                _pack(active, lo, m, masks)
+                _count(active, count, equal, m, overlap[w], coverage[w])
+        nonfinite[w] = first_bad
+
+
+# (w * PACK_MULTIPLIER) >> 56 gathers the low bits of the 8 bytes of w into one byte, byte k -> bit k;
+# (w * BYTE_SUM) >> 56 adds up the 8 bytes of w (each 0 or 1 here).
+PACK_MULTIPLIER = np.uint64(0x0102040810204080)
+BYTE_SUM = np.uint64(0x0101010101010101)
+SHIFT = np.uint64(56)
+
+
+@njit(inline="always", cache=True)
+def _pad(active, count, m):  # type: ignore[no-untyped-def]
+    """Past the end of a partial tile: no agent active, and a count no k can equal."""
+    for i in range(m, (m + 7) // 8 * 8):
+        count[i] = 255
+        for t in range(active.shape[0]):
+            active[t, i] = 0
+
+
+@njit(inline="always", cache=True)
+def _pack(active, lo, m, masks):  # type: ignore[no-untyped-def]
+    byte0 = lo // 8
+    n_words = (m + 7) // 8
+    for t in range(active.shape[0]):
+        words = active[t].view(np.uint64)
+        dst = masks[t, byte0 : byte0 + n_words]
+        for j in range(n_words):
+            dst[j] = np.uint8((words[j] * PACK_MULTIPLIER) >> SHIFT)
+
+
+@njit(inline="always", cache=True)
+def _count(active, count, equal, m, overlap_w, coverage_w):  # type: ignore[no-untyped-def]
+    """Add this tile's coverage and overlap counts, eight elements per 64-bit word."""
+    n_agents = active.shape[0]
+    n_words = (m + 7) // 8
+    for k in range(n_agents + 1):
+        kk = np.uint8(k)
+        eq = equal[k]
+        for i in range(n_words * 8):
+            eq[i] = np.uint8(count[i] == kk)
+        words = eq.view(np.uint64)
+        s = np.uint64(0)
+        for j in range(n_words):
+            s += (words[j] * BYTE_SUM) >> SHIFT
+        coverage_w[k] += s
+    for t in range(n_agents):
+        rows = active[t].view(np.uint64)
+        for k in range(1, n_agents + 1):
+            eqs = equal[k].view(np.uint64)
+            s = np.uint64(0)
+            for j in range(n_words):
+                s += ((rows[j] & eqs[j]) * BYTE_SUM) >> SHIFT
+            overlap_w[t, k - 1] += s
+
+
+@njit(cache=True)
+def _first_nonfinite(base_vals, raw, codes, lo, m, bits):  # type: ignore[no-untyped-def]
+    """Offset within the tile of the first non-finite value (base or any agent)."""
+    first = m
+    for i in range(m):
+        if not np.isfinite(base_vals[i]):
+            first = i
+            break
+    vals = bits.view(np.float32)
+    for k in range(1, codes.shape[0]):
+        decode_bytes(raw[k], lo, m, codes[k], bits)
+        for i in range(min(first, m)):
+            if not np.isfinite(vals[i]):
+                first = i
+                break
+    return first
+
+
+def workers() -> int:
+    """Partial-result rows per kernel call: one per Numba thread."""
+    return int(numba.get_num_threads())

@@ -1,0 +1,149 @@
+"""The merge pass: every block through the method's block merger into the partial shards, resumably.
+
+Work items are the merged blocks, then one item per non-float tensor (copied from the base in
+bounded chunks). The journal lives in ``<out>/.ramstream/journal`` and marks an item only after
+its bytes are durable, so a kill loses at most the items in flight. The blocks run on an
+executor (``MergeWork`` says what to compute and persist per block); the copies run here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from ramstream.backends.base import Backend
+from ramstream.blocks import BlockArrays
+from ramstream.execution.executor import Executor
+from ramstream.execution.progress import Progress
+from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, RAW_CARRIER
+from ramstream.format.family import Family
+from ramstream.index.journal import Journal
+from ramstream.io.reader import InputFiles
+from ramstream.io.writer import ShardLayout, ShardWriter
+from ramstream.methods.base import BlockMerger
+from ramstream.plan import Block, Plan
+
+COPY_CHUNK = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MergeJob:
+    family: Family
+    plan: Plan
+    merge_block: BlockMerger
+    out_dtypes: tuple[str, ...]  # per tensor, the dtype written
+    layout: ShardLayout
+    index: Path | None = None  # the index used, recorded in the journal for ``ramstream status``
+    check_nonfinite: bool = True  # refuse NaN/Inf inputs (off when the probe pass already checked)
+
+
+def _journal_path(work: Path) -> Path:
+    return work / "journal"
+
+
+def stored_block_elems(work: Path) -> int | None:
+    """The block size of an unfinished merge's journal, if there is one."""
+    path = _journal_path(work)
+    if not (path / "zarr.json").exists():
+        return None
+    value = zarr.open_group(str(path), mode="r", zarr_format=3).attrs.get("block_elems")
+    return int(value) if isinstance(value, int) else None
+
+
+def open_journal(work: Path, n_items: int, block_elems: int, index: Path | None = None) -> Journal:
+    path = _journal_path(work)
+    if stored_block_elems(work) == block_elems:
+        journal = Journal.open(zarr.open_group(str(path), mode="r+", zarr_format=3), "merge")
+        if journal.size == max(n_items, 1):
+            return journal
+    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    journal = Journal.create(group, "merge", n_items)
+    if index is not None:
+        group.attrs["index"] = str(Path(index).resolve())
+    group.attrs["block_elems"] = block_elems  # last: a journal without it is recreated
+    return journal
+
+
+def copied_tensors(plan: Plan) -> list[int]:
+    return [i for i, t in enumerate(plan.tensors) if not t.merged]
+
+
+class MergeWork:
+    """Per block: refuse NaN/Inf inputs (unless the probe vouched), merge into a staging buffer of
+    the slot, write it at its offset in its shard, then mark it in the merge journal."""
+
+    label = "merge"
+
+    def __init__(self, job: MergeJob, writer: ShardWriter, journal: Journal) -> None:
+        self.job = job
+        self.writer = writer
+        self.journal = journal
+
+    def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> np.ndarray:
+        job = self.job
+        tensor = job.plan.tensors[block.tensor]
+        out_dtype = job.out_dtypes[block.tensor]
+        carrier = np.dtype(RAW_CARRIER[FLOAT_CODES[out_dtype]])
+        out = self.writer.staging(slot, tensor.name, block.start * ITEMSIZE[out_dtype], block.size, carrier)
+        if job.check_nonfinite:
+            bad = backend.first_nonfinite(arrays)
+            if bad >= 0:
+                raise arrays.nonfinite_error(bad)
+        job.merge_block(arrays, block, out, int(FLOAT_CODES[out_dtype]), backend)
+        return out
+
+    def write(self, block: Block, result: np.ndarray) -> None:
+        tensor = self.job.plan.tensors[block.tensor]
+        self.writer.write(tensor.name, block.start * ITEMSIZE[self.job.out_dtypes[block.tensor]], result)
+
+    def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
+        self.journal.mark(block.index)
+        self.journal.record_rate(done_bytes, seconds)
+
+
+def run_merge(job: MergeJob, work: Path, executor: Executor, quiet: bool) -> None:
+    plan = job.plan
+    copies = copied_tensors(plan)
+    n_items = len(plan.blocks) + len(copies)
+    journal = open_journal(work, n_items, plan.block_elems, job.index)
+    done = journal.done(n_items)
+    if done.all():
+        return
+    todo = [b for b in plan.blocks if not done[b.index]]
+    todo_copies = [t for k, t in enumerate(copies) if not done[len(plan.blocks) + k]]
+    total = sum(plan.block_bytes(b) for b in todo) + sum(
+        plan.tensors[t].numel * ITEMSIZE[plan.tensors[t].dtypes[0]] for t in todo_copies
+    )
+    progress = Progress.for_terminal("merge", total, quiet)
+    writer = ShardWriter(job.layout, work)
+    try:
+        executor.run(MergeWork(job, writer, journal), job.family, plan, todo, progress)
+        with InputFiles() as files:
+            for k, t in enumerate(copies):
+                if done[len(plan.blocks) + k]:
+                    continue
+                _copy_tensor(job, files, writer, t, progress)
+                journal.mark(len(plan.blocks) + k)
+                journal.record_rate(progress.done, progress.elapsed)
+        writer.sync()
+        journal.record_rate(progress.done, progress.elapsed, final=True)
+    finally:
+        writer.close()
+        progress.close()
+
+
+def _copy_tensor(job: MergeJob, files: InputFiles, writer: ShardWriter, tensor: int, progress: Progress) -> None:
+    """Copy a non-float tensor's bytes from the base, a bounded chunk at a time."""
+    name = job.plan.tensors[tensor].name
+    ref = job.family.base.tensors[name]
+    nbytes = ref.entry.nbytes
+    for start in range(0, nbytes, COPY_CHUNK):
+        stop = min(start + COPY_CHUNK, nbytes)
+        writer.write(name, start, bytes(files.byte_range(ref, start, stop)))
+        progress.advance(stop - start)
+    if nbytes:
+        # byte_range maps pages of the base: drop them like any block.
+        files.release(ref, 0, ref.entry.numel)

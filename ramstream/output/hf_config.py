@@ -1,0 +1,31 @@
+"""The output's ``config.json``: the base's, with its dtype set to what the merge wrote."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ramstream.errors import InputError
+from ramstream.format.dtypes import TORCH_NAMES
+from ramstream.format.family import Family
+
+
+def merged_config(family: Family, dtypes: tuple[str, ...]) -> dict[str, Any] | None:
+    directory = family.base.directory
+    if directory is None or not (directory / "config.json").is_file():
+        return None
+    try:
+        config = dict(json.loads((directory / "config.json").read_text()))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{directory / 'config.json'}: not valid JSON ({exc})") from exc
+    elements: dict[str, int] = {}
+    for dtype, ref in zip(dtypes, family.base.tensors.values(), strict=True):
+        if dtype in TORCH_NAMES:
+            elements[dtype] = elements.get(dtype, 0) + ref.entry.numel
+    if elements:
+        # The dtype holding most elements; ties go to the first in TORCH_NAMES order (no set order).
+        dominant = max(TORCH_NAMES, key=lambda d: (elements.get(d, -1), -list(TORCH_NAMES).index(d)))
+        config["torch_dtype"] = TORCH_NAMES[dominant]
+        if "dtype" in config:
+            config["dtype"] = TORCH_NAMES[dominant]
+    return config

@@ -1,0 +1,49 @@
+"""The output's README.md: a Hugging Face model card recording the method, its parameters, the
+agents (with their overlap statistics when the merge used the index) and the inputs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ramstream.format.family import Family
+from ramstream.methods.report import AgentReport
+from ramstream.version import __version__
+
+
+def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport]) -> str:
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [merge, ramstream]",
+        "---",
+        f"# Merge of {len(family.agents)} agents into {family.base.name}",
+        "",
+        f"Made with ramstream {__version__}, method `{record['method']}`.",
+        "",
+        "## Parameters",
+        "",
+        "```json",
+        json.dumps({"method": record["method"], "eps": record["eps"], **record["params"]}, indent=2),
+        "```",
+        "",
+        "## Agents",
+        "",
+    ]
+    values = record["per_agent"]
+    if reports:
+        lines += ["| agent | active | density | unique | shared | rho | " + " | ".join(values) + " |"]
+        lines += ["|---|---:|---:|---:|---:|---:|" + "---:|" * len(values)]
+        for t, rep in enumerate(reports):
+            cells = [rep.name, rep.active, f"{rep.density:.4f}", rep.unique, rep.shared, f"{rep.rho:.4g}"]
+            cells += [f"{v[t]:.6g}" for v in values.values()]
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    else:
+        lines += ["| agent | " + " | ".join(values) + " |", "|---|" + "---:|" * len(values)]
+        for t, name in enumerate(record["agents"]):
+            lines.append("| " + " | ".join([name, *(f"{v[t]:.6g}" for v in values.values())]) + " |")
+    lines += ["", "## Inputs", ""]
+    for fp in record["inputs"]:
+        for f in fp["files"]:
+            lines.append(f"- `{fp['name']}`: `{f['file']}`, {f['size']} bytes, header sha256 `{f['header_sha256']}`")
+    return "\n".join(lines) + "\n"

@@ -1,1 +1,0 @@
-"""The two passes over the blocks: probe (statistics into the index) and merge (into shards)."""

@@ -1,0 +1,70 @@
+"""The probe pass: the overlap statistic (RAM's masks and counts) for every block, into the index.
+
+Per block the backend packs each agent's active mask and counts the overlaps; the masks and
+counts are written as the block's index chunks, then the block is marked in the index's journal.
+The pass runs on an executor, so it resumes from the journal wherever it stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ramstream.backends.base import Backend, ProbeCounts
+from ramstream.blocks import BlockArrays
+from ramstream.execution.executor import Executor
+from ramstream.execution.progress import Progress
+from ramstream.format.family import Family
+from ramstream.index.store import IndexStore
+from ramstream.plan import Block
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    masks: np.ndarray  # uint8 (N, ceil(size / 8)): a view of the slot's buffer
+    counts: ProbeCounts
+
+
+class ProbeWork:
+    label = "probe"
+
+    def __init__(self, index: IndexStore, n_agents: int, allow_nonfinite: bool) -> None:
+        self.index = index
+        self.eps = index.header.eps
+        self.allow_nonfinite = allow_nonfinite
+        self._n_agents = n_agents
+        self._masks: dict[int, np.ndarray] = {}  # slot -> mask buffer of a whole block
+
+    def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> ProbeResult:
+        masks = self._masks.get(slot)
+        if masks is None:
+            masks = self._masks[slot] = np.empty((self._n_agents, self.index.plan.block_elems // 8), np.uint8)
+        counts = backend.probe(arrays.sources, self.eps, masks)
+        if counts.first_nonfinite >= 0 and not self.allow_nonfinite:
+            raise arrays.nonfinite_error(counts.first_nonfinite)
+        return ProbeResult(masks[:, : (block.size + 7) // 8], counts)
+
+    def write(self, block: Block, result: ProbeResult) -> None:
+        self.index.write_block(block.index, result.masks, result.counts.overlap, result.counts.coverage)
+
+    def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
+        # write_block marked the block in the same step as its chunks; only the rate is left.
+        self.index.journal.record_rate(done_bytes, seconds)
+
+
+def run_probe(
+    family: Family, index: IndexStore, executor: Executor, quiet: bool, allow_nonfinite: bool = False
+) -> None:
+    """Probe the blocks the index's journal lacks; mark the pass complete at the end."""
+    plan = index.plan
+    done = index.done()
+    todo = [b for b in plan.blocks if not done[b.index]]
+    progress = Progress.for_terminal("probe", sum(plan.block_bytes(b) for b in todo), quiet)
+    try:
+        executor.run(ProbeWork(index, len(family.agents), allow_nonfinite), family, plan, todo, progress)
+    finally:
+        progress.close()
+    index.journal.record_rate(progress.done, progress.elapsed, final=True)
+    index.write_rollup()
+    index.record_probe(progress.elapsed, progress.done, complete=True)

@@ -1,0 +1,75 @@
+"""A pass computing method statistics (``ramstream.statistics``) for the blocks that lack them.
+
+Every missing statistic of a block is computed from one read of that block; each statistic has
+its own journal, so several can be added to an index over time and a kill loses only the blocks
+in flight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import zarr
+
+from ramstream.backends.base import Backend
+from ramstream.blocks import BlockArrays
+from ramstream.execution.executor import Executor
+from ramstream.execution.progress import Progress
+from ramstream.format.family import Family
+from ramstream.index.journal import Journal
+from ramstream.index.store import IndexStore
+from ramstream.plan import Block
+from ramstream.statistics.base import BlockStatistic
+
+Partials = list[tuple[int, np.ndarray]]  # (statistic's position in the pass, the block's partial)
+
+
+class StatisticsWork:
+    def __init__(
+        self,
+        index: IndexStore,
+        stats: list[BlockStatistic],
+        stores: list[tuple[zarr.Array, Journal]],
+        done: list[np.ndarray],
+    ) -> None:
+        self.index = index
+        self.stats = stats
+        self.stores = stores
+        self.done = done
+        self.label = "statistics (" + ", ".join(s.key.split("-")[0] for s in stats) + ")"
+
+    def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> Partials:
+        tensor = self.index.plan.tensors[block.tensor]
+        return [
+            (k, stat.compute(arrays, block, tensor, backend))
+            for k, stat in enumerate(self.stats)
+            if not self.done[k][block.index]
+        ]
+
+    def write(self, block: Block, result: Partials) -> None:
+        for k, partial in result:
+            array, journal = self.stores[k]
+            self.index.write_statistic(array, journal, block.index, partial)
+
+    def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
+        """Each statistic's journal marked its block as its partial was written."""
+
+
+def run_statistics(
+    family: Family, index: IndexStore, stats: list[BlockStatistic], executor: Executor, quiet: bool
+) -> None:
+    pending = [s for s in stats if not index.statistic_complete(s.key)]
+    if not pending:
+        return
+    plan = index.plan
+    n_agents = len(family.agents)
+    stores = [index.statistic(s.key, s.shape(n_agents), s.dtype) for s in pending]
+    done = [journal.done(len(plan.blocks)) for _, journal in stores]
+    todo = [b for b in plan.blocks if not all(d[b.index] for d in done)]
+    work = StatisticsWork(index, pending, stores, done)
+    progress = Progress.for_terminal(work.label, sum(plan.block_bytes(b) for b in todo), quiet)
+    try:
+        executor.run(work, family, plan, todo, progress)
+    finally:
+        progress.close()
+    for stat in pending:
+        index.mark_statistic_complete(stat.key)
