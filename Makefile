@@ -23,10 +23,10 @@ install: $(STAMP)
 demo: $(STAMP)  ## install, then merge the built-in RL agents (docs/agents_lab.md) with RAM+
 	$(BIN)/ramstream demo
 
-# Numba's on-disk cache notices edits to a kernel's own file only, not to the helpers it calls
-# (kernels/codecs.py, ...): the tests use a cache keyed by a digest of every kernel source, so
-# they never run a stale kernel.
-KERNELS_DIGEST := $(shell $(PY) -c "import glob, hashlib; print(hashlib.sha256(b''.join(open(f, 'rb').read() for f in sorted(glob.glob('ramstream/backends/numba/*.py')))).hexdigest()[:16])")
+# Numba's on-disk cache notices edits to a kernel's own file only, not to the helpers and constants
+# it uses (backends/numba/codecs.py, backends/base.py, ...): the tests use a cache keyed by a digest
+# of every backend source, so they never run a stale kernel.
+KERNELS_DIGEST := $(shell $(PY) -c "import glob, hashlib; print(hashlib.sha256(b''.join(open(f, 'rb').read() for f in sorted(glob.glob('ramstream/backends/*.py') + glob.glob('ramstream/backends/numba/*.py')))).hexdigest()[:16])")
 TEST_ENV := NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/$(KERNELS_DIGEST)
 
 test: $(STAMP)  ## install, then run the whole test suite (slow tests too: the mergekit parity)

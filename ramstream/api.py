@@ -13,7 +13,7 @@ from ramstream.backends.base import Backend
 from ramstream.backends.registry import make_backend
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
 from ramstream.errors import ConfigError
-from ramstream.execution.local import LocalExecutor
+from ramstream.execution.registry import make_executor
 from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES
 from ramstream.format.family import Family, open_family
 from ramstream.index import resolve
@@ -53,7 +53,7 @@ class MergeResult:
 
 def _backend(options: RunOptions) -> Backend:
     """The run's compute backend, with its thread count (scoped to its own calls)."""
-    return make_backend("numba", options.threads)
+    return make_backend(options.backend, options.threads)
 
 
 def _block_elems(family: Family, options: RunOptions, out_itemsize: int = 0) -> int:
@@ -92,7 +92,7 @@ def probe(
             Path(index) if index else None,
             options,
             _block_elems(family, options),
-            LocalExecutor(backend),
+            make_executor(options.executor, backend),
             allow_nonfinite,
         )
         ctx.overlap()
@@ -193,7 +193,7 @@ def _merge_into(
         record = output_dir.finished_record(out_path) or {}
         per_agent = {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
         return MergeResult(out_path, None, method, params.to_dict(), per_agent, True)
-    executor = LocalExecutor(backend)
+    executor = make_executor(options.executor, backend)
     ctx = StatsContext(
         family, eps, Path(index) if index else None, options, _block_elems(family, options), executor, allow_nonfinite
     )

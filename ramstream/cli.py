@@ -46,7 +46,7 @@ def _load_api() -> ModuleType:
 
 class MethodName(click.ParamType):
     """A registered method; the registry is read only when a value or the help needs it (it
-    imports the kernels, which ``inspect`` and ``status`` never need)."""
+    imports the methods, which ``inspect`` and ``status`` never need)."""
 
     name = "method"
 
@@ -110,6 +110,12 @@ def _friendly(func: F) -> F:
 def _run_options(f: F) -> F:
     f = click.option("--quiet", is_flag=True, help="No progress on stderr.")(f)
     f = click.option(
+        "--backend",
+        default="numba",
+        show_default=True,
+        help="Where blocks are computed (numba: the CPU kernels); every backend writes the same bytes.",
+    )(f)
+    f = click.option(
         "--cache-dir",
         type=click.Path(path_type=Path),
         default=None,
@@ -124,8 +130,10 @@ def _run_options(f: F) -> F:
     return f
 
 
-def _options(memory: int, threads: int | None, cache_dir: Path | None, quiet: bool) -> RunOptions:
-    return RunOptions(memory=memory, threads=threads, quiet=quiet, cache_dir=cache_dir or default_cache_dir())
+def _options(memory: int, threads: int | None, cache_dir: Path | None, quiet: bool, backend: str) -> RunOptions:
+    return RunOptions(
+        memory=memory, threads=threads, backend=backend, quiet=quiet, cache_dir=cache_dir or default_cache_dir()
+    )
 
 
 @click.group()
@@ -267,6 +275,7 @@ def merge(
     threads: int | None,
     cache_dir: Path | None,
     quiet: bool,
+    backend: str,
     **values: Any,
 ) -> None:
     """Merge AGENTS into BASE (or what --config names) and write a Hugging Face model directory
@@ -292,7 +301,7 @@ def merge(
         shard_size=shard_size,
         force=force,
         allow_nonfinite=allow_nonfinite,
-        options=_options(memory, threads, cache_dir, quiet),
+        options=_options(memory, threads, cache_dir, quiet, backend),
     )
     state = "already merged" if result.resumed_finished else "merged"
     click.echo(f"{state}: {result.out} ({_summary(result.method, result.per_agent)})")

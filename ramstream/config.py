@@ -55,10 +55,14 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How to run a pass: budget, threads, block size and reporting; never what to compute."""
+    """How to run a pass: budget, threads, block size, where to compute and reporting; never
+    what to compute. ``backend`` and ``executor`` are registry names (``backends/registry.py``,
+    ``execution/registry.py``); every choice gives the same output bytes."""
 
     memory: int = DEFAULT_MEMORY
     threads: int | None = None
+    backend: str = "numba"
+    executor: str = "local"
     block_elems: int | None = None
     quiet: bool = False
     cache_dir: Path = field(default_factory=default_cache_dir)

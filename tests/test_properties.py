@@ -1,5 +1,5 @@
-"""Execution details never change results: block size, thread count and the memory budget
-leave every output byte and every index statistic as they were."""
+"""Execution details never change results: block size, thread count, the memory budget and the
+backend leave every output byte and every index statistic as they were."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ramstream.api import merge, probe
+from ramstream.backends.registry import backend_names
 from ramstream.config import RunOptions
 from ramstream.index.store import IndexStore
 from ramstream.methods.report import agent_reports
@@ -33,6 +33,7 @@ SHAPES: dict[str, tuple[int, ...]] = {
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 BLOCKS = st.integers(1, 64).map(lambda k: 64 * k)
 THREADS = st.sampled_from([1, 2])
+BACKENDS = st.sampled_from(backend_names())
 MEMORY = st.integers(16 * 1024**2, 8 * 1024**3)
 
 
@@ -76,16 +77,15 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Baseline]:
     expected = ref.model_counts(family, 1e-5)
     assert [r.overlap for r in reports] == [tuple(int(x) for x in row) for row in expected.overlap]  # type: ignore[attr-defined]
     yield Baseline(family, cache, _files(root / "out"), reports, overlap, coverage, masks)
-    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
 
 
 @SETTINGS
-@given(block_elems=BLOCKS, threads=THREADS)
-def test_probe_statistics_do_not_depend_on_blocks_or_threads(
-    baseline: Baseline, tmp_path_factory: pytest.TempPathFactory, block_elems: int, threads: int
+@given(block_elems=BLOCKS, threads=THREADS, backend=BACKENDS)
+def test_probe_statistics_do_not_depend_on_blocks_threads_or_backend(
+    baseline: Baseline, tmp_path_factory: pytest.TempPathFactory, block_elems: int, threads: int, backend: str
 ) -> None:
     cache = tmp_path_factory.mktemp("cache")  # a fresh index, probed with these blocks
-    options = RunOptions(cache_dir=cache, quiet=True, block_elems=block_elems, threads=threads)
+    options = RunOptions(cache_dir=cache, quiet=True, block_elems=block_elems, threads=threads, backend=backend)
     store = probe(baseline.family.base, _agents(baseline.family), options=options)
     assert store.plan.block_elems == block_elems
     reports, overlap, coverage, masks = _stats(store)
@@ -103,19 +103,23 @@ def test_probe_statistics_do_not_depend_on_blocks_or_threads(
     memory=MEMORY,
     threads=THREADS,
     fresh_index=st.booleans(),
+    backend=BACKENDS,
 )
-def test_merge_bytes_do_not_depend_on_blocks_threads_or_memory(
+def test_merge_bytes_do_not_depend_on_blocks_threads_memory_or_backend(
     baseline: Baseline,
     tmp_path_factory: pytest.TempPathFactory,
     block_elems: int | None,
     memory: int,
     threads: int,
     fresh_index: bool,
+    backend: str,
 ) -> None:
     """With block_elems None the block size comes from the memory budget."""
     cache = tmp_path_factory.mktemp("cache") if fresh_index else baseline.cache
     out = tmp_path_factory.mktemp("merged") / "out"
-    options = RunOptions(cache_dir=cache, quiet=True, block_elems=block_elems, threads=threads, memory=memory)
+    options = RunOptions(
+        cache_dir=cache, quiet=True, block_elems=block_elems, threads=threads, memory=memory, backend=backend
+    )
     merge(baseline.family.base, _agents(baseline.family), out=out, options=options)
     files = _files(out)
     assert files.keys() == baseline.files.keys()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ramstream.backends.base import Backend
-from ramstream.errors import ConfigError
+from ramstream.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -30,29 +30,12 @@ def _builtin_backends() -> list[BackendSpec]:
     return [BackendSpec("numba", "Numba-parallel kernels on the CPU", _numba)]
 
 
-_REGISTRY: dict[str, BackendSpec] = {}
-
-
-def register(spec: BackendSpec) -> None:
-    if spec.name in _REGISTRY:
-        raise ValueError(f"backend {spec.name!r} registered twice")
-    _REGISTRY[spec.name] = spec
-
-
-def _ensure_builtins() -> None:
-    if not _REGISTRY:
-        for spec in _builtin_backends():
-            register(spec)
+_REGISTRY: Registry[BackendSpec] = Registry("backend", _builtin_backends)
 
 
 def backend_names() -> list[str]:
-    _ensure_builtins()
-    return list(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def make_backend(name: str = "numba", threads: int | None = None) -> Backend:
-    _ensure_builtins()
-    spec = _REGISTRY.get(name)
-    if spec is None:
-        raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(backend_names())}")
-    return spec.make(threads)
+    return _REGISTRY.get(name).make(threads)

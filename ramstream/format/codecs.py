@@ -31,8 +31,15 @@ def encode(values: np.ndarray, code: int) -> np.ndarray:
         is_nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
         return np.where(is_nan, quiet_nan, rounded).astype(np.uint16)
     if code == FloatCode.F16:
-        with np.errstate(over="ignore"):
-            return values.astype(np.float16).view(np.uint16)
+        with np.errstate(over="ignore", invalid="ignore"):
+            half = values.astype(np.float16).view(np.uint16)
+        bits = values.view(np.uint32)
+        quiet_nan = (
+            ((bits >> np.uint32(16)) & np.uint32(0x8000))
+            | np.uint32(0x7E00)
+            | ((bits >> np.uint32(13)) & np.uint32(0x3FF))
+        )
+        return np.where(np.isnan(values), quiet_nan, half).astype(np.uint16)
     if code == FloatCode.F64:
         return values.astype(np.float64)
     return values.copy()

@@ -1,7 +1,7 @@
 """The inputs' files, open for two kinds of reader; nothing is ever loaded whole.
 
 The spine kernels (probe, RAM merge) read their own tiles with ``pread`` from the descriptors
-handed out here (``ramstream/kernels/sources.py``). The other kernels get block views over
+handed out here (``ramstream/backends/numba/sources.py``). The other kernels get block views over
 memory-mapped safetensors, with the pages released after each block: a mapped page counts in
 RSS while it is resident in this process's page table, so each block's ranges are dropped with
 ``madvise(MADV_DONTNEED)`` once the kernel is done (the data stays in the OS page cache; only

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from ramstream.errors import ConfigError
 from ramstream.methods.base import MethodSpec
-
-_REGISTRY: dict[str, MethodSpec] = {}
+from ramstream.registry import Registry
 
 
 def _builtin_methods() -> list[MethodSpec]:
@@ -24,26 +22,16 @@ def _builtin_methods() -> list[MethodSpec]:
     ]
 
 
+_REGISTRY: Registry[MethodSpec] = Registry("method", _builtin_methods)
+
+
 def register(spec: MethodSpec) -> None:
-    if spec.name in _REGISTRY:
-        raise ValueError(f"method {spec.name!r} registered twice")
-    _REGISTRY[spec.name] = spec
-
-
-def _ensure_builtins() -> None:
-    if not _REGISTRY:
-        for spec in _builtin_methods():
-            register(spec)
+    _REGISTRY.register(spec)
 
 
 def get_method(name: str) -> MethodSpec:
-    _ensure_builtins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown method {name!r}; choose one of {', '.join(method_names())}") from None
+    return _REGISTRY.get(name)
 
 
 def method_names() -> list[str]:
-    _ensure_builtins()
-    return list(_REGISTRY)
+    return _REGISTRY.names()

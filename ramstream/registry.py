@@ -1,0 +1,45 @@
+"""A registry of named things (methods, backends, executors), filled on first use by an explicit
+list of built-ins: no registration by import side effects."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
+
+from ramstream.errors import ConfigError
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+T = TypeVar("T", bound=Named)
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str, builtins: Callable[[], list[T]]) -> None:
+        self.kind = kind
+        self._builtins = builtins
+        self._items: dict[str, T] = {}
+
+    def _ensure_builtins(self) -> None:
+        if not self._items:
+            for item in self._builtins():
+                self.register(item)
+
+    def register(self, item: T) -> None:
+        if item.name in self._items:
+            raise ValueError(f"{self.kind} {item.name!r} registered twice")
+        self._items[item.name] = item
+
+    def names(self) -> list[str]:
+        self._ensure_builtins()
+        return list(self._items)
+
+    def get(self, name: str) -> T:
+        self._ensure_builtins()
+        item = self._items.get(name)
+        if item is None:
+            raise ConfigError(f"unknown {self.kind} {name!r}; choose one of {', '.join(self._items)}")
+        return item

@@ -1,0 +1,144 @@
+"""The backend seam: every registered backend writes the Numba backend's bytes for every method,
+a backend keeps its threads to itself, and the library sets no process-wide state on import."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ramstream.api import merge, probe
+from ramstream.backends.numba.codecs import decode_array, encode_array
+from ramstream.backends.registry import backend_names, make_backend
+from ramstream.cli import main
+from ramstream.config import RunOptions
+from ramstream.errors import ConfigError
+from ramstream.format import codecs
+from ramstream.format.dtypes import FloatCode
+from tests.families import Family, build_family
+
+# Every method, with options that exercise its statistics (and both scopes / rules where it has them).
+METHODS: list[tuple[str, dict[str, Any]]] = [
+    ("ram", {}),
+    ("ram+", {}),
+    ("ram+", {"rho_scope": "tensor", "lambda_rule": "script"}),
+    ("ram+s", {}),
+    ("linear", {"weights": [0.5, 1.0, 2.0, 1.5, 1.0]}),
+    ("task_arithmetic", {"lambda": 0.7}),
+    ("ties", {"density": 0.3}),
+    ("ties", {"density": 0.3, "trim_scope": "model", "rescale": "l1"}),
+    ("breadcrumbs", {"density": 0.5, "gamma": 0.05}),
+    ("breadcrumbs_ties", {"density": 0.5, "gamma": 0.05}),
+    ("dare_linear", {"density": 0.5, "seed": 3}),
+    ("dare_ties", {"density": 0.5, "seed": 3}),
+    ("della", {"density": 0.5, "epsilon": 0.1, "seed": 1}),
+    ("della_linear", {"density": 0.5, "epsilon": 0.1, "rescale": "inverse"}),
+    ("model_stock", {}),
+]
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory: pytest.TempPathFactory) -> Family:
+    """bf16 in 2 shards; an agent equal to the base (c = 0 only) and one with 0 unique elements."""
+    root = tmp_path_factory.mktemp("backends")
+    return build_family(root, shards=2, identical_agent=True, subset_agent=True, int_tensor=True, seed=5)
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def _merge(family: Family, out: Path, method: str, given: dict[str, Any], backend: str) -> dict[str, bytes]:
+    ram = {k: given[k] for k in ("rho_scope", "lambda_rule") if k in given}
+    others = {k: v for k, v in given.items() if k not in ram}
+    options = RunOptions(cache_dir=out.parent / "cache", quiet=True, block_elems=256, backend=backend)
+    merge(
+        family.base,
+        [str(a) for a in family.agents],
+        out=out,
+        method=method,
+        method_options=others,
+        options=options,
+        **ram,
+    )
+    return _files(out)
+
+
+@pytest.mark.parametrize("backend", backend_names())
+@pytest.mark.parametrize(("method", "given"), METHODS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(METHODS)])
+def test_every_backend_writes_the_numba_bytes(
+    family: Family, tmp_path: Path, backend: str, method: str, given: dict[str, Any]
+) -> None:
+    expected = _merge(family, tmp_path / "numba" / "out", method, given, "numba")
+    assert any(name.endswith(".safetensors") for name in expected)
+    assert _merge(family, tmp_path / backend / "out", method, given, backend) == expected
+
+
+def test_a_backend_scopes_its_threads_and_leaves_the_callers_setting(family: Family, tmp_path: Path) -> None:
+    available = int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    numba.set_num_threads(1)
+    try:
+        options = RunOptions(cache_dir=tmp_path / "cache", quiet=True, threads=available)
+        probe(family.base, [str(a) for a in family.agents], options=options)
+        merge(family.base, [str(a) for a in family.agents], out=tmp_path / "out", method="ties", options=options)
+        assert numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(available)
+
+
+def test_an_unknown_backend_is_one_line(family: Family, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown backend 'cobol'; choose one of numba"):
+        make_backend("cobol")
+    result = CliRunner().invoke(
+        main,
+        ["probe", str(family.base), *map(str, family.agents), "--backend", "cobol", "--cache-dir", str(tmp_path)],
+    )
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "error: unknown backend 'cobol'; choose one of " + ", ".join(backend_names())
+    ]
+
+
+def test_importing_the_library_sets_no_environment_variable() -> None:
+    code = (
+        "import os, sys\n"
+        "before = dict(os.environ)\n"
+        "import ramstream.api, ramstream.backends.numba.backend, ramstream.methods.registry\n"
+        "ramstream.methods.registry.method_names()\n"
+        "sys.exit(0 if dict(os.environ) == before else 1)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS")}
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+@pytest.mark.parametrize("code", [FloatCode.BF16, FloatCode.F16])
+def test_numpy_codecs_decode_every_16_bit_pattern_as_the_kernels_do(code: FloatCode) -> None:
+    raw = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    np.testing.assert_array_equal(
+        codecs.decode(raw, code).view(np.uint32), decode_array(raw, int(code)).view(np.uint32)
+    )
+
+
+@pytest.mark.parametrize("code", [FloatCode.BF16, FloatCode.F16, FloatCode.F32])
+def test_numpy_codecs_encode_as_the_kernels_do(code: FloatCode) -> None:
+    rng = np.random.default_rng(0)
+    bits = np.concatenate(
+        [
+            rng.integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32),  # any pattern, NaNs included
+            np.arange(0x33000000, 0x39000000, 997, dtype=np.uint32),  # f16 subnormals and their edges
+            np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x477FF000, 0x477FEFFF, 0x7FC00000], np.uint32),
+        ]
+    )
+    values = bits.view(np.float32)
+    carrier = np.float32 if code == FloatCode.F32 else np.uint16
+    expected = np.empty(values.shape[0], carrier)
+    encode_array(values, int(code), expected)
+    got = codecs.encode(values, code)
+    np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
