@@ -10,7 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ramstream.backends.base import Backend
-from ramstream.backends.registry import make_backend
+from ramstream.backends.registry import load_backend, make_backend
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
 from ramstream.errors import ConfigError
 from ramstream.execution.registry import make_executor
@@ -54,6 +54,12 @@ class MergeResult:
 def _backend(options: RunOptions) -> Backend:
     """The run's compute backend, with its thread count (scoped to its own calls)."""
     return make_backend(options.backend, options.threads)
+
+
+def preload(backend: str = "numba") -> None:
+    """Import everything a probe or merge on ``backend`` runs (for a program that wants its
+    imports done up front, like the CLI before it freezes them out of the garbage collector)."""
+    load_backend(backend)
 
 
 def _block_elems(family: Family, options: RunOptions, out_itemsize: int = 0) -> int:

@@ -31,15 +31,17 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def _load_api() -> ModuleType:
-    """``ramstream.api``, imported on first use (``inspect`` and ``status`` never need the kernels).
+def _load_api(backend: str) -> ModuleType:
+    """``ramstream.api`` and ``backend``'s code, imported on first use (``inspect`` and ``status``
+    never need the kernels).
 
     A CLI run is one short process and the modules just imported live until it exits, so their
     objects are taken out of the cyclic collector's sight (``gc.freeze``): full collections that
-    walked them were about 7 % of a probe's CPU (perf).
+    walked them (numba's above all) were about 7 % of a probe's CPU (perf).
     """
     from ramstream import api
 
+    api.preload(backend)
     gc.freeze()
     return api
 
@@ -158,7 +160,7 @@ def probe(
     base: Path, agents: tuple[Path, ...], index: Path | None, eps: float, allow_nonfinite: bool, **run: Any
 ) -> None:
     """Gather the statistics of AGENTS against BASE into the index (resumable)."""
-    api = _load_api()
+    api = _load_api(run["backend"])
     store = api.probe(
         base, [str(a) for a in agents], index=index, eps=eps, allow_nonfinite=allow_nonfinite, options=_options(**run)
     )
@@ -282,7 +284,7 @@ def merge(
     to --out (resumable). Options a method does not read are refused."""
     from ramstream import mergekit_config
 
-    api = _load_api()
+    api = _load_api(backend)
 
     settings = _given_settings(ctx, values)
     if config is not None:

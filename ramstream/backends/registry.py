@@ -6,6 +6,7 @@ extra is imported only when asked for.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,17 +18,17 @@ from ramstream.registry import Registry
 class BackendSpec:
     name: str
     summary: str
-    make: Callable[[int | None], Backend]  # make(threads) -> a backend
+    module: str  # imported on first use: its library may be an optional extra
+    factory: str  # the name in ``module`` that makes the backend: factory(threads)
 
-
-def _numba(threads: int | None) -> Backend:
-    from ramstream.backends.numba.backend import NumbaBackend
-
-    return NumbaBackend(threads)
+    def load(self) -> Callable[[int | None], Backend]:
+        return getattr(importlib.import_module(self.module), self.factory)  # type: ignore[no-any-return]
 
 
 def _builtin_backends() -> list[BackendSpec]:
-    return [BackendSpec("numba", "Numba-parallel kernels on the CPU", _numba)]
+    return [
+        BackendSpec("numba", "Numba-parallel kernels on the CPU", "ramstream.backends.numba.backend", "NumbaBackend")
+    ]
 
 
 _REGISTRY: Registry[BackendSpec] = Registry("backend", _builtin_backends)
@@ -37,5 +38,10 @@ def backend_names() -> list[str]:
     return _REGISTRY.names()
 
 
+def load_backend(name: str) -> None:
+    """Import a backend's code (and its library) without making one."""
+    _REGISTRY.get(name).load()
+
+
 def make_backend(name: str = "numba", threads: int | None = None) -> Backend:
-    return _REGISTRY.get(name).make(threads)
+    return _REGISTRY.get(name).load()(threads)
