@@ -60,10 +60,11 @@ def families(work: Path, bench: Path | None) -> dict[str, tuple[Path, list[Path]
         ("mixed", dict(dtype="F32", agent_dtypes=("F32", "BF16", "F16"), seed=2)),
     ]
     for name, kwargs in made:
+        (work / "families" / name).mkdir(parents=True)
         fam = build_family(work / "families" / name, **kwargs)  # type: ignore[arg-type]
         out[name] = (fam.base, fam.agents)
     if bench is not None:
-        full = bench / "full"
+        full = bench.resolve() / "full"
         out["bench-0.75B"] = (full / "base", [full / f"agent{k}" for k in (1, 2, 3)])
     return out
 
@@ -83,7 +84,7 @@ def merge(tree: Path, label: str, work: Path, base: Path, agents: list[Path], ar
     env = dict(os.environ, PYTHONPATH=str(tree), NUMBA_CACHE_DIR=str(work / "numba" / label))
     command = [sys.executable, "-m", "ramstream", "merge", str(base), *map(str, agents), "--out", str(out)]
     command += [*args, "--cache-dir", str(work / "cache" / label), "--quiet"]
-    subprocess.run(command, env=env, check=True, cwd=work)
+    subprocess.run(command, env=env, check=True, cwd=work, stdout=subprocess.DEVNULL)
 
 
 def main() -> int:
