@@ -4,7 +4,9 @@ A pass says *what* to compute for a block and what to persist; an executor says 
 *where* (``execution.local``: this process, with write-behind threads). Persisting is split in
 two so that a block is marked done only after its data is durable, wherever it was written:
 ``write`` makes the block's data durable (on whatever runs the block), ``mark`` records it in
-the journal (on the process that owns the journal). Writes are idempotent: a block redone after
+the journal (on the process that owns the journal). A ``write`` whose data and journal share one
+store may record the mark in the same step, after the data (the probe's index chunks);
+``mark`` then records only what is left (the pass's rate). Writes are idempotent: a block redone after
 a crash writes the same bytes at the same places.
 """
 

@@ -128,11 +128,10 @@ class IndexStore:
             data = [a.async_array.setitem(where, value) for a, where, value in writes]
             sync(_gather_then(data, lambda: self.journal.marking(block)))
 
-    def write_statistic(self, array: zarr.Array, journal: Journal, block: int, partial: np.ndarray) -> None:
-        """Persist one block's partial of a method statistic, then mark it done."""
+    def write_statistic(self, array: zarr.Array, block: int, partial: np.ndarray) -> None:
+        """Persist one block's partial of a method statistic (its journal marks it afterwards)."""
         with store_io(self.path, f"writing block {block} of statistic {array.basename!r}"):
             array[block] = partial
-        journal.mark(block)
 
     def _array(self, key: str) -> zarr.Array:
         cached = self._arrays.get(key)
@@ -186,8 +185,7 @@ class IndexStore:
         """Persist the per-tensor sums of the block statistics (one chunk each), so that readers
         of a finished index read two chunks instead of every block's. Call after the last block,
         before ``record_probe(complete=True)``: readers trust the roll-up only once complete."""
-        overlap_blocks, coverage_blocks = self.block_stats()
-        overlap, coverage = sum_by_tensor(self.plan, overlap_blocks), sum_by_tensor(self.plan, coverage_blocks)
+        overlap, coverage = self._summed_block_stats()
         stats = self.group["stats"]
         assert isinstance(stats, zarr.Group)
         for name, data in (("tensor_overlap", overlap), ("tensor_coverage", coverage)):
@@ -218,6 +216,10 @@ class IndexStore:
         ):
             with store_io(self.path, "reading the per-tensor roll-up"):
                 return np.asarray(overlap[...]), np.asarray(coverage[...])
+        return self._summed_block_stats()
+
+    def _summed_block_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every block's overlap and coverage, added up per tensor."""
         overlap_blocks, coverage_blocks = self.block_stats()
         return sum_by_tensor(self.plan, overlap_blocks), sum_by_tensor(self.plan, coverage_blocks)
 

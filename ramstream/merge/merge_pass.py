@@ -82,12 +82,15 @@ class MergeWork:
         self.writer = writer
         self.journal = journal
 
+    def _place(self, block: Block) -> tuple[str, int]:
+        """The block's tensor name and its first byte within the tensor's output data."""
+        return self.job.plan.tensors[block.tensor].name, block.start * ITEMSIZE[self.job.out_dtypes[block.tensor]]
+
     def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> np.ndarray:
         job = self.job
-        tensor = job.plan.tensors[block.tensor]
         out_dtype = job.out_dtypes[block.tensor]
         carrier = np.dtype(RAW_CARRIER[FLOAT_CODES[out_dtype]])
-        out = self.writer.staging(slot, tensor.name, block.start * ITEMSIZE[out_dtype], block.size, carrier)
+        out = self.writer.staging(slot, *self._place(block), block.size, carrier)
         if job.check_nonfinite:
             bad = backend.first_nonfinite(arrays)
             if bad >= 0:
@@ -96,8 +99,7 @@ class MergeWork:
         return out
 
     def write(self, block: Block, result: np.ndarray) -> None:
-        tensor = self.job.plan.tensors[block.tensor]
-        self.writer.write(tensor.name, block.start * ITEMSIZE[self.job.out_dtypes[block.tensor]], result)
+        self.writer.write(*self._place(block), result)
 
     def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
         self.journal.mark(block.index)

@@ -29,27 +29,27 @@ class ProbeResult:
 class ProbeWork:
     label = "probe"
 
-    def __init__(self, index: IndexStore, n_agents: int, allow_nonfinite: bool) -> None:
+    def __init__(self, index: IndexStore, allow_nonfinite: bool) -> None:
         self.index = index
         self.eps = index.header.eps
         self.allow_nonfinite = allow_nonfinite
-        self._n_agents = n_agents
         self._masks: dict[int, np.ndarray] = {}  # slot -> mask buffer of a whole block
 
     def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> ProbeResult:
         masks = self._masks.get(slot)
         if masks is None:
-            masks = self._masks[slot] = np.empty((self._n_agents, self.index.plan.block_elems // 8), np.uint8)
+            masks = self._masks[slot] = np.empty((self.index.n_agents, self.index.plan.block_elems // 8), np.uint8)
         counts = backend.probe(arrays.sources, self.eps, masks)
         if counts.first_nonfinite >= 0 and not self.allow_nonfinite:
             raise arrays.nonfinite_error(counts.first_nonfinite)
         return ProbeResult(masks[:, : (block.size + 7) // 8], counts)
 
     def write(self, block: Block, result: ProbeResult) -> None:
+        # The chunks and the journal mark go in one round trip to zarr, data first (measured: a
+        # round trip per block waits for a core on a busy machine); ``mark`` keeps the rate.
         self.index.write_block(block.index, result.masks, result.counts.overlap, result.counts.coverage)
 
     def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
-        # write_block marked the block in the same step as its chunks; only the rate is left.
         self.index.journal.record_rate(done_bytes, seconds)
 
 
@@ -62,7 +62,7 @@ def run_probe(
     todo = [b for b in plan.blocks if not done[b.index]]
     progress = Progress.for_terminal("probe", sum(plan.block_bytes(b) for b in todo), quiet)
     try:
-        executor.run(ProbeWork(index, len(family.agents), allow_nonfinite), family, plan, todo, progress)
+        executor.run(ProbeWork(index, allow_nonfinite), family, plan, todo, progress)
     finally:
         progress.close()
     index.journal.record_rate(progress.done, progress.elapsed, final=True)

@@ -37,21 +37,21 @@ class StatisticsWork:
         self.done = done
         self.label = "statistics (" + ", ".join(s.key.split("-")[0] for s in stats) + ")"
 
+    def _missing(self, block: Block) -> list[int]:
+        """The statistics (positions in the pass) that ``block`` lacks."""
+        return [k for k in range(len(self.stats)) if not self.done[k][block.index]]
+
     def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> Partials:
         tensor = self.index.plan.tensors[block.tensor]
-        return [
-            (k, stat.compute(arrays, block, tensor, backend))
-            for k, stat in enumerate(self.stats)
-            if not self.done[k][block.index]
-        ]
+        return [(k, self.stats[k].compute(arrays, block, tensor, backend)) for k in self._missing(block)]
 
     def write(self, block: Block, result: Partials) -> None:
         for k, partial in result:
-            array, journal = self.stores[k]
-            self.index.write_statistic(array, journal, block.index, partial)
+            self.index.write_statistic(self.stores[k][0], block.index, partial)
 
     def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
-        """Each statistic's journal marked its block as its partial was written."""
+        for k in self._missing(block):
+            self.stores[k][1].mark(block.index)
 
 
 def run_statistics(

@@ -67,9 +67,9 @@ class NumbaBackend:
 
     @staticmethod
     def _check_reads(sources: BlockSources, failed: np.ndarray) -> None:
-        bad = failed[failed >= 0]
-        if bad.size:
-            raise sources.read_error(int(bad.min()))
+        first = _first(failed)
+        if first >= 0:
+            raise sources.read_error(first)
 
     def probe(self, sources: BlockSources, eps: float, masks: np.ndarray) -> ProbeCounts:
         n_agents = len(sources.files) - 1
@@ -83,8 +83,7 @@ class NumbaBackend:
                 fds, sources.offsets, sources.codes, sources.size, eps, masks, overlap, coverage, bad, failed
             )
         self._check_reads(sources, failed)
-        first = int(bad[bad >= 0].min()) if (bad >= 0).any() else -1
-        return ProbeCounts(overlap.sum(axis=0), coverage.sum(axis=0), first)
+        return ProbeCounts(overlap.sum(axis=0), coverage.sum(axis=0), _first(bad))
 
     def merge_ram(self, sources: BlockSources, eps: float, lambdas: np.ndarray, out: np.ndarray, out_code: int) -> None:
         fds = self._descriptors(sources)
@@ -246,6 +245,7 @@ def _reduce_counts(counts: np.ndarray) -> np.ndarray:
     return counts.sum(axis=0, dtype=np.int64).astype(np.int32)
 
 
-def _first(bad: np.ndarray) -> int:
-    found = bad[bad >= 0]
+def _first(rows: np.ndarray) -> int:
+    """The smallest of the per-thread rows that found something (>= 0), or -1."""
+    found = rows[rows >= 0]
     return int(found.min()) if found.size else -1
