@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 MERGEKIT := mergekit==0.1.5
 
-.PHONY: install demo test test-fast lint typecheck imports check bench bench-mergekit clean
+.PHONY: install demo test test-fast test-lowest lint typecheck imports check bench bench-mergekit clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,19 @@ test: $(STAMP)  ## install, then run the whole test suite (slow tests too: the m
 test-fast: $(STAMP)  ## everything but the tests marked slow
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow"
 
+# The floors of pyproject.toml's dependencies are versions that pass: a fresh venv gets exactly
+# those (tools/lowest_constraints.py turns each `name>=x` into `name==x`; wheels only), with the
+# test extra's tools at their newest, and runs the fast tests (torch and mergekit are left out:
+# their tests skip). Its own numba cache: another numba, other binaries.
+LOWEST := .venv-lowest
+test-lowest:  ## the fast tests against the lowest versions of the direct dependencies (CI runs it)
+	rm -rf $(LOWEST)
+	$(PY) -m venv $(LOWEST)
+	$(LOWEST)/bin/pip install -q --upgrade pip
+	$(PY) tools/lowest_constraints.py > $(LOWEST)/constraints.txt
+	$(LOWEST)/bin/pip install -q --only-binary=:all: -c $(LOWEST)/constraints.txt -e '.[test]'
+	NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/lowest-$(KERNELS_DIGEST) $(LOWEST)/bin/python -m pytest -q -m "not slow"
+
 lint: $(STAMP)
 	$(BIN)/ruff check ramstream tests tools
 	$(BIN)/ruff format --check ramstream tests tools
@@ -54,4 +67,4 @@ bench-mergekit: $(STAMP)  ## ramstream vs mergekit 0.1.5 on the same family (tas
 	$(BIN)/python tools/bench_vs_mergekit.py --data bench-data
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis .numba-cache
+	rm -rf $(VENV) $(LOWEST) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis .numba-cache

@@ -7,6 +7,7 @@ A tensor larger than the budget simply has many blocks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -81,9 +82,19 @@ def bytes_per_element(family: Family, out_itemsize: int = 0) -> int:
     return 4 * (n_agents + 1) + n_agents + out_itemsize
 
 
+def elements_within(memory: int, per_element: int) -> int:
+    """How many block elements ``BUDGET_SHARE`` of ``memory`` holds."""
+    return int(memory * BUDGET_SHARE) // per_element
+
+
+def memory_for(elements: int, per_element: int) -> int:
+    """The smallest budget whose share holds a block of ``elements``."""
+    return math.ceil(elements * per_element / BUDGET_SHARE)
+
+
 def block_elems_for(memory: int, per_element: int) -> int:
     """The largest power-of-two block that fits ``BUDGET_SHARE`` of ``memory``."""
-    fit = int(memory * BUDGET_SHARE) // per_element
+    fit = elements_within(memory, per_element)
     size = MIN_BLOCK
     while size * 2 <= min(fit, MAX_BLOCK):
         size *= 2
@@ -101,6 +112,11 @@ def make_plan(family: Family, block_elems: int, row_aligned: bool = False) -> Pl
         for name, ref in family.base.tensors.items()
     )
     return plan_from_tensors(tensors, block_elems, row_aligned)
+
+
+def row_elements(t: TensorPlan) -> int:
+    """Elements of one row of ``t`` (what a row-aligned block holds at least)."""
+    return _row(t)
 
 
 def _row(t: TensorPlan) -> int:

@@ -22,13 +22,22 @@ class Registry(Generic[T]):
         self.kind = kind
         self._builtins = builtins
         self._items: dict[str, T] = {}
+        self._loaded = False
 
     def _ensure_builtins(self) -> None:
-        if not self._items:
-            for item in self._builtins():
-                self.register(item)
+        """Load the built-ins once, first: a plugin registered before any lookup adds to them
+        (and a name clash with a built-in is refused) instead of hiding them."""
+        if not self._loaded:
+            builtins = self._builtins()
+            self._loaded = True
+            for item in builtins:
+                self._add(item)
 
     def register(self, item: T) -> None:
+        self._ensure_builtins()
+        self._add(item)
+
+    def _add(self, item: T) -> None:
         if item.name in self._items:
             raise ValueError(f"{self.kind} {item.name!r} registered twice")
         self._items[item.name] = item

@@ -48,10 +48,10 @@ def task_vectors(family: Family, name: str) -> list[np.ndarray]:
 
 
 def active_masks(family: Family, name: str, eps: float) -> np.ndarray:
-    """(N, numel) bool: |tau_t| > float32(eps), strictly, compared in float32."""
+    """(N, numel) bool: float32(eps) < |tau_t| < Inf, strictly, compared in float32 (NaN/Inf: inactive)."""
     eps32 = np.float32(eps)
     taus = task_vectors(family, name)
-    return np.array([np.abs(tau) > eps32 for tau in taus], dtype=bool).reshape(len(taus), -1)
+    return np.array([(np.abs(tau) > eps32) & np.isfinite(tau) for tau in taus], dtype=bool).reshape(len(taus), -1)
 
 
 def counts_of(masks: np.ndarray) -> Counts:

@@ -228,7 +228,8 @@ def block_inputs(
 
 def naive_masks(base_f: np.ndarray, agents_f: list[np.ndarray], eps: float) -> np.ndarray:
     eps32 = np.float32(eps)
-    return np.array([np.abs((a - base_f).astype(np.float32)) > eps32 for a in agents_f], dtype=bool)
+    taus = [(a - base_f).astype(np.float32) for a in agents_f]
+    return np.array([(np.abs(tau) > eps32) & np.isfinite(tau) for tau in taus], dtype=bool)
 
 
 BLOCK_CASES = [
@@ -337,6 +338,32 @@ def test_probe_reports_first_nonfinite(
     assert ((nonfinite >= 0) | (nonfinite == -1)).all()
 
 
+def test_a_nonfinite_tau_is_inactive(on_disk: Callable[..., Sources]) -> None:
+    """Inf/NaN in an agent, and a finite difference that overflows float32, are not active: the
+    probe does not count them and RAM does not add them (the Backend contract)."""
+    big = np.float32(3e38)
+    base_f = np.array([0, 0, 0, big, 0, 0, 0, 0], np.float32)
+    agent_values = [
+        np.array([np.inf, -np.inf, np.nan, -big, 0.5, 0, 0, 0], np.float32),  # tau: Inf, -Inf, NaN, -Inf
+        np.array([0.25, 0.25, 0.25, big, 0.25, 0, 0, 0], np.float32),
+    ]
+    base = raw_of(base_f, "F32")
+    agents = tuple(raw_of(a, "F32") for a in agent_values)
+    masks = np.zeros((2, 1), np.uint8)
+    overlap = np.zeros((1, 2, 2), np.int64)
+    coverage = np.zeros((1, 3), np.int64)
+    nonfinite = np.full(1, -1, np.int64)
+    failed = np.full(1, -1, np.int64)
+    sources = on_disk([base, *agents], ["F32"] * 3)
+    probe_block(*sources, 8, 1e-5, masks, overlap, coverage, nonfinite, failed)
+    assert list(masks[:, 0]) == [0b00010000, 0b00010111]
+    np.testing.assert_array_equal(coverage[0], [4, 3, 1])
+    assert nonfinite[0] == 0
+    out = np.zeros(8, np.float32)
+    merge_ram_block(*sources, 8, 1e-5, np.array([2.0, 2.0], np.float32), out.view(np.uint8), CODES["F32"], failed)
+    np.testing.assert_array_equal(out, [0.5, 0.5, 0.5, big, 0.375, 0, 0, 0])
+
+
 # -- merge --------------------------------------------------------------------------------------
 
 
@@ -351,7 +378,7 @@ def naive_merge(
         total, count, only = np.float32(0.0), 0, np.float32(0.0)
         for t, agent in enumerate(agents_f):
             tau = np.float32(agent[i] - b)
-            if abs(tau) > eps32:
+            if eps32 < abs(tau) < np.inf:  # a NaN/Inf tau is inactive
                 total = np.float32(total + tau)
                 count += 1
                 only = np.float32(lambdas[t] * tau)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.families import bf16_to_f32, f32_to_bf16, model_file_of, read_elements, write_safetensors_chunked
 
@@ -139,3 +140,34 @@ def test_merge_of_a_tensor_twice_the_budget_stays_within_budget(tmp_path: Path) 
         want = direct_merge(bf16_to_f32(raw_base), values, lam32)
         got = read_elements(model_file_of(out, name), name, picks)
         np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+# Every method family within the same budget: the generalized task arithmetic kernels (linear,
+# task arithmetic), magnitude trimming with its histogram pass (ties), DARE's draws with its exact
+# L1 sums (dare_ties), DELLA's row-aligned blocks (della) and model stock's per-tensor statistics.
+FAMILIES = {
+    "linear": [],
+    "task_arithmetic": ["--lambda", "0.7"],
+    "ties": ["--density", "0.3"],
+    "dare_ties": ["--density", "0.5", "--seed", "1"],
+    "della": ["--density", "0.5", "--epsilon", "0.1"],
+    "model_stock": [],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list(FAMILIES))
+def test_every_method_family_stays_within_budget(tmp_path_factory: pytest.TempPathFactory, method: str) -> None:
+    root = tmp_path_factory.getbasetemp() / "memory-family"
+    if not (root / "done").exists():
+        root.mkdir(exist_ok=True)
+        write_family(root / "family")
+        (root / "done").write_text("ok\n")
+    base, agents = root / "family" / "base", [root / "family" / f"agent{t}" for t in range(N_AGENTS)]
+    out = tmp_path_factory.mktemp(method) / "out"
+    merge = [sys.executable, "-m", "ramstream.cli", "merge", str(base), *map(str, agents), "--method", method]
+    merge += [*FAMILIES[method], "--out", str(out), "--memory", "64MiB", "--cache-dir", str(root / "cache"), "--quiet"]
+    done = subprocess.run([sys.executable, "-c", MEASURE, *merge], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    peak = int(done.stdout.strip().splitlines()[-1]) * 1024
+    assert peak < BUDGET + OVERHEAD, f"{method}: peak RSS {peak / MiB:.0f} MiB for a {BUDGET // MiB} MiB budget"

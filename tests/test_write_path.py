@@ -165,7 +165,8 @@ def test_a_refused_direct_write_falls_back_to_the_page_cache(tmp_path: Path) -> 
     try:
         if writer._direct_fds[0] is None:
             pytest.skip("this file system has no O_DIRECT")
-        assert not writer._write_direct(0, memoryview(payload[1:4097]), 4096)  # misaligned: EINVAL
+        direct = writer._direct_fds[0]
+        assert not writer._write_direct(0, direct, memoryview(payload[1:4097]), 4096)  # misaligned: EINVAL
         assert writer._direct_fds[0] is None
         out = writer.staging(0, "a", 0, n, np.dtype(np.uint8))
         out[:] = payload

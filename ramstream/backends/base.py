@@ -29,6 +29,9 @@ LOW_BINS = 1 << 16
 NONFINITE_BIN = 0x7F80  # high halves >= this are Inf or NaN
 ALL = np.uint32(0xFFFFFFFF)  # a cut value above every |tau|: the lower set is everything
 
+# The probe counts the active agents of an element in a byte (and pads tiles with 255).
+MAX_PROBE_AGENTS = 254
+
 # DELLA's per-agent modes (``MagpruneParams.mode``)
 PRUNE = 0
 KEEP_EVERYTHING = 1
@@ -132,13 +135,13 @@ class Backend(Protocol):
         ...
 
     def probe(self, sources: BlockSources, eps: float, masks: np.ndarray) -> ProbeCounts:
-        """Active masks |tau| > eps (float32, strict) bit-packed into ``masks`` (N, >= ceil(n/8))
+        """Active masks eps < |tau| < Inf (float32, strict) bit-packed into ``masks`` (N, >= ceil(n/8))
         uint8 (bit i % 8 of byte i // 8, little bit order, zero past n), and the overlap counts.
-        A NaN/Inf element counts as inactive."""
+        A NaN/Inf tau (a non-finite input, or a difference that overflows float32) is inactive."""
         ...
 
     def merge_ram(self, sources: BlockSources, eps: float, lambdas: np.ndarray, out: np.ndarray, out_code: int) -> None:
-        """RAM: per element c = active agents; base where c = 0, base + lambdas[t] * tau_t where
+        """RAM: per element c = active agents (as in ``probe``); base where c = 0, base + lambdas[t] * tau_t where
         only t is active, base + (sum of active tau in agent order) / c otherwise."""
         ...
 

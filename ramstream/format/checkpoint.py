@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ramstream.errors import CorruptFileError, InputError
+from ramstream.format.regular import kind_of
 from ramstream.format.safetensors_header import SafetensorsHeader, TensorEntry, read_header
 
 SINGLE_FILE = "model.safetensors"
@@ -43,12 +47,13 @@ class Checkpoint:
 def open_checkpoint(path: str | Path) -> Checkpoint:
     """Read the headers of the checkpoint at ``path``; the data stays on disk."""
     path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file or directory")
-    if path.is_file():
+    mode = _mode(path)
+    if stat.S_ISREG(mode):
         files, directory, name = [path], None, path.stem
-    else:
+    elif stat.S_ISDIR(mode):
         files, directory, name = _files_of_directory(path), path, path.name
+    else:
+        raise InputError(f"{path}: is {kind_of(mode)}, not a .safetensors file or a model directory; check the path")
     headers = tuple(read_header(f) for f in files)
     tensors: dict[str, TensorRef] = {}
     for header in headers:
@@ -63,7 +68,25 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(name, path.resolve(), directory, headers, tensors)
 
 
+def _mode(path: Path) -> int:
+    """``path``'s file type, following symlinks; a missing path or a name the system refuses
+    (too long, a symlink loop) is one ``InputError``."""
+    try:
+        return path.stat().st_mode
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file or directory") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be used ({exc.strerror}); check the path") from exc
+
+
 def _files_of_directory(path: Path) -> list[Path]:
+    try:
+        return _find_files(path)
+    except OSError as exc:  # a shard name too long for the file system, a symlink loop...
+        raise InputError(f"{exc.filename or path}: cannot be used ({exc.strerror}); check the path") from exc
+
+
+def _find_files(path: Path) -> list[Path]:
     index = path / SHARD_INDEX
     if index.is_file():
         try:
@@ -74,7 +97,7 @@ def _files_of_directory(path: Path) -> list[Path]:
         missing = [s for s in shards if not (path / s).is_file()]
         if missing:
             raise InputError(f"{index}: lists shard {missing[0]} which is missing from {path}")
-        return [path / s for s in shards]
+        return _distinct_files(path / s for s in shards)
     if (path / SINGLE_FILE).is_file():
         return [path / SINGLE_FILE]
     candidates = sorted(path.glob("*.safetensors"))
@@ -83,3 +106,16 @@ def _files_of_directory(path: Path) -> list[Path]:
     if not candidates:
         raise InputError(f"{path}: no model.safetensors, shard index or .safetensors file in this directory")
     raise InputError(f"{path}: several .safetensors files but no {SHARD_INDEX}; point at one file instead")
+
+
+def _distinct_files(paths: Iterable[Path]) -> list[Path]:
+    """Shards in order, each file once however the shard index spells it (``a``, ``./a``,
+    ``sub/../a``, a link to it): a file listed twice must not read as a tensor in two files."""
+    seen: set[tuple[int, int]] = set()
+    files = []
+    for p in paths:
+        st = os.stat(p)
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            files.append(p)
+    return files

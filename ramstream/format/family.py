@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
-from ramstream.errors import ConfigError, MismatchError, UnsupportedDtypeError
+from ramstream.errors import ConfigError, InputError, MismatchError, UnsupportedDtypeError
 from ramstream.format.checkpoint import Checkpoint, open_checkpoint
 from ramstream.format.dtypes import UNDECODABLE_FLOATS, is_float
 from ramstream.format.fingerprint import checkpoint_fingerprint
@@ -25,6 +27,11 @@ class Family:
         return tuple(a.name for a in self.agents)
 
     def fingerprints(self) -> list[dict[str, object]]:
+        """Each member's fingerprint, taken once (they read a few ranges of every tensor)."""
+        return self._fingerprints
+
+    @cached_property
+    def _fingerprints(self) -> list[dict[str, object]]:
         return [checkpoint_fingerprint(c) for c in self.members]
 
 
@@ -34,11 +41,7 @@ def open_family(base: str | Path, agents: list[str] | tuple[str | Path, ...], mi
         raise ConfigError(f"need at least {min_agents} agent checkpoint(s), got {len(agents)}")
     base_ckpt = open_checkpoint(base)
     agent_ckpts = tuple(open_checkpoint(a) for a in agents)
-    seen = {base_ckpt.path: "the base"}
-    for agent in agent_ckpts:
-        if agent.path in seen:
-            raise ConfigError(f"{agent.path}: given twice (also as {seen[agent.path]}); list each agent once")
-        seen[agent.path] = f"agent {agent.name}"
+    _refuse_shared_files(base_ckpt, agent_ckpts)
     names = _unique_names([c.name for c in agent_ckpts])
     agent_ckpts = tuple(
         Checkpoint(n, c.path, c.directory, c.headers, c.tensors) for n, c in zip(names, agent_ckpts, strict=True)
@@ -46,6 +49,21 @@ def open_family(base: str | Path, agents: list[str] | tuple[str | Path, ...], mi
     for agent in agent_ckpts:
         _check_agent(base_ckpt, agent)
     return Family(base_ckpt, agent_ckpts)
+
+
+def _refuse_shared_files(base: Checkpoint, agents: tuple[Checkpoint, ...]) -> None:
+    """Refuse a file that belongs to two members, however it was named (a directory and the
+    ``model.safetensors`` inside it, a symlink, a hard link): files are compared by identity."""
+    seen: dict[tuple[int, int], str] = {}
+    for role, member in [("the base", base), *((f"agent {i + 1} ({a.path})", a) for i, a in enumerate(agents))]:
+        for file in member.files:
+            try:
+                st = os.stat(file)
+            except OSError as exc:
+                raise InputError(f"{file}: cannot read ({exc.strerror})") from exc
+            other = seen.setdefault((st.st_dev, st.st_ino), role)
+            if other != role:
+                raise ConfigError(f"{member.path}: given twice (its file {file} is also {other}); list each agent once")
 
 
 def _unique_names(names: list[str]) -> list[str]:
@@ -82,3 +100,22 @@ def _check_agent(base: Checkpoint, agent: Checkpoint) -> None:
     extra = sorted(set(agent.tensors) - set(base.tensors))
     if extra:
         raise MismatchError(f"{agent.path}: tensor {extra[0]!r} of agent {agent.name} is not in the base")
+
+
+def with_absolute_paths(family: Family) -> Family:
+    """The same family with every path absolute, for a process whose working directory differs
+    (a cluster's worker); paths already absolute are kept as they are."""
+
+    def absolute(path: Path) -> Path:
+        return path if path.is_absolute() else Path.cwd() / path
+
+    def member(ckpt: Checkpoint) -> Checkpoint:
+        return replace(
+            ckpt,
+            path=absolute(ckpt.path),
+            directory=None if ckpt.directory is None else absolute(ckpt.directory),
+            headers=tuple(replace(h, path=absolute(h.path)) for h in ckpt.headers),
+            tensors={k: replace(ref, file=absolute(ref.file)) for k, ref in ckpt.tensors.items()},
+        )
+
+    return Family(member(family.base), tuple(member(a) for a in family.agents))

@@ -1,6 +1,12 @@
-"""Cheap fingerprints of inputs: size, mtime and a digest of each file's header.
+"""Fingerprints of inputs: which file this is, and a digest of a few sampled ranges of its data.
 
-They key the index cache and guard a reused index against other inputs, without reading data.
+They key the index cache and the "already merged" check, and guard a reused index against other
+inputs, without reading everything. Name, size, mtime and header alone do not tell data apart:
+fine-tunes of one base share names, sizes and headers, and equal mtimes are normal (reproducible
+builds set them all to 1; ``tar``, ``cp -p``, ``rsync -a`` keep them). So each file also records
+its identity (device, inode, ctime: ctime changes on every write, even when mtime is restored)
+and a SHA-256 of ``SAMPLES`` ranges of ``SAMPLE_BYTES`` of every tensor (its start, middle and
+end). Order matters: the key lists base, agent 1..N, so the same agents in another order differ.
 """
 
 from __future__ import annotations
@@ -9,27 +15,66 @@ import hashlib
 import json
 import os
 
+from ramstream.errors import InputError
 from ramstream.format.checkpoint import Checkpoint
+from ramstream.format.regular import open_regular
+from ramstream.format.safetensors_header import SafetensorsHeader
+
+SAMPLES = 3
+SAMPLE_BYTES = 4096
 
 
 def checkpoint_fingerprint(checkpoint: Checkpoint) -> dict[str, object]:
-    """A JSON-able record of every file of ``checkpoint`` (path, size, mtime, header digest)."""
-    files = []
-    for header in checkpoint.headers:
-        stat = os.stat(header.path)
-        files.append(
-            {
-                "file": header.path.name,
-                "size": stat.st_size,
-                "mtime_ns": stat.st_mtime_ns,
-                "header_sha256": hashlib.sha256(header.header_bytes).hexdigest(),
-            }
-        )
+    """A JSON-able record of every file of ``checkpoint`` (name, size, mtime, identity, digests)."""
+    files = [_file_fingerprint(header) for header in checkpoint.headers]
     return {"name": checkpoint.name, "path": str(checkpoint.path), "files": files}
 
 
+def _file_fingerprint(header: SafetensorsHeader) -> dict[str, object]:
+    try:
+        fd = open_regular(header.path)
+    except OSError as exc:
+        raise InputError(f"{header.path}: cannot read ({exc.strerror})") from exc
+    try:
+        stat = os.fstat(fd)
+        sampled = _sampled_digest(fd, header)
+    except OSError as exc:
+        raise InputError(f"{header.path}: cannot read ({exc.strerror})") from exc
+    finally:
+        os.close(fd)
+    return {
+        "file": header.path.name,
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "identity": [stat.st_dev, stat.st_ino, stat.st_ctime_ns],
+        "header_sha256": hashlib.sha256(header.header_bytes).hexdigest(),
+        "data_sample_sha256": sampled,
+    }
+
+
+def sample_ranges(offset: int, nbytes: int) -> list[tuple[int, int]]:
+    """The byte ranges ``(start, stop)`` sampled from a tensor at ``offset``: the whole tensor
+    when it is small, else ``SAMPLES`` ranges spread from its start to its end."""
+    if nbytes <= SAMPLES * SAMPLE_BYTES:
+        return [(offset, offset + nbytes)] if nbytes else []
+    last = nbytes - SAMPLE_BYTES
+    starts = [offset + last * k // (SAMPLES - 1) for k in range(SAMPLES)]
+    return [(s, s + SAMPLE_BYTES) for s in starts]
+
+
+def _sampled_digest(fd: int, header: SafetensorsHeader) -> str:
+    digest = hashlib.sha256()
+    for entry in header.tensors:
+        for start, stop in sample_ranges(entry.offset, entry.nbytes):
+            data = os.pread(fd, stop - start, start)
+            if len(data) != stop - start:
+                raise InputError(f"{header.path}: shorter than its header says; re-download or re-save it")
+            digest.update(data)
+    return digest.hexdigest()
+
+
 def content_key(fingerprints: list[dict[str, object]], extra: dict[str, object]) -> str:
-    """A short stable digest of the inputs' contents (ignoring paths) plus ``extra`` settings."""
+    """A short stable digest of the inputs (identity and contents, in order, not paths) plus ``extra``."""
     strip = [{"files": fp["files"]} for fp in fingerprints]
     blob = json.dumps({"inputs": strip, **extra}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:20]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ramstream.errors import CorruptFileError
 from ramstream.format.dtypes import ITEMSIZE
+from ramstream.format.regular import open_regular
 
 MAX_HEADER_BYTES = 100_000_000
 
@@ -49,8 +50,8 @@ class SafetensorsHeader:
 def read_header(path: Path) -> SafetensorsHeader:
     """Read and validate the header of ``path``; raise ``CorruptFileError`` naming the file."""
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             prefix = f.read(8)
             if len(prefix) < 8:
                 raise CorruptFileError(f"{path}: file is {size} bytes, too short to be safetensors")

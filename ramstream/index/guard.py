@@ -1,8 +1,10 @@
 """Turn failures of Zarr stores (ours: the index and the merge journal) into clear errors.
 
 Zarr reports a full disk as an ``OSError`` and a damaged chunk (checksum mismatch, truncated or
-altered file) as whatever its codecs raise; at this boundary both become ramstream errors that
-name the store and say what to do.
+altered file) or damaged metadata as a ``ValueError`` (its codecs, JSON, and ``zarr.errors``,
+all ``ValueError``); at this boundary both become ramstream errors that name the store and say
+what to do. Anything else is a bug and stays one: telling a user to delete a healthy store
+would hide it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def store_io(where: object, doing: str) -> Iterator[None]:
         raise StoreWriteError(
             f"{where}: {doing} failed ({reason}); free space (or fix permissions) and rerun the same command to resume"
         ) from exc
-    except Exception as exc:  # codec errors: checksum mismatch, truncated or altered chunk
+    except ValueError as exc:  # format errors: checksum mismatch, truncated or altered chunk, bad metadata
         raise StoreCorruptError(
             f"{where}: {doing} failed, the store is damaged ({type(exc).__name__}: {exc}); "
             "delete it and run the command again"

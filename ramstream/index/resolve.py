@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ramstream.errors import IndexMismatchError
@@ -63,10 +64,21 @@ def _difference(header: IndexHeader, family: Family, eps: float) -> str:
         return f"this index was built with eps={header.eps}, not eps={eps}; use --eps {header.eps} or another --index"
     if len(header.agents) != len(family.agents):
         return f"this index was built for {len(header.agents)} agents, not {len(family.agents)}; use another --index"
-    for old, new in zip(header.inputs, family.fingerprints(), strict=True):
+    fingerprints = family.fingerprints()
+    if sorted(map(_files_key, header.inputs)) == sorted(map(_files_key, fingerprints)):
+        return (
+            "this index was built from the same checkpoints given in another order (its statistics are per "
+            "agent position); give them in the order they were probed, or use another --index"
+        )
+    for old, new in zip(header.inputs, fingerprints, strict=True):
         if old["files"] != new["files"]:
             return (
                 f"this index was built from other inputs ({new['path']} differs from when it was probed: "
-                "size, modification time or header); use another --index or delete this one"
+                "file identity, size, modification time, header or sampled data); use another --index "
+                "or delete this one"
             )
     return "this index was built from other inputs or settings; use another --index or delete this one"
+
+
+def _files_key(fingerprint: dict[str, object]) -> str:
+    return json.dumps(fingerprint.get("files"), sort_keys=True)

@@ -15,6 +15,7 @@ fresh pages); the unaligned head and tail, and every write where the file system
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,7 @@ class ShardWriter:
         self._direct_fds: list[int | None] = []
         self._refused_fds: list[int] = []
         self._staging: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()  # guards _direct_fds and _refused_fds (write-behind threads)
         for name, header, size in zip(layout.names, layout.headers, layout.sizes, strict=True):
             path = self.partial_path(name)
             try:
@@ -91,12 +93,13 @@ class ShardWriter:
         offset = place.offset + byte_start
         view = memoryview(data).cast("B")  # type: ignore[arg-type]
         try:
-            direct = self._direct_fds[place.shard]
+            with self._lock:
+                direct = self._direct_fds[place.shard]
             if direct is not None and len(view) >= DIRECT_MIN and isinstance(data, np.ndarray):
                 head = (-offset) % direct_io.ALIGN
                 body = (len(view) - head) // direct_io.ALIGN * direct_io.ALIGN
                 if (data.ctypes.data + head) % direct_io.ALIGN == 0 and body > 0:
-                    if self._write_direct(place.shard, view[head : head + body], offset + head):
+                    if self._write_direct(place.shard, direct, view[head : head + body], offset + head):
                         direct_io.pwrite_all(fd, view[:head], offset)
                         direct_io.pwrite_all(fd, view[head + body :], offset + head + body)
                         self._settle(fd, offset, len(view))
@@ -110,18 +113,20 @@ class ShardWriter:
                 "free space and rerun the same command to resume"
             ) from exc
 
-    def _write_direct(self, shard: int, view: memoryview, offset: int) -> bool:
-        """Write ``view`` with ``O_DIRECT``; False (and buffered from now on) if it is refused."""
-        direct = self._direct_fds[shard]
-        assert direct is not None
+    def _write_direct(self, shard: int, direct: int, view: memoryview, offset: int) -> bool:
+        """Write ``view`` with ``O_DIRECT`` on ``direct`` (the descriptor the caller read once);
+        False (and buffered from now on) if it is refused. Several write-behind threads get
+        here at once: the switch to buffered writes happens under the lock, once."""
         try:
             direct_io.pwrite_all(direct, view, offset)
         except OSError as exc:
             if not direct_io.refused(exc):
                 raise
-            # Not closed here: another write-behind thread may be using it (closed in close()).
-            self._refused_fds.append(direct)
-            self._direct_fds[shard] = None
+            with self._lock:
+                if self._direct_fds[shard] == direct:
+                    # Not closed here: another thread may be using it (closed in close()).
+                    self._refused_fds.append(direct)
+                    self._direct_fds[shard] = None
             return False
         return True
 

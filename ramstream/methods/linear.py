@@ -44,8 +44,11 @@ def parse_linear(given: Mapping[str, Any], n_agents: int) -> LinearParams:
     weights = options.per_agent("weights", given.get("weights", 1.0), n_agents)
     base_weight = options.number("base_weight", given.get("base_weight", 0.0))
     normalize = options.boolean("normalize", given.get("normalize", True))
-    if normalize and abs(options.float32_sum((base_weight, *weights))) < np.float32(1e-8):
+    total = options.float32_sum((base_weight, *weights))
+    if normalize and abs(total) < np.float32(1e-8):
         raise ConfigError("the weights sum to zero: cannot normalize; change them or turn normalize off")
+    if normalize and not np.isfinite(total):
+        raise ConfigError("the weights' sum overflows float32 (where merges compute): lower them")
     return LinearParams(weights, base_weight, normalize)
 
 

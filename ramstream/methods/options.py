@@ -19,8 +19,12 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def number(name: str, value: Any) -> float:
-    """A finite real number (bools and strings are refused: ``True`` is not a weight)."""
+    """A finite real number within float32's range, where the kernels compute (bools and strings
+    are refused: ``True`` is not a weight; 1e300 would be Inf in every merged value)."""
     try:
         if isinstance(value, (bool, str, bytes)):
             raise TypeError
@@ -29,6 +33,8 @@ def number(name: str, value: Any) -> float:
         raise ConfigError(f"{flag_name(name)} must be a number, got {value!r}") from None
     if not math.isfinite(result):
         raise ConfigError(f"{flag_name(name)} must be a finite number, got {value!r}")
+    if abs(result) > FLOAT32_MAX:
+        raise ConfigError(f"{flag_name(name)} overflows float32 (|x| <= 3.4e38, where merges compute), got {value!r}")
     return result
 
 
@@ -69,6 +75,7 @@ def in_range(name: str, values: tuple[float, ...], low: float, high: float, low_
 def float32_sum(values: tuple[float, ...]) -> np.float32:
     """The float32 sum of ``values`` in order, from +0.0 (as the kernels add weights)."""
     total = np.float32(0.0)
-    for v in values:
-        total = np.float32(total + np.float32(v))
+    with np.errstate(over="ignore"):  # an overflow is the caller's to refuse (Inf), not a warning
+        for v in values:
+            total = np.float32(total + np.float32(v))
     return total

@@ -20,6 +20,7 @@ from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
 from ramstream.errors import ConfigError
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
+from ramstream.methods.options import FLOAT32_MAX
 from ramstream.plan import Block
 from ramstream.statistics.context import StatsContext
 from ramstream.statistics.overlap import OverlapCounts, model_total
@@ -44,6 +45,11 @@ class RamParams:
             raise ConfigError(f"--rho-scope must be model or tensor, got {self.rho_scope!r}")
         if self.lambda_rule not in ("paper", "script", "share"):
             raise ConfigError(f"unknown lambda rule {self.lambda_rule!r}")
+        cap = self.alpha if self.lambda_rule == "paper" else 1.0
+        if 1.0 + self.r * cap > FLOAT32_MAX:  # lambda = 1 + r * clip(rho, 0, cap) must stay a float32
+            raise ConfigError(
+                f"--r {self.r:g} (with alpha {cap:g}) makes lambda overflow float32, where merges compute; lower it"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -24,6 +24,7 @@ from ramstream.io.writer import ShardLayout
 
 WORK_DIR = ".ramstream"
 RUN_FILE = "run.json"
+FILES_FILE = "files.json"
 RECORD_FILE = "ramstream_merge.json"
 SHARD_INDEX = "model.safetensors.index.json"
 COPIED_FILES = (
@@ -53,8 +54,11 @@ def lock(out: Path) -> AbstractContextManager[None]:
 
 
 def _is_ours(entry: Path) -> bool:
-    """The work area and the trash of an earlier finalisation (see ``finalize``)."""
-    return entry.name in (WORK_DIR, LOCK_FILE) or entry.name.startswith(TRASH_PREFIX)
+    """The work area, the lock and the trash of an earlier finalisation (see ``finalize``); a
+    user's file that happens to be named ``.ramstream`` is not ours."""
+    if entry.name == WORK_DIR:
+        return entry.is_dir() and not entry.is_symlink()
+    return entry.name == LOCK_FILE or entry.name.startswith(TRASH_PREFIX)
 
 
 def finished_record(out: Path) -> dict[str, Any] | None:
@@ -70,6 +74,12 @@ def finished_record(out: Path) -> dict[str, Any] | None:
 
 def check_output_path(out: Path, inputs: list[Path]) -> None:
     """Refuse an ``--out`` that is a file, or that is (or holds, or lies in) an input checkpoint."""
+    try:
+        out.stat()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a symlink loop, a name too long for the file system...
+        raise OutputError(f"{out}: cannot be used as --out ({exc.strerror}); choose another directory") from exc
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out}: is a file; --out must be a directory (new or holding an earlier merge)")
     target = out.resolve()
@@ -88,6 +98,11 @@ def prepare(out: Path, run: dict[str, Any], force: bool) -> bool:
         return True
     work = work_dir(out)
     run_file = work / RUN_FILE
+    if (work.exists() or work.is_symlink()) and not _is_ours(work):
+        raise OutputError(
+            f"{work}: is not ramstream's work directory (a file or link of that name); move it away or "
+            "choose another --out"
+        )
     if work.exists() and not run_file.is_file():
         shutil.rmtree(work)  # killed before it recorded which run it belongs to: nothing to keep
     if run_file.is_file() and not force:
@@ -101,11 +116,8 @@ def prepare(out: Path, run: dict[str, Any], force: bool) -> bool:
             f"{out}: holds an unfinished merge of other inputs or parameters; rerun that command to finish "
             "it, choose another --out, or pass --force to start over"
         )
-    if out.exists() and any(not _is_ours(e) for e in out.iterdir()) and not force:
-        what = "another merge" if record is not None else "files"
-        raise OutputError(f"{out}: already holds {what}; choose another --out or pass --force to replace them")
-    if force:
-        _clear(out)
+    if out.exists():
+        _clear_for(out, record, force)
     try:
         work.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_file, json.dumps(run, sort_keys=True, indent=1))
@@ -121,13 +133,48 @@ def _remove_trash(out: Path) -> None:
                 shutil.rmtree(entry)
 
 
-def _clear(out: Path) -> None:
-    """Remove what a merge writes (never unrelated files)."""
+def _clear_for(out: Path, record: dict[str, Any] | None, force: bool) -> None:
+    """Make way for a new merge: refuse a directory holding anything but an earlier merge's
+    output, and with ``force`` remove that output (exactly the files it recorded, nothing else)."""
+    written = _written_by_earlier_merge(out, record)
+    others = sorted(e.name for e in out.iterdir() if not _is_ours(e) and e.name not in written)
+    if others:
+        shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+        raise OutputError(
+            f"{out}: holds files that no ramstream merge wrote ({shown}); --force replaces only an earlier "
+            "merge's output: choose another (or an empty) --out"
+        )
+    present = [out / name for name in sorted(written) if (out / name).is_file()]
+    if not force and (record is not None or present):
+        what = "another merge" if record is not None else "part of an earlier merge"
+        raise OutputError(f"{out}: already holds {what}; choose another --out or pass --force to replace it")
     if work_dir(out).exists():
         shutil.rmtree(work_dir(out))
-    for path in list(out.glob("model-*-of-*.safetensors")) + [out / n for n in ALWAYS_WRITTEN + COPIED_FILES]:
-        if path.is_file():
-            path.unlink()
+    for path in present:
+        path.unlink()
+
+
+def _legacy_files(out: Path) -> list[str]:
+    """What a merge recorded before records listed their files: its shards and fixed names."""
+    try:
+        shards = list(json.loads((out / SHARD_INDEX).read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        shards = []
+    return [*ALWAYS_WRITTEN, *COPIED_FILES, *(s for s in shards if isinstance(s, str))]
+
+
+def _written_by_earlier_merge(out: Path, record: dict[str, Any] | None) -> set[str]:
+    """The names a merge in ``out`` wrote: the finished record's list, or the list an unfinished
+    finalisation left in the work area (``FILES_FILE``, written before it moves anything)."""
+    lists = [record.get("files", _legacy_files(out))] if record is not None else []
+    listing = work_dir(out) / FILES_FILE
+    if listing.is_file():
+        try:
+            lists.append(json.loads(listing.read_text()))
+        except (OSError, ValueError):
+            pass
+    names = {n for names in lists if isinstance(names, list) for n in names if isinstance(n, str)}
+    return {n for n in names if n and Path(n).name == n and not n.startswith(".")}
 
 
 def finalize(
@@ -146,7 +193,12 @@ def finalize(
     and the rerun resumes; after it, ``out`` holds a finished merge and the trash is deleted.
     """
     work = work_dir(out)
+    copied = [base_dir / n for n in COPIED_FILES if (base_dir / n).is_file()] if base_dir is not None else []
+    written = {*layout.names, *(p.name for p in copied), *ALWAYS_WRITTEN}
+    files = sorted(written - (set() if config is not None else {"config.json"}))
+    record = {**record, "files": files}
     try:
+        atomic_write_text(work / FILES_FILE, json.dumps(files))  # what --force may remove if this is cut short
         for name in layout.names:
             source = partial[name]
             if source.exists():
@@ -154,10 +206,8 @@ def finalize(
         total = sum(layout.sizes) - sum(len(h) for h in layout.headers)
         index = {"metadata": {"total_size": total}, "weight_map": layout.weight_map()}
         atomic_write_text(out / SHARD_INDEX, json.dumps(index, indent=2, sort_keys=True), tmp_dir=work)
-        if base_dir is not None:
-            for name in COPIED_FILES:
-                if (base_dir / name).is_file():
-                    atomic_write_bytes(out / name, (base_dir / name).read_bytes(), tmp_dir=work)
+        for source in copied:
+            atomic_write_bytes(out / source.name, source.read_bytes(), tmp_dir=work)
         atomic_write_text(out / "README.md", card, tmp_dir=work)
         if config is not None:
             atomic_write_text(out / "config.json", json.dumps(config, indent=2), tmp_dir=work)

@@ -11,13 +11,20 @@ from ramstream.format.family import Family
 
 
 def merged_config(family: Family, dtypes: tuple[str, ...]) -> dict[str, Any] | None:
+    """The output's config, or None when the base has none; a broken one is an ``InputError``
+    (the merge calls this before its first block too, so it never fails after the long pass)."""
     directory = family.base.directory
     if directory is None or not (directory / "config.json").is_file():
         return None
+    path = directory / "config.json"
     try:
-        config = dict(json.loads((directory / "config.json").read_text()))
+        config = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise InputError(f"{directory / 'config.json'}: not valid JSON ({exc})") from exc
+        raise InputError(f"{path}: not valid JSON ({exc}); fix or remove the base's config.json") from exc
+    if not isinstance(config, dict):
+        raise InputError(
+            f"{path}: holds a JSON {type(config).__name__}, not an object; fix or remove the base's config.json"
+        )
     elements: dict[str, int] = {}
     for dtype, ref in zip(dtypes, family.base.tensors.values(), strict=True):
         if dtype in TORCH_NAMES:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ramstream.backends.base import MAX_PROBE_AGENTS
 from ramstream.config import RunOptions
+from ramstream.errors import ConfigError
 from ramstream.execution.executor import Executor
 from ramstream.format.family import Family
 from ramstream.index import resolve
@@ -67,7 +69,7 @@ class StatsContext:
     @property
     def checked_nonfinite(self) -> bool:
         """True once the probe pass has vouched that no input holds NaN/Inf."""
-        return self._overlap is not None and not self.allow_nonfinite
+        return self._overlap is not None and not self.allow_nonfinite and not self.store.nonfinite_unchecked
 
     @property
     def used_index(self) -> bool:
@@ -81,10 +83,17 @@ class StatsContext:
     def overlap(self) -> OverlapCounts:
         """RAM's overlap counts per tensor (running the probe pass if it is not complete)."""
         if self._overlap is None:
+            if len(self.family.agents) > MAX_PROBE_AGENTS:
+                raise ConfigError(
+                    f"the overlap probe counts at most {MAX_PROBE_AGENTS} agents, got {len(self.family.agents)}; "
+                    "merge them in groups, or use a method without statistics (linear, task_arithmetic)"
+                )
             if not self.store.probe_complete():
                 with self._writing():
                     self._store = self._open()  # another process may have finished it meanwhile
                     if not self._store.probe_complete():
+                        if self.allow_nonfinite:
+                            self._store.mark_nonfinite_unchecked()
                         run_probe(self.family, self._store, self.executor, self.options.quiet, self.allow_nonfinite)
             self._overlap = OverlapCounts(*self.store.tensor_counts())  # the roll-up: two chunks
         return self._overlap

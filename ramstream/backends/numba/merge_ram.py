@@ -1,6 +1,7 @@
 """RAM / RAM+ merge kernel: read -> decode -> task vectors -> overlap-aware merge -> encode, per tile.
 
-Per element: c = number of active agents (|tau| > eps, compared in float32).
+Per element: c = number of active agents (eps < |tau| < Inf, compared in float32: a NaN/Inf tau
+is inactive).
 c = 0: theta0; c = 1: theta0 + lambda_t * tau_t; c >= 2: theta0 + (sum of active tau, in agent
 order) / c. All arithmetic in float32, then encoded to the output format.
 
@@ -24,7 +25,7 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out, out_code, failed)
     workers = failed.shape[0]
     n_reads = reads_of(n)
     eps32 = np.float32(eps)
-    zero, one, two = np.float32(0.0), np.float32(1.0), np.float32(2.0)
+    zero, one, two, inf = np.float32(0.0), np.float32(1.0), np.float32(2.0), np.float32(np.inf)
     for w in prange(workers):
         raw = read_buffer(n_inputs)
         base_bits = np.empty(TILE, np.uint32)
@@ -51,7 +52,7 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out, out_code, failed)
                     lam = lambdas[t]
                     for i in range(m):
                         tau = agent_vals[i] - base_vals[i]
-                        active = abs(tau) > eps32
+                        active = (abs(tau) > eps32) & (abs(tau) < inf)
                         total[i] += tau if active else zero
                         scaled[i] += lam * tau if active else zero
                         count[i] += one if active else zero

@@ -3,10 +3,11 @@
 The block's inputs are read by the kernel itself (``kernels/sources.py``: ``fds``, ``offsets``,
 ``codes``, base first; ``n`` elements). It writes each agent's bit-packed mask (bit ``i % 8`` of
 byte ``i // 8`` is element ``i``, numpy's ``bitorder="little"``) and per-thread partial counts:
-``overlap[w, t, k-1]`` = elements where agent t is active and exactly k agents are active,
-``coverage[w, k]`` = elements where exactly k agents are active, ``nonfinite[w]`` = the first
-element index whose base or agent value is NaN/Inf (or -1), and ``failed[w]`` = -1 or the
-input whose read failed (the file is shorter than its header said: it changed under us).
+``overlap[w, t, k-1]`` = elements where agent t is active (eps < |tau| < Inf: a NaN/Inf tau is
+inactive) and exactly k agents are active, ``coverage[w, k]`` = elements where exactly k agents
+are active, ``nonfinite[w]`` = the first element index whose base or agent value is NaN/Inf (or
+-1), and ``failed[w]`` = -1 or the input whose read failed (the file is shorter than its header
+said: it changed under us).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite
     workers = overlap.shape[0]
     n_reads = reads_of(n)
     eps32 = np.float32(eps)
-    zero = np.float32(0.0)
+    zero, inf = np.float32(0.0), np.float32(np.inf)
     for w in prange(workers):
         raw = read_buffer(n_inputs)
         base_bits = np.empty(TILE, np.uint32)
@@ -56,7 +57,8 @@ def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite
                     for i in range(m):
                         a = agent_vals[i]
                         bad += np.int32(a - a != zero)
-                        act = np.uint8(abs(a - base_vals[i]) > eps32)
+                        d = abs(a - base_vals[i])
+                        act = np.uint8((d > eps32) & (d < inf))  # NaN/Inf tau: inactive
                         row[i] = act
                         count[i] += act
                 if bad and first_bad < 0:

@@ -1,0 +1,96 @@
+"""Refuse a merged block that holds NaN/Inf its inputs did not have.
+
+Inputs with NaN/Inf are refused (unless ``--allow-nonfinite``), so outputs must be too: a merged
+value can pass the output format's range (65504 for f16) or overflow float32 (a huge λ or weight)
+and would be written as Inf, with exit 0. ``check_block`` runs on every merged block right after
+it is computed: two reductions over the raw output, no copy; only a block that fails them is
+looked at closely (decoded, compared with its inputs, merged again in float32 for the message).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ramstream.backends.base import Backend
+from ramstream.blocks import BlockArrays
+from ramstream.errors import NonFiniteOutputError
+from ramstream.format import codecs
+from ramstream.format.dtypes import FloatCode
+from ramstream.methods.base import BlockMerger
+from ramstream.plan import Block
+
+# Per output carrier: the signed view, and the smallest non-finite pattern with the sign bit clear
+# (as the signed integer) and set (as the unsigned integer). Positive Inf/NaN are the largest
+# signed values, negative Inf/NaN the largest unsigned ones: two max reductions find both.
+_PATTERNS: dict[int, tuple[type[np.integer], type[np.integer], int, int]] = {
+    FloatCode.BF16: (np.int16, np.uint16, 0x7F80, 0xFF80),
+    FloatCode.F16: (np.int16, np.uint16, 0x7C00, 0xFC00),
+    FloatCode.F32: (np.int32, np.uint32, 0x7F800000, 0xFF800000),
+    FloatCode.F64: (np.int64, np.uint64, 0x7FF0000000000000, 0xFFF0000000000000),
+}
+_RANGE: dict[int, str] = {
+    FloatCode.BF16: "bf16",
+    FloatCode.F16: "f16 (largest 65504)",
+    FloatCode.F32: "f32",
+    FloatCode.F64: "f64",
+}
+
+
+def has_nonfinite(out: np.ndarray, out_code: int) -> bool:
+    """True when the raw output block ``out`` (format ``out_code``) holds a NaN or Inf."""
+    if not out.size:
+        return False
+    signed, unsigned, positive, negative = _PATTERNS[out_code]
+    return bool(out.view(signed).max() >= positive or out.view(unsigned).max() >= negative)
+
+
+def check_block(
+    out: np.ndarray,
+    out_code: int,
+    arrays: BlockArrays,
+    block: Block,
+    tensor: str,
+    inputs_finite: bool,
+    merge_block: BlockMerger,
+    backend: Backend,
+) -> None:
+    """Raise ``NonFiniteOutputError`` when ``out``, the block ``merge_block`` just merged, holds
+    NaN/Inf where every input is finite.
+
+    ``inputs_finite``: the inputs were checked (no NaN/Inf anywhere), so any NaN/Inf is new;
+    otherwise (``--allow-nonfinite``, or the probe checked them) only positions whose inputs are
+    all finite count.
+    """
+    if not has_nonfinite(out, out_code):
+        return
+    bad = np.flatnonzero(~np.isfinite(codecs.decode(out, out_code)))
+    if not inputs_finite:
+        bad = bad[_inputs_finite_at(arrays, bad)]
+    if not bad.size:
+        return
+    merged = np.empty(out.size, np.float32)  # merged again in float32, for the largest value
+    merge_block(arrays, block, merged, int(FloatCode.F32), backend)
+    raise NonFiniteOutputError(_message(tensor, block.start + int(bad[0]), merged, out_code))
+
+
+def _inputs_finite_at(arrays: BlockArrays, positions: np.ndarray) -> np.ndarray:
+    """For each position, True when the base and every agent are finite there."""
+    finite = np.isfinite(codecs.decode(arrays.base[positions], arrays.base_code))
+    for agent, code in zip(arrays.agents, arrays.agent_codes, strict=True):
+        finite &= np.isfinite(codecs.decode(agent[positions], int(code)))
+    return finite
+
+
+def _message(tensor: str, element: int, merged: np.ndarray, out_code: int) -> str:
+    finite = merged[np.isfinite(merged)]
+    largest = float(np.abs(finite).max()) if finite.size else 0.0
+    if np.isfinite(merged).all():
+        why = f"its largest merged value, {largest:.6g}, is beyond the range of {_RANGE[out_code]}"
+        fix = "write --out-dtype f32 (or bf16), or lower the method's weights or lambda"
+    else:
+        why = f"the merge overflows float32 (its largest finite merged value is {largest:.6g})"
+        fix = "lower the method's weights, lambda or r"
+    return (
+        f"tensor {tensor!r}: the merge would write NaN/Inf (first at element {element}) where every input is "
+        f"finite: {why}; {fix}"
+    )
