@@ -31,3 +31,23 @@ def finish(acc: np.ndarray) -> float:
     for i in np.flatnonzero(acc[:BINS]):
         total += Fraction(int(acc[i])) * Fraction(2) ** int(i - OFFSET)
     return float(total)
+
+
+def renormalised(acc: np.ndarray) -> np.ndarray:
+    """Accumulator rows (..., BINS + 1) as a renormalisation leaves them: the carry of each bin
+    below ``BINS - CARRY_BITS`` moved ``CARRY_BITS`` bins up (in increasing order, so each bin ends
+    in [0, 2**CARRY_BITS)), the counter zeroed.
+
+    Bins ``CARRY_BITS`` apart form one base-2**CARRY_BITS number, which renormalising turns into
+    its unique digits; so accumulators holding the same numbers are equal once renormalised,
+    however their values were added (the Numba kernels add per thread and renormalise every
+    ``RENORMALISE_EVERY`` additions; the torch backend adds a whole tile at once).
+    """
+    out = np.array(acc, np.int64)
+    rows = out.reshape(-1, BINS + 1)
+    for lo in range(0, BINS - CARRY_BITS, CARRY_BITS):
+        carry = rows[:, lo : lo + CARRY_BITS] >> CARRY_BITS
+        rows[:, lo : lo + CARRY_BITS] -= carry << CARRY_BITS
+        rows[:, lo + CARRY_BITS : lo + 2 * CARRY_BITS] += carry
+    rows[:, BINS] = 0
+    return out

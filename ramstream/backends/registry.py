@@ -1,7 +1,8 @@
 """The one registry of compute backends, filled by the explicit list in ``_builtin_backends``.
 
-A backend is made by name with the run's thread count; a backend whose library is an optional
-extra is imported only when asked for.
+A backend is made by name with the run's ``BackendSettings`` (threads, device, GPU memory); a
+backend whose library is an optional extra is imported only when asked for, and a missing extra
+is one line saying how to install it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ramstream.backends.base import Backend
+from ramstream.backends.settings import BackendSettings
+from ramstream.errors import MissingDependencyError
 from ramstream.registry import Registry
 
 
@@ -19,15 +22,32 @@ class BackendSpec:
     name: str
     summary: str
     module: str  # imported on first use: its library may be an optional extra
-    factory: str  # the name in ``module`` that makes the backend: factory(threads)
+    factory: str  # the name in ``module`` that makes the backend: factory(settings)
+    extra: str | None = None  # the optional library (and the ramstream extra installing it)
 
-    def load(self) -> Callable[[int | None], Backend]:
-        return getattr(importlib.import_module(self.module), self.factory)  # type: ignore[no-any-return]
+    def load(self) -> Callable[[BackendSettings], Backend]:
+        try:
+            module = importlib.import_module(self.module)
+        except ModuleNotFoundError as exc:
+            if self.extra is None or (exc.name or "").split(".")[0] != self.extra:
+                raise
+            raise MissingDependencyError(
+                f"--backend {self.name} needs {self.extra}, which is not installed: "
+                f"pip install 'ramstream[{self.extra}]'"
+            ) from None
+        return getattr(module, self.factory)  # type: ignore[no-any-return]
 
 
 def _builtin_backends() -> list[BackendSpec]:
     return [
-        BackendSpec("numba", "Numba-parallel kernels on the CPU", "ramstream.backends.numba.backend", "NumbaBackend")
+        BackendSpec("numba", "Numba-parallel kernels on the CPU", "ramstream.backends.numba.backend", "make"),
+        BackendSpec(
+            "torch",
+            "torch on a CUDA GPU (pinned, streamed tiles) or on the CPU",
+            "ramstream.backends.torch.backend",
+            "make",
+            extra="torch",
+        ),
     ]
 
 
@@ -43,5 +63,11 @@ def load_backend(name: str) -> None:
     _REGISTRY.get(name).load()
 
 
-def make_backend(name: str = "numba", threads: int | None = None) -> Backend:
-    return _REGISTRY.get(name).load()(threads)
+def make_backend(
+    name: str = "numba",
+    threads: int | None = None,
+    device: str | None = None,
+    gpu_memory: int | None = None,
+    memory: int | None = None,
+) -> Backend:
+    return _REGISTRY.get(name).load()(BackendSettings(threads, device, gpu_memory, memory))

@@ -30,7 +30,9 @@ from ramstream.backends.base import (
 from ramstream.backends.exact_sum import BINS
 from ramstream.backends.numba import della, exact_stats, gta, linear, magnitude, merge_ram, nonfinite, probe
 from ramstream.backends.numba.keep import KEEP_ALL, KEEP_ARRAY, KEEP_RANDOM, NO_DENSITY, NO_KEEP, NO_KEYS
+from ramstream.backends.settings import BackendSettings
 from ramstream.blocks import BlockArrays, BlockSources
+from ramstream.errors import ConfigError
 from ramstream.io.reader import InputFiles
 
 CONSENSUS = {"none": gta.CONSENSUS_NONE, "sum": gta.CONSENSUS_SUM, "count": gta.CONSENSUS_COUNT}
@@ -38,6 +40,15 @@ CONSENSUS = {"none": gta.CONSENSUS_NONE, "sum": gta.CONSENSUS_SUM, "count": gta.
 
 def available_threads() -> int:
     return int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+
+
+def make(settings: BackendSettings) -> NumbaBackend:
+    """The registry's factory: the CPU kernels, which refuse a GPU setting rather than ignore it."""
+    if settings.device not in (None, "cpu"):
+        raise ConfigError(f"--backend numba computes on the CPU only; --device {settings.device} needs --backend torch")
+    if settings.gpu_memory is not None:
+        raise ConfigError("--backend numba uses no GPU; --gpu-memory needs --backend torch")
+    return NumbaBackend(settings.threads)
 
 
 class NumbaBackend:

@@ -1,0 +1,493 @@
+"""The torch backend: every ``Backend`` operation as tiles streamed through torch, on a CUDA GPU
+or on the CPU, with the Numba backend's bytes.
+
+A call cuts its block into tiles (a multiple of 64 elements, or of whole slices for DELLA) sized
+to the staging slots and, on CUDA, to the GPU memory budget; each tile's inputs are read from the
+files (``sources``: ``preadv``) or copied from the mapped views (``arrays``) into a slot of the
+input ring on the backend's thread pool, uploaded on the copy stream while the previous tile
+computes, and its per-element results come back through the output ring into the caller's
+buffers. Counts, histograms and exact sums accumulate on the device and are read once per call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from ramstream.backends.base import (
+    HIGH_BINS,
+    LOW_BINS,
+    Cuts,
+    ExactSums,
+    GtaParams,
+    Keep,
+    KeepArray,
+    KeepRandom,
+    LinearParams,
+    MagpruneParams,
+    ProbeCounts,
+)
+from ramstream.backends.exact_sum import BINS, renormalised
+from ramstream.backends.settings import BackendSettings
+from ramstream.backends.torch import codecs, della, device, exact_sums, magnitude, merges, probe
+from ramstream.backends.torch.rng import uniform
+from ramstream.backends.torch.staging import InputRing, OutputRing, Part, array_part, file_part, slot_bytes
+from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
+from ramstream.blocks import BlockArrays, BlockSources
+from ramstream.format.dtypes import FloatCode
+from ramstream.io.reader import InputFiles
+
+CPU_TILE = 1 << 16  # elements per tile on the CPU: a tile's float32 temporaries stay in cache
+DEPTH = 3  # slots per ring: one being filled, one uploading or computing, one landing
+MIN_SLOT, MAX_SLOT = 1 << 20, 64 << 20  # bytes of a CUDA staging slot
+GROUP = 64  # tiles start at multiples of 64 elements: the exact sums' groups
+WORK_BYTES = 48  # device bytes per element of a tile's temporaries, per input (a generous bound)
+
+# tile(worker, first element, elements, the parts on the device, the worker's output ring)
+TileFn = Callable[[int, int, int, list[torch.Tensor], OutputRing], None]
+
+
+def make(settings: BackendSettings) -> TorchBackend:
+    """The registry's factory."""
+    return TorchBackend(settings)
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, settings: BackendSettings) -> None:
+        self._device = device.resolve(settings.device)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self.threads = min(settings.threads or cores, cores)
+        self._cuda = self._device.type == "cuda"
+        streams: Streams = CudaStreams(self._device) if self._cuda else CpuStreams()
+        if self._cuda:
+            self._gpu_budget = device.gpu_budget(self._device, settings.gpu_memory)
+            host = settings.memory or 1 << 30
+            self._slot = max(MIN_SLOT, min(MAX_SLOT, _power_of_two_below(host // 32), self._gpu_budget // 16))
+        else:
+            self._gpu_budget, self._slot = 0, 0
+        self.workers = 1 if self._cuda else self.threads  # CPU: one range of tiles per thread
+        self._rings = [
+            (InputRing(streams, DEPTH, self._slot), OutputRing(streams, DEPTH, self._slot // 2))
+            for _ in range(self.workers)
+        ]
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ramstream-read") if self._cuda else None
+        self._workers_pool: ThreadPoolExecutor | None = None
+        self._files = InputFiles()
+
+    @property
+    def device(self) -> str:
+        return str(self._device)
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    @contextmanager
+    def _scoped(self) -> Iterator[None]:
+        """Run with this backend's torch thread count, the caller's restored after: on the CPU
+        one per op, the backend's threads each taking a range of tiles (intra-op threads over
+        cache-sized tiles cost more in synchronisation than they gain: 2-7x slower, measured)."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads if self._cuda else 1)
+        try:
+            with torch.inference_mode():
+                yield
+        finally:
+            torch.set_num_threads(before)
+
+    def _tile_elems(self, parts: Sequence[Part], inputs: int, align: int) -> int:
+        """Elements per tile: a multiple of ``align`` (at least one), within the staging slot and,
+        on CUDA, the GPU budget (the rings' device buffers, then the temporaries)."""
+        if not self._cuda:
+            elems = CPU_TILE
+        else:
+            per_element = max(slot_bytes(parts, 1), 1)
+            room = max(self._gpu_budget - DEPTH * self._slot, self._gpu_budget // 2)
+            elems = min(self._slot // per_element, room // (WORK_BYTES * (inputs + 2)))
+        return max(align, elems // align * align)
+
+    def _run(self, parts: Sequence[Part], n: int, tile: TileFn, align: int = GROUP, inputs: int = 0) -> None:
+        """Call ``tile(worker, lo, m, staged, outputs)`` for every tile of ``n`` elements; every
+        result put into ``outputs`` is delivered before this returns. On CUDA one host thread
+        drives the streams; on the CPU each of the ``workers`` threads takes one balanced range of
+        tiles with its own rings (torch ops release the GIL), and its own partial results."""
+        step = self._tile_elems(parts, inputs or len(parts), align)
+        starts = list(range(0, n, step))
+        if self._cuda or self.workers == 1:
+            self._loop(0, self._rings[0], parts, starts, n, step, tile, self._pool)
+            return
+        jobs = []
+        for w in range(self.workers):
+            mine = starts[len(starts) * w // self.workers : len(starts) * (w + 1) // self.workers]
+            jobs.append(self._cpu_pool().submit(self._loop, w, self._rings[w], parts, mine, n, step, tile, None))
+        for job in jobs:
+            job.result()
+
+    @staticmethod
+    def _loop(
+        w: int,
+        rings: tuple[InputRing, OutputRing],
+        parts: Sequence[Part],
+        starts: Sequence[int],
+        n: int,
+        step: int,
+        tile: TileFn,
+        pool: ThreadPoolExecutor | None,
+    ) -> None:
+        inputs, outputs = rings
+        try:
+            with torch.inference_mode():
+                for lo in starts:
+                    m = min(step, n - lo)
+                    tile(w, lo, m, inputs.stage(parts, lo, m, pool), outputs)
+                    inputs.consumed()
+        except BaseException:  # a failed read or tile: nothing more may land in the caller's buffers
+            outputs.discard()
+            raise
+        outputs.flush()
+
+    def _cpu_pool(self) -> ThreadPoolExecutor:
+        if self._workers_pool is None:
+            self._workers_pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ramstream-torch")
+        return self._workers_pool
+
+    def _source_parts(self, sources: BlockSources) -> list[Part]:
+        parts = []
+        for k, path in enumerate(sources.files):
+            itemsize = codecs.ITEMSIZE[FloatCode(int(sources.codes[k]))]
+            parts.append(
+                file_part(self._files.descriptor(path), int(sources.offsets[k]), itemsize, _read_error(sources, k))
+            )
+        return parts
+
+    @staticmethod
+    def _array_parts(arrays: BlockArrays, base: bool = True) -> list[Part]:
+        return ([array_part(arrays.base)] if base else []) + [array_part(a) for a in arrays.agents]
+
+    def _codes(self, arrays: BlockArrays) -> list[int]:
+        return [int(arrays.base_code), *map(int, arrays.agent_codes)]
+
+    def _f32(self, values: np.ndarray | np.floating | float) -> torch.Tensor:
+        """float32 constants on the device (a list through Python floats: exact, and no
+        read-only-array warning)."""
+        array = np.asarray(values, np.float32)
+        return torch.tensor(array.tolist(), dtype=torch.float32, device=self._device)
+
+    def _zeros(self, *shape: int) -> torch.Tensor:
+        return torch.zeros(shape, dtype=torch.int64, device=self._device)
+
+    def _positions(self, first: int, m: int) -> torch.Tensor:
+        return torch.arange(first, first + m, dtype=torch.int64, device=self._device)
+
+    @staticmethod
+    def _sink(out: np.ndarray, lo: int, hi: int) -> Callable[[np.ndarray], None]:
+        """Write a landed result (raw bytes) into ``out[..., lo:hi]`` (1-D or rows)."""
+
+        def sink(data: np.ndarray) -> None:
+            target = out[..., lo:hi]
+            np.copyto(target, data.view(out.dtype).reshape(target.shape))
+
+        return sink
+
+    def _first(self) -> torch.Tensor:
+        """Per worker, the first non-finite position found (``probe.NOWHERE``: none)."""
+        return torch.full((self.workers,), probe.NOWHERE, dtype=torch.int64, device=self._device)
+
+    @staticmethod
+    def _found(first: torch.Tensor) -> int:
+        found = int(first.min())
+        return found if found < probe.NOWHERE else -1
+
+    # -- the spine --------------------------------------------------------------------------------
+    def probe(self, sources: BlockSources, eps: float, masks: np.ndarray) -> ProbeCounts:
+        n_agents = len(sources.files) - 1
+        codes = [int(c) for c in sources.codes]
+        with self._scoped():
+            eps32 = self._f32(eps)
+            overlap, coverage = self._zeros(self.workers, n_agents, n_agents), self._zeros(self.workers, n_agents + 1)
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                on = probe.actives(values[0], values[1:], eps32)
+                packed = probe.pack(on)
+                outputs.put(packed, self._sink(masks, lo // 8, lo // 8 + packed.shape[1]))
+                tile_overlap, tile_coverage = probe.counts(on)
+                overlap[w] += tile_overlap
+                coverage[w] += tile_coverage
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+
+            self._run(self._source_parts(sources), sources.size, tile)
+            return ProbeCounts(overlap.sum(0).cpu().numpy(), coverage.sum(0).cpu().numpy(), self._found(first))
+
+    def merge_ram(self, sources: BlockSources, eps: float, lambdas: np.ndarray, out: np.ndarray, out_code: int) -> None:
+        codes = [int(c) for c in sources.codes]
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        with self._scoped():
+            eps32, lams = self._f32(eps), self._f32(lambdas)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                merged = merges.merge_ram(values[0], values[1:], eps32, lams)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(self._source_parts(sources), sources.size, tile)
+
+    # -- the GTA family ---------------------------------------------------------------------------
+    def merge_gta(self, arrays: BlockArrays, params: GtaParams, keep: Keep, out: np.ndarray, out_code: int) -> None:
+        n_agents = len(arrays.agents)
+        parts = self._array_parts(arrays)
+        if isinstance(keep, KeepArray):
+            parts += [array_part(np.ascontiguousarray(keep.keep[t])) for t in range(n_agents)]
+        codes = self._codes(arrays)
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        total_weight = np.float32(0.0)
+        for weight in np.asarray(params.weights, np.float32):
+            total_weight = np.float32(total_weight + weight)
+        if abs(total_weight) < np.float32(1e-8):
+            total_weight = np.float32(1.0)
+        keep_dtype = _torch_dtype(keep.keep.dtype) if isinstance(keep, KeepArray) else torch.uint8
+        with self._scoped():
+            weights, scale = self._f32(params.weights), self._f32(params.scale)
+            lam, divisor = self._f32(params.lam), self._f32(total_weight)
+            density = self._f32(keep.density) if isinstance(keep, KeepRandom) else None
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                base = codecs.decode(raw[0], codes[0])
+                deltas = []
+                for t in range(n_agents):
+                    agent = codecs.decode(raw[1 + t], codes[1 + t])
+                    keep_t = raw[1 + n_agents + t].view(keep_dtype) if isinstance(keep, KeepArray) else None
+                    delta, alive = merges.weighted_deltas(agent, base, weights[t], scale[t], keep_t)
+                    if isinstance(keep, KeepRandom) and density is not None:
+                        alive = uniform(int(keep.keys[t]), self._positions(keep.start + lo, m)) < density[t]
+                    deltas.append((delta, alive))
+                merged = merges.merge_gta(base, deltas, weights, params.consensus, params.normalize, divisor, lam)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2)
+
+    def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> None:
+        uses_base = np.float32(params.base_weight) != np.float32(0.0)
+        parts = self._array_parts(arrays, base=uses_base)
+        codes = self._codes(arrays)[0 if uses_base else 1 :]
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        divisor = np.float32(0.0) + np.float32(params.base_weight)
+        for weight in np.asarray(params.weights, np.float32):
+            divisor = np.float32(divisor + weight)
+        with self._scoped():
+            weights, base_weight = self._f32(params.weights), self._f32(params.base_weight)
+            div = self._f32(divisor) if params.normalize else None
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                base = values[0] if uses_base else None
+                agents = values[1:] if uses_base else values
+                merged = merges.merge_linear(base, base_weight, agents, weights, div)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(parts, arrays.size, tile)
+
+    def first_nonfinite(self, arrays: BlockArrays) -> int:
+        codes = self._codes(arrays)
+        with self._scoped():
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
+            return self._found(first)
+
+    # -- magnitudes -------------------------------------------------------------------------------
+    @staticmethod
+    def _abs_bits(raw: list[torch.Tensor], codes: list[int], agents: Sequence[int]) -> list[torch.Tensor]:
+        base = codecs.decode(raw[0], codes[0])
+        return [magnitude.abs_bits(codecs.decode(raw[1 + t], codes[1 + t]), base) for t in agents]
+
+    def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
+        n_agents = len(arrays.agents)
+        codes = self._codes(arrays)
+        with self._scoped():
+            counts = self._zeros(self.workers, n_agents, HIGH_BINS)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                counts[w] += magnitude.high_counts(torch.stack(self._abs_bits(raw, codes, range(n_agents))))
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
+            return counts.sum(0).cpu().numpy().astype(np.int32)
+
+    def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
+        targets = np.ascontiguousarray(targets, np.int32)
+        n_agents, n_cuts = targets.shape
+        wanted = [t for t in range(n_agents) if targets[t].max(initial=-1) >= 0]
+        if not wanted:
+            return np.zeros((n_agents, n_cuts, LOW_BINS), np.int32)
+        codes = self._codes(arrays)
+        with self._scoped():
+            counts = self._zeros(self.workers, n_agents, n_cuts, LOW_BINS)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                for t, bits in zip(wanted, self._abs_bits(raw, codes, wanted), strict=True):
+                    for c in range(n_cuts):
+                        if targets[t, c] >= 0:
+                            counts[w, t, c] += magnitude.low_counts(bits, int(targets[t, c]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
+            return counts.sum(0).cpu().numpy().astype(np.int32)
+
+    def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
+        n_agents = len(arrays.agents)
+        keep = np.empty((n_agents, arrays.size), np.uint8)
+        codes = self._codes(arrays)
+        values, ranges = cuts.value.tolist(), cuts.range.tolist()
+        with self._scoped():
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                position = self._positions(lo, m)
+                rows = []
+                for t, bits in enumerate(self._abs_bits(raw, codes, range(n_agents))):
+                    wide = bits.to(torch.int64)
+                    (v0, v1), ((a0, e0), (a1, e1)) = values[t], ranges[t]
+                    upper = magnitude.in_lower(wide, position, v1, a1, e1)
+                    lower = magnitude.in_lower(wide, position, v0, a0, e0)
+                    rows.append(upper & ~lower)
+                outputs.put(torch.stack(rows).to(torch.uint8), self._sink(keep, lo, lo + m))
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
+        return keep
+
+    def find_tie(self, arrays: BlockArrays, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
+        """Each worker counts the ties in its tiles (positions too, in order); the ``need``-th is
+        then found serially, so the answer never depends on the workers."""
+        parts = [array_part(arrays.base), array_part(arrays.agents[agent])]
+        codes = [int(arrays.base_code), int(arrays.agent_codes[agent])]
+        found: dict[int, torch.Tensor] = {}  # tile start -> positions of its ties
+        with self._scoped():
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                if lo + m > begin:
+                    (bits,) = self._abs_bits(raw, codes, [0])
+                    equal = (bits.to(torch.int64) == value) & (self._positions(lo, m) >= begin)
+                    found[lo] = torch.nonzero(equal)[:, 0].cpu() + lo
+
+            self._run(parts, arrays.size, tile)
+        positions = [found[lo] for lo in sorted(found)]
+        total = sum(int(p.shape[0]) for p in positions)
+        if not 1 <= need <= total:
+            return -1, total
+        return int(torch.cat(positions)[need - 1]), total
+
+    # -- exact sums -------------------------------------------------------------------------------
+    def abs_sums(self, arrays: BlockArrays, keep: Keep) -> ExactSums:
+        n_agents = len(arrays.agents)
+        parts = self._array_parts(arrays)
+        if isinstance(keep, KeepArray):
+            parts += [array_part(np.ascontiguousarray(keep.keep[t])) for t in range(n_agents)]
+        codes = self._codes(arrays)
+        with self._scoped():
+            zero = torch.zeros((), dtype=torch.float32, device=self._device)
+            acc = self._zeros(self.workers, 2 * n_agents, BINS + 1)
+            first = self._first()
+            density = self._f32(keep.density) if isinstance(keep, KeepRandom) else None
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                base = codecs.decode(raw[0], codes[0])
+                rows = []
+                for t in range(n_agents):
+                    size = (codecs.decode(raw[1 + t], codes[1 + t]) - base).abs()
+                    first[w] = torch.minimum(first[w], probe.first_nonfinite([size]) + lo)
+                    size = torch.where(torch.isfinite(size), size, zero)
+                    if isinstance(keep, KeepRandom) and density is not None:
+                        kept = uniform(int(keep.keys[t]), self._positions(keep.start + lo, m)) < density[t]
+                        rows += [size, torch.where(kept, size, zero)]
+                    elif isinstance(keep, KeepArray):
+                        mask = raw[1 + n_agents + t].view(_torch_dtype(keep.keep.dtype))
+                        rows += [size, torch.where(mask != 0, size, zero)]
+                    else:
+                        rows += [size, size]
+                exact_sums.accumulate(acc[w], exact_sums.group_sums(torch.stack(rows)))
+
+            self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2)
+            total = acc.sum(0).cpu().numpy()
+            sums = renormalised(total).reshape(n_agents, 2, BINS + 1)
+            return ExactSums(sums, self._found(first))
+
+    def gram(self, arrays: BlockArrays) -> ExactSums:
+        n_agents = len(arrays.agents)
+        pairs = [(a, b) for a in range(n_agents) for b in range(a, n_agents)]
+        codes = self._codes(arrays)
+        with self._scoped():
+            zero = torch.zeros((), dtype=torch.float32, device=self._device)
+            acc = self._zeros(self.workers, len(pairs), BINS + 1)
+            first = self._first()
+            left = torch.tensor([a for a, _ in pairs], device=self._device)
+            right = torch.tensor([b for _, b in pairs], device=self._device)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                base = codecs.decode(raw[0], codes[0])
+                taus = []
+                for t in range(n_agents):
+                    tau = codecs.decode(raw[1 + t], codes[1 + t]) - base
+                    first[w] = torch.minimum(first[w], probe.first_nonfinite([tau]) + lo)
+                    taus.append(torch.where(torch.isfinite(tau), tau, zero))
+                stacked = torch.stack(taus)
+                exact_sums.accumulate(acc[w], exact_sums.product_group_sums(stacked[left], stacked[right]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_agents + 1)
+            return ExactSums(renormalised(acc.sum(0).cpu().numpy()), self._found(first))
+
+    # -- DELLA ------------------------------------------------------------------------------------
+    def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:
+        n_agents = len(arrays.agents)
+        keep = np.empty((n_agents, arrays.size), np.float32)
+        codes = self._codes(arrays)
+        parts = self._array_parts(arrays)
+        with self._scoped():
+            lo_p, width = self._f32(params.lo), self._f32(params.width)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                position = self._positions(params.start + lo, m)
+                bits = self._abs_bits(raw, codes, range(n_agents))
+                rows = [
+                    della.keep_values(
+                        bits[t],
+                        position,
+                        params.slice_size,
+                        params.rows,
+                        int(params.keys[t]),
+                        int(params.mode[t]),
+                        lo_p[t],
+                        width[t],
+                        params.inverse,
+                    )
+                    for t in range(n_agents)
+                ]
+                outputs.put(torch.stack(rows), self._sink(keep, lo, lo + m))
+
+            self._run(parts, arrays.size, tile, align=params.slice_size, inputs=len(parts) + 4)
+        return keep
+
+    def close(self) -> None:
+        for pool in (self._pool, self._workers_pool):
+            if pool is not None:
+                pool.shutdown()
+        self._files.close()
+
+
+def _read_error(sources: BlockSources, k: int) -> Callable[[], Exception]:
+    return lambda: sources.read_error(k)
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype of a keep array (a uint8 mask or float32 multipliers)."""
+    return torch.uint8 if dtype == np.uint8 else torch.float32
+
+
+def _power_of_two_below(n: int) -> int:
+    return 1 << max(n, 1).bit_length() - 1

@@ -1,0 +1,40 @@
+"""The device a torch backend computes on, chosen once; an unusable choice is one line."""
+
+from __future__ import annotations
+
+import torch
+
+from ramstream.errors import ConfigError
+
+DEFAULT_GPU_FRACTION = 0.5  # of the device's free memory, without --gpu-memory
+
+
+def resolve(name: str | None) -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:N``; None: the current CUDA device if torch sees one, else cpu."""
+    if name is None:
+        return _cuda(None) if torch.cuda.is_available() else torch.device("cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or name.startswith("cuda:"):
+        return _cuda(int(name[5:]) if name.startswith("cuda:") else None)
+    raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+
+
+def _cuda(index: int | None) -> torch.device:
+    if not torch.cuda.is_available():
+        built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ConfigError(f"--device cuda: torch {torch.__version__} ({built}) sees no CUDA GPU; use --device cpu")
+    count = torch.cuda.device_count()
+    if index is None:
+        index = torch.cuda.current_device()
+    if index >= count:
+        raise ConfigError(f"--device cuda:{index}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return torch.device("cuda", index)
+
+
+def gpu_budget(device: torch.device, given: int | None) -> int:
+    """Bytes of device memory the backend may hold: ``given``, or a share of what is free now."""
+    if given is not None:
+        return given
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free * DEFAULT_GPU_FRACTION)

@@ -1,0 +1,105 @@
+"""The merge arithmetic of one tile, in float32, in the Numba kernels' order (``merge_ram.py``,
+``gta.py``, ``linear.py`` in ``backends/numba``): one rounding per torch op, never a fused op.
+
+Each line is one elementwise op, so nothing can be contracted into a fused multiply-add (torch
+runs each op as its own kernel); per-agent constants are float32 tensors on the device, never
+Python scalars, because a CUDA division by a CPU scalar is computed as a multiplication by its
+reciprocal. Sums start from +0.0 and add every agent's term in agent order, zeros included, as
+the kernels do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+ZERO = 0.0
+
+
+def active(tau: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """eps < |tau| < Inf, compared in float32 (a NaN/Inf tau is inactive)."""
+    magnitude = tau.abs()
+    return (magnitude > eps) & (magnitude < torch.inf)
+
+
+def merge_ram(
+    base: torch.Tensor, agents: Sequence[torch.Tensor], eps: torch.Tensor, lambdas: torch.Tensor
+) -> torch.Tensor:
+    """base; base + lambda_t tau_t where only t is active; base + (sum of active tau) / c."""
+    zero = torch.zeros((), dtype=torch.float32, device=base.device)
+    one = torch.ones((), dtype=torch.float32, device=base.device)
+    total = torch.zeros_like(base)
+    scaled = torch.zeros_like(base)
+    count = torch.zeros_like(base)
+    for t, agent in enumerate(agents):
+        tau = agent - base
+        on = active(tau, eps)
+        total = total + torch.where(on, tau, zero)
+        scaled = scaled + torch.where(on, lambdas[t] * tau, zero)
+        count = count + on.to(torch.float32)
+    mean = total / torch.maximum(count, one)
+    merged = torch.where(count == one, scaled, torch.where(count >= 2.0, mean, zero))
+    return base + merged
+
+
+def weighted_deltas(
+    agent: torch.Tensor, base: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, keep: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``weight * sparse`` and where the element survives (None: wherever the caller says), as
+    ``gta._weighted_deltas``: a keep multiplier k gives ``weight * (((agent - base) * k) * s)``."""
+    tau = agent - base
+    if keep is None:
+        return weight * (tau * scale), None
+    k = keep.to(torch.float32)
+    return weight * ((tau * k) * scale), k != 0
+
+
+def merge_gta(
+    base: torch.Tensor,
+    deltas: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
+    weights: torch.Tensor,
+    consensus: str,
+    normalize: bool,
+    total_weight: torch.Tensor,
+    lam: torch.Tensor,
+) -> torch.Tensor:
+    """base + lam * mixed (divided by the divisor with ``normalize``), as ``gta.gta_merge_block``."""
+    zero = torch.zeros((), dtype=torch.float32, device=base.device)
+    one = torch.ones((), dtype=torch.float32, device=base.device)
+    rows = [d if alive is None else torch.where(alive, d, zero) for d, alive in deltas]
+    mixed = torch.zeros_like(base)
+    if consensus == "none":
+        for row in rows:
+            mixed = mixed + row
+        divisor = total_weight
+    else:
+        majority = torch.zeros_like(base)
+        for row in rows:
+            majority = majority + (row if consensus == "sum" else torch.sign(row))
+        divisor = torch.zeros_like(base)
+        positive, negative = majority >= zero, majority < zero  # a NaN majority is neither
+        for t, row in enumerate(rows):
+            kept = ((row > zero) & positive) | ((row < zero) & negative)
+            mixed = mixed + torch.where(kept, row, zero)
+            divisor = divisor + torch.where(kept, weights[t], zero)
+        divisor = torch.where(divisor == zero, one, divisor)
+    value = mixed / divisor if normalize else mixed
+    return base + lam * value
+
+
+def merge_linear(
+    base: torch.Tensor | None,
+    base_weight: torch.Tensor,
+    agents: Sequence[torch.Tensor],
+    weights: torch.Tensor,
+    divisor: torch.Tensor | None,
+) -> torch.Tensor:
+    """(w0 base + sum_t w_t agent_t) from +0.0, divided by ``divisor`` when one is given; ``base``
+    None: its weight is 0 and it takes no part."""
+    total = torch.zeros_like(agents[0])
+    if base is not None:
+        total = total + base_weight * base
+    for t, agent in enumerate(agents):
+        total = total + weights[t] * agent
+    return total / divisor if divisor is not None else total

@@ -1,0 +1,50 @@
+"""The probe of one tile, as ``backends/numba/probe.py``: active masks bit-packed (little bit
+order), overlap and coverage counts, and where the first NaN/Inf input is, all without reading
+anything back from the device (the counts and that position stay there until the block ends)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ramstream.backends.torch.merges import active
+
+_BIT_WEIGHTS = (1, 2, 4, 8, 16, 32, 64, 128)
+NOWHERE = 1 << 62  # "no non-finite value": larger than any position
+
+
+def actives(base: torch.Tensor, agents: Sequence[torch.Tensor], eps: torch.Tensor) -> torch.Tensor:
+    """bool (N, m): eps < |agent - base| < Inf."""
+    return torch.stack([active(agent - base, eps) for agent in agents])
+
+
+def pack(on: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, ceil(m / 8)): bit i % 8 of byte i // 8 is element i, zero past m."""
+    n_agents, m = on.shape
+    padded = torch.zeros((n_agents, -(-m // 8) * 8), dtype=torch.uint8, device=on.device)
+    padded[:, :m] = on
+    weights = torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=on.device)
+    return (padded.view(n_agents, -1, 8) * weights).sum(dim=2, dtype=torch.int32).to(torch.uint8)
+
+
+def counts(on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 overlap (N, N): [t, k-1] elements where t and exactly k agents are active, and
+    coverage (N+1,): [k] elements where exactly k agents are active (integer sums of masks: exact,
+    and no atomics)."""
+    n_agents = on.shape[0]
+    count = on.sum(dim=0)  # int64 (m,)
+    ks = torch.arange(n_agents + 1, device=on.device).unsqueeze(1)
+    exactly = count.unsqueeze(0) == ks  # (N+1, m): exactly k agents active
+    coverage = exactly.sum(dim=1)
+    overlap = (on.unsqueeze(1) & exactly[1:].unsqueeze(0)).sum(dim=2)
+    return overlap, coverage
+
+
+def first_nonfinite(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """int64 0-d: the first position where any of ``values`` is NaN/Inf, or ``NOWHERE``."""
+    bad = ~torch.isfinite(values[0])
+    for v in values[1:]:
+        bad = bad | ~torch.isfinite(v)
+    first = torch.argmax(bad.to(torch.uint8))  # the first maximum
+    return torch.where(bad[first], first, NOWHERE)

@@ -1,0 +1,182 @@
+"""Tiles of a block on their way to the device and back: a ring of host buffers (pinned on CUDA,
+allocated once and reused) that the inputs are read into, and a ring that results land in.
+
+``InputRing.stage``: wait until the slot's previous upload fired (only then is its host buffer
+refilled), read every part of the tile into it (parts in parallel on the backend's thread pool),
+and queue the upload, which itself waits until the compute that last read the slot's device
+buffer is done. ``OutputRing.put``: queue a result's download into the next slot, first handing
+the slot's previous result to its sink once its event fired. With ``depth`` slots, tile k+1 is
+read and copied while tile k computes, and tile k's result is written while k+1 is in flight.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ramstream.backends.torch.streams import Event, Streams
+
+ALIGN = 64  # bytes between the parts of a slot: every dtype view of a part is aligned
+
+
+@dataclass(frozen=True)
+class Part:
+    """One input of a tile: ``itemsize`` bytes per element, and how to read elements
+    ``[lo, lo + m)`` into a uint8 host array of ``m * itemsize`` bytes (raising on failure)."""
+
+    itemsize: int
+    read: Callable[[np.ndarray, int, int], None]
+
+
+def file_part(fd: int, offset: int, itemsize: int, fail: Callable[[], Exception]) -> Part:
+    """A part read from a file with ``preadv`` (no copy through Python objects)."""
+
+    def read(dst: np.ndarray, lo: int, m: int) -> None:
+        view, at, got = memoryview(dst.data), offset + lo * itemsize, 0
+        while got < len(view):
+            n = os.preadv(fd, [view[got:]], at + got)
+            if n <= 0:  # the file ended before its header said it would
+                raise fail()
+            got += n
+
+    return Part(itemsize, read)
+
+
+def array_part(array: np.ndarray) -> Part:
+    """A part copied from an array (a mapped view of a file, or a keep mask in memory)."""
+    raw = np.ascontiguousarray(array)
+
+    def read(dst: np.ndarray, lo: int, m: int) -> None:
+        np.copyto(dst, raw[lo : lo + m].view(np.uint8))
+
+    return Part(raw.dtype.itemsize, read)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def slot_bytes(parts: Sequence[Part], m: int) -> int:
+    """Bytes of a slot that holds ``m`` elements of every part."""
+    return sum(_aligned(p.itemsize * m) for p in parts)
+
+
+@dataclass
+class _InputSlot:
+    host: torch.Tensor
+    device: torch.Tensor
+    uploaded: Event | None = None  # fired: the host buffer may be refilled
+    consumed: Event | None = None  # fired: the device buffer may be overwritten
+
+
+class InputRing:
+    def __init__(self, streams: Streams, depth: int, capacity: int) -> None:
+        self.streams = streams
+        self.depth = depth
+        self.capacity = 0
+        self._slots: list[_InputSlot] = []
+        self._next = 0
+        self._current: _InputSlot | None = None
+        self.reserve(capacity)
+
+    def reserve(self, capacity: int) -> None:
+        """Make every slot hold at least ``capacity`` bytes (a wider tile than ever before)."""
+        if capacity <= self.capacity:
+            return
+        self.streams.synchronize()  # nothing may still read or write the old buffers
+        self.capacity = _aligned(capacity)
+        hosts = [self.streams.host_buffer(self.capacity) for _ in range(self.depth)]
+        self._slots = [_InputSlot(h, self.streams.device_buffer(h)) for h in hosts]
+
+    def stage(self, parts: Sequence[Part], lo: int, m: int, pool: Executor | None) -> list[torch.Tensor]:
+        """The tile's parts on the device (uint8, ``m * itemsize`` bytes each), upload queued."""
+        total = slot_bytes(parts, m)
+        self.reserve(total)
+        slot = self._slots[self._next % self.depth]
+        self._next += 1
+        if slot.uploaded is not None:
+            slot.uploaded.synchronize()
+        host = slot.host[:total].numpy()
+        spans, at = [], 0
+        for part in parts:
+            spans.append((at, part.itemsize * m))
+            at += _aligned(part.itemsize * m)
+        jobs = [(p.read, host[a : a + n], lo, m) for p, (a, n) in zip(parts, spans, strict=True)]
+        if pool is None or len(jobs) == 1:
+            for read, dst, first, count in jobs:
+                read(dst, first, count)
+        else:
+            for future in [pool.submit(read, dst, first, count) for read, dst, first, count in jobs]:
+                future.result()
+        slot.uploaded = self.streams.upload(slot.device[:total], slot.host[:total], slot.consumed)
+        self._current = slot
+        return [slot.device[a : a + n] for a, n in spans]
+
+    def consumed(self) -> None:
+        """The compute reading the last staged tile is queued: its device buffer is reusable after it."""
+        if self._current is not None:
+            self._current.consumed = self.streams.computed()
+
+
+Sink = Callable[[np.ndarray], None]
+
+
+@dataclass
+class _OutputSlot:
+    host: torch.Tensor
+    landed: torch.Tensor | None = None
+    event: Event | None = None
+    sink: Sink | None = None
+
+
+class OutputRing:
+    def __init__(self, streams: Streams, depth: int, capacity: int) -> None:
+        self.streams = streams
+        self.depth = depth
+        self.capacity = 0
+        self._slots: list[_OutputSlot] = []
+        self._next = 0
+        self.reserve(capacity)
+
+    def reserve(self, capacity: int) -> None:
+        if capacity <= self.capacity:
+            return
+        self.flush()
+        self.capacity = _aligned(capacity)
+        self._slots = [_OutputSlot(self.streams.host_buffer(self.capacity)) for _ in range(self.depth)]
+
+    def put(self, result: torch.Tensor, sink: Sink) -> None:
+        """Queue ``result``'s bytes (a device tensor) for ``sink``, which gets them as a uint8 array."""
+        data = result.reshape(-1).view(torch.uint8)
+        self.reserve(data.shape[0])
+        slot = self._slots[self._next % self.depth]
+        self._next += 1
+        self._drain(slot)
+        slot.landed, slot.event = self.streams.download(slot.host[: data.shape[0]], data)
+        slot.sink = sink
+
+    def flush(self) -> None:
+        """Hand every queued result to its sink, in the order they were put."""
+        for k in range(self._next - len(self._slots), self._next):
+            if k >= 0:
+                self._drain(self._slots[k % len(self._slots)])
+
+    def discard(self) -> None:
+        """Drop every queued result (its call failed: its buffers belong to the caller again)."""
+        self.streams.synchronize()
+        for slot in self._slots:
+            slot.sink = slot.landed = slot.event = None
+
+    @staticmethod
+    def _drain(slot: _OutputSlot) -> None:
+        if slot.sink is None or slot.event is None or slot.landed is None:
+            return
+        slot.event.synchronize()
+        sink, landed = slot.sink, slot.landed
+        slot.sink = slot.landed = slot.event = None
+        sink(landed.numpy())

@@ -1,0 +1,178 @@
+"""The torch backend against the Numba backend on the 0.75B benchmark family (not a test).
+
+CPU (the default): each pass in a fresh CLI process, Numba then torch on the CPU, warm page
+cache: the probe pass (``ramstream probe``, a fresh index) and the merge pass (``ramstream merge
+--method ram+`` with that index cached); wall time, input GB/s and peak RSS (from
+``tools/bench_spine.py``'s measuring wrapper), and the two outputs compared byte for byte.
+
+``--cuda`` (on a machine with a GPU): in this process, the merge pass's input throughput (GB/s
+of input, ``api.merge`` with the index cached) of torch on CUDA and of Numba, and the probe pass's,
+against two floors measured on the same files in the same run: reading every input from the page
+cache into pinned host memory with one thread per core, and the pinned host-to-device copy
+bandwidth. Goal: the merge pass at >= 80 % of the slower floor.
+
+    python tools/bench_torch.py --data bench-data            # CPU: numba vs torch, both passes
+    python tools/bench_torch.py --data bench-data --cuda     # GPU: floors, torch on cuda, numba
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_spine  # the family, the measuring wrapper, the CLI command
+
+
+def _cli_pass(argv: list[str], runs: Path) -> dict[str, float]:
+    doc = bench_spine.measure(argv, runs / "result.json")
+    return {"wall": float(doc["wall"]), "rss_mib": float(doc["maxrss_mib"])}  # type: ignore[arg-type]
+
+
+def cpu(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> None:
+    runs = Path(tempfile.mkdtemp(prefix="bench-torch-", dir=args.data))
+    members = [str(base), *map(str, agents)]
+    common = ["--memory", args.memory, "--quiet", *(["--threads", str(args.threads)] if args.threads else [])]
+    flags = {"numba": ["--backend", "numba"], "torch": ["--backend", "torch", "--device", "cpu"]}
+    figures: dict[str, dict[str, float]] = {}
+    try:
+        read = bench_spine.read_inputs(bench_spine.input_files(base, agents))  # warms the page cache too
+        bench_spine.log(f"one read of the inputs: {read['seconds']:.2f} s")
+        for name, backend in flags.items():
+            index, out = runs / f"{name}.zarr", runs / f"{name}-out"
+            probe = _cli_pass(
+                [*bench_spine.ramstream_cmd(), "probe", *members, "--index", str(index), *common, *backend], runs
+            )
+            merge = _cli_pass(
+                [
+                    *bench_spine.ramstream_cmd(),
+                    "merge",
+                    *members,
+                    "--out",
+                    str(out),
+                    "--index",
+                    str(index),
+                    *common,
+                    *backend,
+                ],
+                runs,
+            )
+            figures[name] = {
+                "probe": probe["wall"],
+                "probe_rss": probe["rss_mib"],
+                "merge": merge["wall"],
+                "merge_rss": merge["rss_mib"],
+            }
+            bench_spine.log(f"{name}: probe {probe['wall']:.1f} s, merge {merge['wall']:.1f} s")
+        same = all(
+            (runs / "numba-out" / f.name).read_bytes() == f.read_bytes()
+            for f in sorted((runs / "torch-out").glob("*.safetensors"))
+        )
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+    print(
+        f"machine: {bench_spine.machine()}; commit {bench_spine.git_commit()}; inputs {gb:.2f} GB; "
+        f"read once {read['seconds']:.2f} s"
+    )
+    print("| pass | numba | torch (cpu) | torch / numba |")
+    print("|---|---:|---:|---:|")
+    for step in ("probe", "merge"):
+        n, t = figures["numba"][step], figures["torch"][step]
+        numba_rss, torch_rss = figures["numba"][step + "_rss"], figures["torch"][step + "_rss"]
+        print(
+            f"| {step} | {n:.1f} s ({gb / n:.2f} GB/s), {numba_rss:.0f} MiB "
+            f"| {t:.1f} s ({gb / t:.2f} GB/s), {torch_rss:.0f} MiB | {t / n:.1f} × |"
+        )
+    print(f"outputs identical: {same}")
+
+
+def _read_floor(files: list[Path]) -> float:
+    """GB/s of reading every file from the page cache into pinned buffers, one thread per core."""
+    import torch
+
+    threads = os.cpu_count() or 1
+    chunk = 64 << 20
+    buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=True).numpy() for _ in range(threads)]
+    jobs = [(f, at) for f in files for at in range(0, f.stat().st_size, chunk)]
+
+    def read(k: int) -> int:
+        f, at = jobs[k]
+        with open(f, "rb", buffering=0) as fh:
+            return os.preadv(fh.fileno(), [memoryview(buffers[k % threads])], at)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(read, range(len(jobs))))  # warm
+        t0 = time.perf_counter()
+        total = sum(pool.map(read, range(len(jobs))))
+        return total / (time.perf_counter() - t0) / 1e9
+
+
+def _h2d_floor() -> float:
+    import torch
+
+    host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty_like(host, device="cuda")
+    device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    return 5 * host.numel() / (time.perf_counter() - t0) / 1e9
+
+
+def gpu(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> None:
+    from ramstream import api
+    from ramstream.config import RunOptions, parse_size
+
+    files = bench_spine.input_files(base, agents)
+    floors = {"read into pinned memory": _read_floor(files), "pinned host-to-device copy": _h2d_floor()}
+    runs = Path(tempfile.mkdtemp(prefix="bench-torch-", dir=args.data))
+    members = [str(a) for a in agents]
+    rates: dict[str, dict[str, float]] = {}
+    try:
+        for name, extra in (("torch cuda", {"backend": "torch", "device": "cuda"}), ("numba", {"backend": "numba"})):
+            options = RunOptions(memory=parse_size(args.memory), quiet=True, **extra)
+            index = runs / f"{name.replace(' ', '-')}.zarr"
+            t0 = time.perf_counter()
+            api.probe(base, members, index=index, options=options)
+            probe = time.perf_counter() - t0
+            api.merge(base, members, out=runs / "warm", index=index, options=options)  # imports, caches
+            t0 = time.perf_counter()
+            api.merge(base, members, out=runs / f"{name.replace(' ', '-')}-out", index=index, options=options)
+            merge = time.perf_counter() - t0
+            rates[name] = {"probe": gb / probe, "merge": gb / merge}
+            shutil.rmtree(runs / "warm")
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+    slower = min(floors.values())
+    print(json.dumps({"floors_GBps": floors, "passes_GBps": rates}, indent=2))
+    merge = rates["torch cuda"]["merge"]
+    print(
+        f"merge pass on cuda: {merge:.1f} GB/s of input = {100 * merge / slower:.0f} % "
+        "of the slower floor (goal >= 80 %)"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="bench-data", help="where bench_spine.py writes the family [bench-data]")
+    parser.add_argument("--memory", default="1GiB", help="--memory of the passes [1GiB]")
+    parser.add_argument("--threads", type=int, default=None, help="--threads of the passes [all cores]")
+    parser.add_argument("--cuda", action="store_true", help="the GPU benchmark (floors, torch on cuda, numba)")
+    args = parser.parse_args()
+    base, agents = bench_spine.ensure_family(Path(args.data) / "full", bench_spine.FULL)
+    gb = sum(f.stat().st_size for f in bench_spine.input_files(base, agents)) / 1e9
+    (gpu if args.cuda else cpu)(args, base, agents, gb)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
