@@ -31,6 +31,10 @@ class NonFiniteWeightError(InputError):
     """A NaN or Inf in a weight, which would poison every statistic."""
 
 
+class NonFiniteOutputError(RamstreamError):
+    """A merge that would write NaN/Inf where its inputs are finite (overflow, out of range)."""
+
+
 class IndexMismatchError(RamstreamError):
     """An index built from other inputs, another epsilon or another schema."""
 
@@ -57,3 +61,7 @@ class StoreCorruptError(RamstreamError):
 
 class ConcurrentRunError(RamstreamError):
     """Another ramstream process is writing the same index or output directory."""
+
+
+class ClusterError(RamstreamError):
+    """A Dask cluster that cannot be reached, or could not finish a pass (its workers kept dying)."""

@@ -19,3 +19,7 @@ class Executor(Protocol):
         ``progress`` by each block's input bytes. Returns once every mark is recorded; on an
         error nothing is written after it returns."""
         ...
+
+    def close(self) -> None:
+        """Release what the executor started (a cluster); the backend belongs to the caller."""
+        ...

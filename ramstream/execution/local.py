@@ -26,9 +26,13 @@ class LocalExecutor:
         self.backend = backend
         self.depth = depth
 
+    def close(self) -> None:
+        """Nothing to release: the backend belongs to the caller."""
+
     def run(
         self, work: BlockWork[Any], family: Family, plan: Plan, blocks: Sequence[Block], progress: Progress
     ) -> None:
+        progress.where = f"{self.backend.name} on {self.backend.device}"
         with InputFiles() as files, WriteBehind(self.depth) as behind:
             reader = BlockReader(family, plan, files)
             for i, block in enumerate(blocks):
@@ -50,5 +54,4 @@ class _Persist:
         self.done_bytes, self.seconds = done_bytes, seconds
 
     def __call__(self) -> None:
-        self.work.write(self.block, self.result)
-        self.work.mark(self.block, self.done_bytes, self.seconds)
+        self.work.persist(self.block, self.result, self.done_bytes, self.seconds)

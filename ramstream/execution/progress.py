@@ -22,6 +22,7 @@ class Progress:
         self.done = 0
         self.stream = stream or sys.stderr
         self.enabled = enabled
+        self.where = ""  # the backend and device computing the blocks ("torch on cuda:0"), once known
         self.started = time.monotonic()
         self._last = 0.0
 
@@ -37,9 +38,10 @@ class Progress:
             elapsed = max(now - self.started, 1e-9)
             rate = self.done / elapsed
             eta = (self.total - self.done) / rate if rate > 0 else 0.0
+            where = f" ({self.where})" if self.where else ""
             self.stream.write(
                 f"\r{self.label}: {_human(self.done)} / {_human(self.total)}  "
-                f"{_human(rate)}/s  ETA {int(eta) // 60}:{int(eta) % 60:02d} "
+                f"{_human(rate)}/s  ETA {int(eta) // 60}:{int(eta) % 60:02d}{where} "
             )
             self.stream.flush()
 

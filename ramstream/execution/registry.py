@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ramstream.backends.base import Backend
+from ramstream.config import RunOptions
 from ramstream.execution.executor import Executor
 from ramstream.registry import Registry
 
@@ -14,17 +15,26 @@ from ramstream.registry import Registry
 class ExecutorSpec:
     name: str
     summary: str
-    make: Callable[[Backend], Executor]  # make(backend) -> an executor computing with it
+    make: Callable[[Backend, RunOptions], Executor]  # an executor computing with this backend (or its name)
 
 
-def _local(backend: Backend) -> Executor:
+def _local(backend: Backend, options: RunOptions) -> Executor:
     from ramstream.execution.local import LocalExecutor
 
     return LocalExecutor(backend)
 
 
+def _dask(backend: Backend, options: RunOptions) -> Executor:
+    from ramstream.execution.dask_executor import DaskExecutor
+
+    return DaskExecutor(backend, options)
+
+
 def _builtin_executors() -> list[ExecutorSpec]:
-    return [ExecutorSpec("local", "one block loop in this process, with write-behind threads", _local)]
+    return [
+        ExecutorSpec("local", "one block loop in this process, with write-behind threads", _local),
+        ExecutorSpec("dask", "tasks of blocks on a Dask distributed cluster (--scheduler, --dask-workers)", _dask),
+    ]
 
 
 _REGISTRY: Registry[ExecutorSpec] = Registry("executor", _builtin_executors)
@@ -34,5 +44,6 @@ def executor_names() -> list[str]:
     return _REGISTRY.names()
 
 
-def make_executor(name: str, backend: Backend) -> Executor:
-    return _REGISTRY.get(name).make(backend)
+def make_executor(backend: Backend, options: RunOptions) -> Executor:
+    """The executor ``options.executor`` names, computing with ``backend``."""
+    return _REGISTRY.get(options.executor).make(backend, options)

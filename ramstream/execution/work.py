@@ -1,13 +1,17 @@
 """What a pass runs per block: the contract between the passes and the executors.
 
 A pass says *what* to compute for a block and what to persist; an executor says *when* and
-*where* (``execution.local``: this process, with write-behind threads). Persisting is split in
-two so that a block is marked done only after its data is durable, wherever it was written:
-``write`` makes the block's data durable (on whatever runs the block), ``mark`` records it in
-the journal (on the process that owns the journal). A ``write`` whose data and journal share one
-store may record the mark in the same step, after the data (the probe's index chunks);
-``mark`` then records only what is left (the pass's rate). Writes are idempotent: a block redone after
-a crash writes the same bytes at the same places.
+*where* (``execution.local``: this process, with write-behind threads; ``execution.dask``: the
+workers of a Dask cluster). Persisting is split in two so that a block is marked done only after
+its data is durable, wherever it was written: ``write`` makes the block's data durable (on
+whatever runs the block), ``mark`` records it in the journal (always on the process that owns
+the journal, the driver). ``persist`` is both, in that order, for an executor that writes where
+the journal is: a work whose data and journal share one store may fuse them into one round trip
+(the probe's index chunks). Writes are idempotent: a block redone after a crash, or by a second
+worker after the first died, writes the same bytes at the same places.
+
+``remote`` describes the work for another process: a picklable record (paths, parameters, the
+plan) whose ``open`` rebuilds ``compute`` and ``write`` there, opening files and stores by path.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from ramstream.plan import Block
 R = TypeVar("R")
 
 
-class BlockWork(Protocol[R]):
-    label: str  # for progress: "probe", "merge", "statistics (...)"
+class BlockTasks(Protocol[R]):
+    """Computing and writing blocks: what a worker needs (it never marks)."""
 
     def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> R:
         """The block's result. ``slot`` (0 .. depth) names a buffer the caller may reuse: the
@@ -33,6 +37,33 @@ class BlockWork(Protocol[R]):
         """Make the block's data durable (output bytes, index chunks)."""
         ...
 
+    def close(self) -> None:
+        """Release what ``write`` holds open (files, stores)."""
+        ...
+
+
+class RemoteWork(Protocol[R]):
+    """A pass's work for another process: picklable, opened there by path."""
+
+    @property
+    def key(self) -> str:
+        """Tells one pass's work from another's (workers cache what ``open`` returns by it)."""
+        ...
+
+    def open(self) -> BlockTasks[R]: ...
+
+
+class BlockWork(BlockTasks[R], Protocol[R]):
+    label: str  # for progress: "probe", "merge", "statistics (...)"
+
     def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
-        """Record the block as done (after ``write`` returned), with the pass's progress so far."""
+        """Record the block as done (after its ``write`` returned), with the pass's progress so far."""
+        ...
+
+    def persist(self, block: Block, result: R, done_bytes: int, seconds: float) -> None:
+        """``write`` then ``mark`` (fused where data and journal share one store)."""
+        ...
+
+    def remote(self) -> RemoteWork[R]:
+        """This work as another process rebuilds it (see the module docstring)."""
         ...

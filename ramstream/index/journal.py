@@ -75,10 +75,10 @@ class Journal:
         """``mark`` as a coroutine, for callers that await it after their own writes."""
         return self._array.async_array.setitem(block, 1)
 
-    def record_rate(self, nbytes: int, seconds: float, *, final: bool = False) -> None:
+    def record_rate(self, nbytes: int, seconds: float, *, final: bool = False, where: str = "") -> None:
         """Keep this run's throughput (input bytes done and seconds spent so far): at most every
         ``RATE_EVERY`` seconds, and always when ``final``. A run that did nothing keeps the last
-        run's record."""
+        run's record. ``where``: the backend and device that computed ("torch on cuda:0"), if known."""
         with self._rate_lock:
             now = time.monotonic()
             stale = nbytes <= self._rate_bytes  # a block persisted out of order by another thread
@@ -91,6 +91,7 @@ class Journal:
                     "seconds": float(seconds),
                     "recorded_at": time.time(),
                     "final": final,
+                    **({"where": where} if where else {}),
                 }
 
     def rate(self) -> dict[str, Any] | None:

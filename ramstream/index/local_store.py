@@ -1,17 +1,22 @@
-"""Zarr's local store, with large chunks made durable and their pages dropped once written.
+"""Zarr's local store, with every write durable before it returns, and large chunks' pages dropped.
+
+A block is marked done in a journal only after its data is durable, and the mark must never
+outlive that data, even across a power loss (not only a killed process): so every value — chunk,
+metadata, journal byte — is written like zarr's own (a temporary file, then a rename) but with
+``fdatasync`` before the rename and an ``fsync`` of the directory after it. On this machine that
+costs ~0.5 ms per small chunk, against a block's ~100 ms of compute, and it runs on the
+write-behind threads.
 
 A probe writes hundreds of MB of masks. Left in the page cache, every chunk would need fresh
 pages (the slowest part of a probe on a VM whose memory is backed lazily: ~0.2 GB/s against
-~1.5 GB/s for recycled ones) and would be written back at the kernel's leisure. Chunks of at
-least ``DROP_AT`` bytes are therefore written like zarr's own (temporary file, then rename) but
-with ``fdatasync`` before the rename and the file's pages released after it: the page cache stays
-flat, and a mask chunk is on disk before the journal can mark its block. Small chunks (counts,
-journal bytes, metadata) keep zarr's plain write: syncing each would cost a disk round trip.
+~1.5 GB/s for recycled ones). Chunks of at least ``DROP_AT`` bytes are therefore written with
+``O_DIRECT`` (their aligned body) and their pages released once written: the page cache stays flat.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import uuid
 from pathlib import Path
@@ -27,24 +32,42 @@ DROP_AT = 256 * 1024
 
 
 def _put_durable(path: Path, value: Buffer) -> None:
-    """A temporary file, its aligned body written with ``O_DIRECT`` (the tail through the page
-    cache), synced, then renamed into place."""
+    """A temporary file (a large value's aligned body written with ``O_DIRECT``, the rest through
+    the page cache), synced, renamed into place, and the rename synced."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{uuid.uuid4().hex}.partial")
     data = value.as_numpy_array().view(np.uint8).reshape(-1)
+    large = len(data) >= DROP_AT
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            done = _write_body_direct(tmp, data)
+            done = _write_body_direct(tmp, data) if large else 0
             direct.pwrite_all(fd, data[done:], done)
             os_hints.sync_data(fd)
-            os_hints.drop_cached(fd)
+            if large:
+                os_hints.drop_cached(fd)
         finally:
             os.close(fd)
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    _sync_directory(path.parent)
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (where the file system allows opening it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system without directory sync
+            raise
+    finally:
+        os.close(fd)
 
 
 def _write_body_direct(path: Path, data: np.ndarray) -> int:
@@ -69,9 +92,6 @@ def _write_body_direct(path: Path, data: np.ndarray) -> int:
 
 class DurableLocalStore(LocalStore):
     async def set(self, key: str, value: Buffer) -> None:
-        if len(value) < DROP_AT:
-            await super().set(key, value)
-            return
         if not self._is_open:
             await self._open()
         self._check_writable()

@@ -27,7 +27,7 @@ import zarr.api.asynchronous
 from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
-from ramstream.errors import IndexMismatchError
+from ramstream.errors import IndexMismatchError, StoreCorruptError
 from ramstream.index.guard import store_io
 from ramstream.index.journal import FLAT_KEYS, Journal
 from ramstream.index.local_store import open_group
@@ -36,6 +36,7 @@ from ramstream.version import __version__
 
 SCHEMA_VERSION = 2
 ATTR = "ramstream_index"
+UNCHECKED_ATTR = "nonfinite_unchecked"  # set by a probe run with allow_nonfinite (never cleared)
 # Every chunk carries a CRC32C of its stored bytes, so a truncated or altered chunk is detected.
 COMPRESSED = (ZstdCodec(level=1), Crc32cCodec())
 CHECKED = (Crc32cCodec(),)
@@ -112,8 +113,11 @@ class IndexStore:
         return len(self.header.agents)
 
     # -- writing ---------------------------------------------------------------------------
-    def write_block(self, block: int, masks: np.ndarray, overlap: np.ndarray, coverage: np.ndarray) -> None:
-        """Persist one probed block, then mark it done (in that order)."""
+    def write_block(
+        self, block: int, masks: np.ndarray, overlap: np.ndarray, coverage: np.ndarray, *, mark: bool = True
+    ) -> None:
+        """Persist one probed block, then (``mark``) mark it done, in that order. A process that
+        does not own the journal (a cluster's worker) writes with ``mark=False``."""
         b = self.plan.blocks[block]
         array = self._mask_array(b.tensor)
         byte0 = b.start // 8
@@ -126,7 +130,7 @@ class IndexStore:
             # The three chunks at once, then the mark, in one round trip to zarr's event loop: on
             # a busy machine each round trip waits for a core, and a block used to make four.
             data = [a.async_array.setitem(where, value) for a, where, value in writes]
-            sync(_gather_then(data, lambda: self.journal.marking(block)))
+            sync(_gather_then(data, (lambda: self.journal.marking(block)) if mark else None))
 
     def write_statistic(self, array: zarr.Array, block: int, partial: np.ndarray) -> None:
         """Persist one block's partial of a method statistic (its journal marks it afterwards)."""
@@ -159,6 +163,18 @@ class IndexStore:
         record = self.group.attrs.get("probe")
         return isinstance(record, dict) and bool(record.get("complete", False))
 
+    @property
+    def nonfinite_unchecked(self) -> bool:
+        """True once any probe of this index ran with ``allow_nonfinite``: its blocks were not
+        checked for NaN/Inf, so a finished probe does not vouch for the inputs."""
+        return bool(self.group.attrs.get(UNCHECKED_ATTR, False))
+
+    def mark_nonfinite_unchecked(self) -> None:
+        """Record, before such a probe writes its first block, that it lets NaN/Inf through."""
+        if not self.nonfinite_unchecked:
+            with store_io(self.path, "recording --allow-nonfinite in the index"):
+                self.group.attrs[UNCHECKED_ATTR] = True
+
     def record_probe(self, seconds: float, nbytes: int, complete: bool) -> None:
         """Keep the last run's throughput (for status ETAs) and whether the pass finished."""
         with store_io(self.path, "recording the probe pass"):
@@ -179,6 +195,15 @@ class IndexStore:
         with store_io(self.path, "reading the overlap statistics"):
             overlap = np.asarray(self._array("stats/overlap")[:n])
             coverage = np.asarray(self._array("stats/coverage")[:n])
+        # Every element of a probed block is counted once: a chunk lost after its mark (deleted,
+        # or a disk that lied about a sync) would read back as zeros, the array's fill value.
+        sizes = np.array([b.size for b in self.plan.blocks], np.int64)
+        lost = np.flatnonzero(self.done() & (coverage.sum(axis=1) != sizes))
+        if len(lost):
+            raise StoreCorruptError(
+                f"{self.path}: the counts of probed block {int(lost[0])} are missing or damaged "
+                f"({len(lost)} block(s)); delete the index and probe again"
+            )
         return overlap, coverage
 
     def write_rollup(self) -> None:
@@ -274,13 +299,26 @@ async def _create_arrays(store: Any, path: str, specs: dict[str, dict[str, Any]]
     """Create the arrays of group ``path`` at once (one per merged tensor: hundreds on a 70B model,
     each a metadata file; one after the other they were most of an index's creation time)."""
     parent = await zarr.api.asynchronous.open_group(store=store, path=path, mode="r+", zarr_format=3)
-    await asyncio.gather(*(parent.create_array(name, **spec) for name, spec in specs.items()))
+    await _gather_all([parent.create_array(name, **spec) for name, spec in specs.items()])
 
 
-async def _gather_then(writes: list[Coroutine[Any, Any, None]], then: Callable[[], Coroutine[Any, Any, None]]) -> None:
+async def _gather_all(coroutines: list[Coroutine[Any, Any, Any]]) -> None:
+    """Await every coroutine, then raise the first failure: a plain ``gather`` raises at the
+    first one and leaves the others' errors unretrieved (asyncio then prints "Future exception
+    was never retrieved" after ramstream's clean message, e.g. when the disk fills)."""
+    results = await asyncio.gather(*coroutines, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+async def _gather_then(
+    writes: list[Coroutine[Any, Any, None]], then: Callable[[], Coroutine[Any, Any, None]] | None
+) -> None:
     """Await ``writes`` together, then (only if all succeeded) the coroutine ``then`` makes."""
-    await asyncio.gather(*writes)
-    await then()
+    await _gather_all(writes)
+    if then is not None:
+        await then()
 
 
 def _mask_chunk_bytes(numel: int, block_elems: int) -> int:
@@ -359,6 +397,11 @@ def open_index_store(path: Path, read_only: bool = False) -> IndexStore:
 
 def _open_group(path: Path, read_only: bool) -> zarr.Group:
     if not (path / "zarr.json").is_file():
+        if path.is_dir() and any(path.iterdir()):
+            raise IndexMismatchError(
+                f"{path}: a damaged ramstream index (its zarr.json is missing: deleted or cut short during a run); "
+                "delete this directory and run the command again"
+            )
         raise IndexMismatchError(f"{path}: no ramstream index here; run probe (or merge) first, or check the path")
     try:
         group = open_group(path, mode="r" if read_only else "r+")

@@ -8,7 +8,7 @@ executor (``MergeWork`` says what to compute and persist per block); the copies 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +19,12 @@ from ramstream.blocks import BlockArrays
 from ramstream.execution.executor import Executor
 from ramstream.execution.progress import Progress
 from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, RAW_CARRIER
-from ramstream.format.family import Family
+from ramstream.format.family import Family, with_absolute_paths
 from ramstream.index.journal import Journal
+from ramstream.index.local_store import open_group as durable_group
 from ramstream.io.reader import InputFiles
 from ramstream.io.writer import ShardLayout, ShardWriter
+from ramstream.merge import finite
 from ramstream.methods.base import BlockMerger
 from ramstream.plan import Block, Plan
 
@@ -56,10 +58,10 @@ def stored_block_elems(work: Path) -> int | None:
 def open_journal(work: Path, n_items: int, block_elems: int, index: Path | None = None) -> Journal:
     path = _journal_path(work)
     if stored_block_elems(work) == block_elems:
-        journal = Journal.open(zarr.open_group(str(path), mode="r+", zarr_format=3), "merge")
+        journal = Journal.open(durable_group(path, mode="r+"), "merge")
         if journal.size == max(n_items, 1):
             return journal
-    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    group = durable_group(path, mode="w")  # a mark is synced, after its block's synced bytes
     journal = Journal.create(group, "merge", n_items)
     if index is not None:
         group.attrs["index"] = str(Path(index).resolve())
@@ -71,16 +73,13 @@ def copied_tensors(plan: Plan) -> list[int]:
     return [i for i, t in enumerate(plan.tensors) if not t.merged]
 
 
-class MergeWork:
+class MergeBlocks:
     """Per block: refuse NaN/Inf inputs (unless the probe vouched), merge into a staging buffer of
-    the slot, write it at its offset in its shard, then mark it in the merge journal."""
+    the slot, and write it at its offset in its shard (durably)."""
 
-    label = "merge"
-
-    def __init__(self, job: MergeJob, writer: ShardWriter, journal: Journal) -> None:
+    def __init__(self, job: MergeJob, writer: ShardWriter) -> None:
         self.job = job
         self.writer = writer
-        self.journal = journal
 
     def _place(self, block: Block) -> tuple[str, int]:
         """The block's tensor name and its first byte within the tensor's output data."""
@@ -95,15 +94,52 @@ class MergeWork:
             bad = backend.first_nonfinite(arrays)
             if bad >= 0:
                 raise arrays.nonfinite_error(bad)
-        job.merge_block(arrays, block, out, int(FLOAT_CODES[out_dtype]), backend)
+        code = int(FLOAT_CODES[out_dtype])
+        job.merge_block(arrays, block, out, code, backend)
+        name = self._place(block)[0]
+        finite.check_block(out, code, arrays, block, name, job.check_nonfinite, job.merge_block, backend)
         return out
 
     def write(self, block: Block, result: np.ndarray) -> None:
         self.writer.write(*self._place(block), result)
 
+    def close(self) -> None:
+        self.writer.close()
+
+
+class MergeWork(MergeBlocks):
+    """The merge blocks, marked in the merge journal once written."""
+
+    label = "merge"
+
+    def __init__(self, job: MergeJob, writer: ShardWriter, journal: Journal, work: Path) -> None:
+        super().__init__(job, writer)
+        self.journal = journal
+        self.work = work
+
     def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
         self.journal.mark(block.index)
         self.journal.record_rate(done_bytes, seconds)
+
+    def persist(self, block: Block, result: np.ndarray, done_bytes: int, seconds: float) -> None:
+        self.write(block, result)
+        self.mark(block, done_bytes, seconds)
+
+    def remote(self) -> RemoteMerge:
+        work = self.work.resolve()
+        return RemoteMerge(f"merge:{work}", replace(self.job, family=with_absolute_paths(self.job.family)), work)
+
+
+@dataclass(frozen=True)
+class RemoteMerge:
+    """The merge for a cluster's worker: it opens the partial shards by path and writes blocks."""
+
+    key: str
+    job: MergeJob
+    work: Path
+
+    def open(self) -> MergeBlocks:
+        return MergeBlocks(self.job, ShardWriter(self.job.layout, self.work))
 
 
 def run_merge(job: MergeJob, work: Path, executor: Executor, quiet: bool) -> None:
@@ -122,7 +158,7 @@ def run_merge(job: MergeJob, work: Path, executor: Executor, quiet: bool) -> Non
     progress = Progress.for_terminal("merge", total, quiet)
     writer = ShardWriter(job.layout, work)
     try:
-        executor.run(MergeWork(job, writer, journal), job.family, plan, todo, progress)
+        executor.run(MergeWork(job, writer, journal, work), job.family, plan, todo, progress)
         with InputFiles() as files:
             for k, t in enumerate(copies):
                 if done[len(plan.blocks) + k]:
@@ -131,7 +167,7 @@ def run_merge(job: MergeJob, work: Path, executor: Executor, quiet: bool) -> Non
                 journal.mark(len(plan.blocks) + k)
                 journal.record_rate(progress.done, progress.elapsed)
         writer.sync()
-        journal.record_rate(progress.done, progress.elapsed, final=True)
+        journal.record_rate(progress.done, progress.elapsed, final=True, where=progress.where)
     finally:
         writer.close()
         progress.close()

@@ -8,6 +8,7 @@ The pass runs on an executor, so it resumes from the journal wherever it stopped
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from ramstream.blocks import BlockArrays
 from ramstream.execution.executor import Executor
 from ramstream.execution.progress import Progress
 from ramstream.format.family import Family
-from ramstream.index.store import IndexStore
+from ramstream.index.store import IndexStore, open_index_store
 from ramstream.plan import Block
 
 
@@ -45,12 +46,36 @@ class ProbeWork:
         return ProbeResult(masks[:, : (block.size + 7) // 8], counts)
 
     def write(self, block: Block, result: ProbeResult) -> None:
-        # The chunks and the journal mark go in one round trip to zarr, data first (measured: a
-        # round trip per block waits for a core on a busy machine); ``mark`` keeps the rate.
-        self.index.write_block(block.index, result.masks, result.counts.overlap, result.counts.coverage)
+        self.index.write_block(block.index, result.masks, result.counts.overlap, result.counts.coverage, mark=False)
 
     def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
+        self.index.journal.mark(block.index)
         self.index.journal.record_rate(done_bytes, seconds)
+
+    def persist(self, block: Block, result: ProbeResult, done_bytes: int, seconds: float) -> None:
+        # The chunks and the journal mark go in one round trip to zarr, data first (measured: a
+        # round trip per block waits for a core on a busy machine).
+        self.index.write_block(block.index, result.masks, result.counts.overlap, result.counts.coverage)
+        self.index.journal.record_rate(done_bytes, seconds)
+
+    def close(self) -> None:
+        """The index store holds nothing open between writes."""
+
+    def remote(self) -> RemoteProbe:
+        path = self.index.path.resolve()
+        return RemoteProbe(f"probe:{path}", path, self.allow_nonfinite)
+
+
+@dataclass(frozen=True)
+class RemoteProbe:
+    """The probe for a cluster's worker: it opens the index by path and writes its chunks."""
+
+    key: str
+    index: Path
+    allow_nonfinite: bool
+
+    def open(self) -> ProbeWork:
+        return ProbeWork(open_index_store(self.index), self.allow_nonfinite)
 
 
 def run_probe(
@@ -65,6 +90,6 @@ def run_probe(
         executor.run(ProbeWork(index, allow_nonfinite), family, plan, todo, progress)
     finally:
         progress.close()
-    index.journal.record_rate(progress.done, progress.elapsed, final=True)
+    index.journal.record_rate(progress.done, progress.elapsed, final=True, where=progress.where)
     index.write_rollup()
     index.record_probe(progress.elapsed, progress.done, complete=True)

@@ -7,6 +7,9 @@ in flight.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 import zarr
 
@@ -16,7 +19,7 @@ from ramstream.execution.executor import Executor
 from ramstream.execution.progress import Progress
 from ramstream.format.family import Family
 from ramstream.index.journal import Journal
-from ramstream.index.store import IndexStore
+from ramstream.index.store import IndexStore, open_index_store
 from ramstream.plan import Block
 from ramstream.statistics.base import BlockStatistic
 
@@ -52,6 +55,33 @@ class StatisticsWork:
     def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
         for k in self._missing(block):
             self.stores[k][1].mark(block.index)
+
+    def persist(self, block: Block, result: Partials, done_bytes: int, seconds: float) -> None:
+        self.write(block, result)
+        self.mark(block, done_bytes, seconds)
+
+    def close(self) -> None:
+        """The index store holds nothing open between writes."""
+
+    def remote(self) -> RemoteStatistics:
+        key = f"statistics:{self.index.path.resolve()}:" + ",".join(s.key for s in self.stats)
+        return RemoteStatistics(key, self.index.path.resolve(), self.stats, self.done)
+
+
+@dataclass(frozen=True, eq=False)
+class RemoteStatistics:
+    """The statistics pass for a cluster's worker: it opens the index by path and writes partials."""
+
+    key: str
+    index: Path
+    stats: list[BlockStatistic]
+    done: list[np.ndarray]
+
+    def open(self) -> StatisticsWork:
+        index = open_index_store(self.index)
+        n_agents = index.n_agents
+        stores = [index.statistic(s.key, s.shape(n_agents), s.dtype) for s in self.stats]
+        return StatisticsWork(index, self.stats, stores, self.done)
 
 
 def run_statistics(
