@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from ramstream.backends.base import Backend
 from ramstream.backends.registry import load_backend, make_backend
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
 from ramstream.errors import ConfigError
+from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
 from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES
 from ramstream.format.family import Family, open_family
@@ -29,7 +31,15 @@ from ramstream.output import directory as output_dir
 from ramstream.output.hf_config import merged_config
 from ramstream.output.model_card import model_card
 from ramstream.output.shards import plan_shards
-from ramstream.plan import block_elems_for, bytes_per_element, make_plan
+from ramstream.plan import (
+    Plan,
+    block_elems_for,
+    bytes_per_element,
+    elements_within,
+    make_plan,
+    memory_for,
+    row_elements,
+)
 from ramstream.statistics.context import StatsContext
 from ramstream.version import __version__
 
@@ -52,8 +62,8 @@ class MergeResult:
 
 
 def _backend(options: RunOptions) -> Backend:
-    """The run's compute backend, with its thread count (scoped to its own calls)."""
-    return make_backend(options.backend, options.threads)
+    """The run's compute backend, with its thread count (scoped to its own calls) and device."""
+    return make_backend(options.backend, options.threads, options.device, options.gpu_memory, options.memory)
 
 
 def preload(backend: str = "numba") -> None:
@@ -91,6 +101,7 @@ def probe(
     options = options or RunOptions()
     family = open_family(base, list(agents))
     backend = _backend(options)
+    executor = make_executor(backend, options)
     try:
         ctx = StatsContext(
             family,
@@ -98,12 +109,13 @@ def probe(
             Path(index) if index else None,
             options,
             _block_elems(family, options),
-            make_executor(options.executor, backend),
+            executor,
             allow_nonfinite,
         )
         ctx.overlap()
         return ctx.store
     finally:
+        executor.close()
         backend.close()
 
 
@@ -145,6 +157,7 @@ def merge(
     family = open_family(base, list(agents), min_agents=spec.min_agents)
     out_path = Path(out)
     dtypes = _out_dtypes(family, out_dtype)
+    merged_config(family, dtypes)  # a broken base config.json is refused now, not after the merge pass
     run = {
         "inputs": resolve.family_key(family, eps),
         "method": method,
@@ -157,6 +170,7 @@ def merge(
     }
     output_dir.check_output_path(out_path, [m.path for m in family.members])
     backend = _backend(options)
+    executor = make_executor(backend, options)  # a cluster is reached only when a pass runs
     try:
         with output_dir.lock(out_path):
             return _merge_into(
@@ -172,9 +186,10 @@ def merge(
                 force,
                 allow_nonfinite,
                 options,
-                backend,
+                executor,
             )
     finally:
+        executor.close()
         backend.close()
 
 
@@ -191,24 +206,24 @@ def _merge_into(
     force: bool,
     allow_nonfinite: bool,
     options: RunOptions,
-    backend: Backend,
+    executor: Executor,
 ) -> MergeResult:
-    """The merge proper, with the output directory locked."""
+    """The merge proper, with the output directory locked: the passes on ``executor``, then the
+    finished directory."""
     method = spec.name
     if output_dir.prepare(out_path, run, force):
         record = output_dir.finished_record(out_path) or {}
         per_agent = {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
         return MergeResult(out_path, None, method, params.to_dict(), per_agent, True)
-    executor = make_executor(options.executor, backend)
     ctx = StatsContext(
         family, eps, Path(index) if index else None, options, _block_elems(family, options), executor, allow_nonfinite
     )
-    prepared = spec.prepare(params, ctx)
     work = output_dir.work_dir(out_path)
-    # A resumed merge keeps the block size its journal was written with, whatever --memory says now.
     out_itemsize = max((ITEMSIZE[d] for d in dtypes), default=2)
-    block_elems = stored_block_elems(work) or _block_elems(family, options, out_itemsize)
+    block_elems = _merge_block_elems(work, family, options, out_itemsize)
     plan = make_plan(family, block_elems, row_aligned=spec.row_aligned)
+    _check_rows_fit(plan, spec, family, options, out_itemsize)  # before any pass: della's blocks hold whole rows
+    prepared = spec.prepare(params, ctx)
     layout = plan_shards(
         [(t.name, dtypes[i], t.shape, t.numel * ITEMSIZE[dtypes[i]]) for i, t in enumerate(plan.tensors)],
         shard_size,
@@ -238,6 +253,42 @@ def _merge_into(
         record,
     )
     return MergeResult(out_path, index_path, method, params.to_dict(), prepared.per_agent, False)
+
+
+def _merge_block_elems(work: Path, family: Family, options: RunOptions, out_itemsize: int) -> int:
+    """The merge's block size: what the budget allows, or an unfinished merge's own when it is no
+    larger (its journal marks blocks of that size). A larger one would break the budget (the
+    rerun after an out-of-memory kill, with a smaller --memory): its blocks start over, saying so."""
+    budget = _block_elems(family, options, out_itemsize)
+    stored = stored_block_elems(work)
+    if stored is None or stored <= budget:
+        return stored or budget
+    print(
+        f"note: the unfinished merge in {work.parent} used blocks of {stored} elements, more than --memory "
+        f"allows now ({budget}); its blocks start over at the smaller size",
+        file=sys.stderr,
+    )
+    return budget
+
+
+def _check_rows_fit(plan: Plan, spec: MethodSpec, family: Family, options: RunOptions, out_itemsize: int) -> None:
+    """A method that ranks whole rows (della) holds a row per block: refuse a row the budget
+    cannot hold, naming the tensor and the --memory that would do."""
+    if not spec.row_aligned or options.block_elems is not None:
+        return
+    per_element = bytes_per_element(family, out_itemsize)
+    fits = elements_within(options.memory, per_element)
+    for t in plan.tensors:
+        if t.merged and row_elements(t) > fits:
+            raise ConfigError(
+                f"tensor {t.name!r}: --method {spec.name} ranks whole rows, and its rows of {row_elements(t)} "
+                f"elements need more than --memory {_mib(options.memory)}; pass --memory "
+                f"{_mib(memory_for(row_elements(t), per_element))} or more"
+            )
+
+
+def _mib(nbytes: int) -> str:
+    return f"{-(-nbytes // (1 << 20))}MiB"
 
 
 def _out_dtypes(family: Family, out_dtype: OutDtype) -> tuple[str, ...]:

@@ -102,6 +102,10 @@ def _friendly(func: F) -> F:
         except RamstreamError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
+        except OSError as exc:  # the system refused a path no check above foresaw (too long, a loop...)
+            where = f"{exc.filename}: " if exc.filename is not None else ""
+            click.echo(f"error: {where}{exc.strerror or exc}; check the path, permissions and free space", err=True)
+            sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted: rerun the same command to resume where it stopped", err=True)
             sys.exit(130)
@@ -112,10 +116,36 @@ def _friendly(func: F) -> F:
 def _run_options(f: F) -> F:
     f = click.option("--quiet", is_flag=True, help="No progress on stderr.")(f)
     f = click.option(
+        "--dask-workers",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Run the blocks on a Dask LocalCluster of N worker processes on this machine (extra 'ramstream[dask]').",
+    )(f)
+    f = click.option(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="Run the blocks on a running Dask scheduler, e.g. tcp://host:8786; every worker must see the same "
+        "paths (extra 'ramstream[dask]').",
+    )(f)
+    f = click.option(
+        "--gpu-memory",
+        type=Size(),
+        default=None,
+        help="GPU memory budget of --backend torch on CUDA, e.g. 6GiB [default: most of the free memory].",
+    )(f)
+    f = click.option(
+        "--device",
+        default=None,
+        metavar="cpu|cuda|cuda:N",
+        help="Where --backend torch computes [default: cuda when torch sees a GPU, else cpu].",
+    )(f)
+    f = click.option(
         "--backend",
         default="numba",
         show_default=True,
-        help="Where blocks are computed (numba: the CPU kernels); every backend writes the same bytes.",
+        help="Where blocks are computed (numba: the CPU kernels; torch: a CUDA GPU or the CPU, extra "
+        "'ramstream[torch]'); every backend writes the same bytes.",
     )(f)
     f = click.option(
         "--cache-dir",
@@ -132,10 +162,18 @@ def _run_options(f: F) -> F:
     return f
 
 
-def _options(memory: int, threads: int | None, cache_dir: Path | None, quiet: bool, backend: str) -> RunOptions:
-    return RunOptions(
-        memory=memory, threads=threads, backend=backend, quiet=quiet, cache_dir=cache_dir or default_cache_dir()
-    )
+def _options(cache_dir: Path | None = None, **run: Any) -> RunOptions:
+    """The run options of ``_run_options``' flags (as click passes them)."""
+    return RunOptions(cache_dir=cache_dir or default_cache_dir(), **run)
+
+
+# The parameter names ``_run_options`` adds: a command taking method settings as ``**values``
+# separates them from the run options with ``_pop_run_options``.
+_RUN_PARAMS = tuple(p.name for p in getattr(_run_options(lambda: None), "__click_params__", ()) if p.name)
+
+
+def _pop_run_options(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: values.pop(name) for name in _RUN_PARAMS if name in values}
 
 
 @click.group()
@@ -273,18 +311,14 @@ def merge(
     shard_size: int,
     force: bool,
     allow_nonfinite: bool,
-    memory: int,
-    threads: int | None,
-    cache_dir: Path | None,
-    quiet: bool,
-    backend: str,
     **values: Any,
 ) -> None:
     """Merge AGENTS into BASE (or what --config names) and write a Hugging Face model directory
     to --out (resumable). Options a method does not read are refused."""
     from ramstream import mergekit_config
 
-    api = _load_api(backend)
+    run = _pop_run_options(values)
+    api = _load_api(run["backend"])
 
     settings = _given_settings(ctx, values)
     if config is not None:
@@ -303,7 +337,7 @@ def merge(
         shard_size=shard_size,
         force=force,
         allow_nonfinite=allow_nonfinite,
-        options=_options(memory, threads, cache_dir, quiet, backend),
+        options=_options(**run),
     )
     state = "already merged" if result.resumed_finished else "merged"
     click.echo(f"{state}: {result.out} ({_summary(result.method, result.per_agent)})")

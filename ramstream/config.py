@@ -26,6 +26,7 @@ _UNITS = {
     "TIB": 1024**4,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_DEVICE_RE = re.compile(r"^(cpu|cuda|cuda:[0-9]+)$")
 
 DEFAULT_MEMORY = 1024**3
 DEFAULT_SHARD_SIZE = 5 * 1000**3
@@ -66,11 +67,29 @@ class RunOptions:
     block_elems: int | None = None
     quiet: bool = False
     cache_dir: Path = field(default_factory=default_cache_dir)
+    scheduler: str | None = None  # a running Dask scheduler's address: the blocks run on its workers
+    dask_workers: int | None = None  # a Dask LocalCluster of this many worker processes, started here
+    device: str | None = None  # cpu, cuda or cuda:N (None: the backend's default; torch: cuda if it has one)
+    gpu_memory: int | None = None  # bytes of GPU memory the backend may hold (None: its default)
 
     def __post_init__(self) -> None:
+        if self.scheduler is not None and self.dask_workers is not None:
+            raise ConfigError("give either --scheduler or --dask-workers, not both")
+        if self.dask_workers is not None and self.dask_workers < 1:
+            raise ConfigError("--dask-workers must be at least 1")
+        if self.scheduler is not None or self.dask_workers is not None:
+            if self.executor not in ("local", "dask"):
+                raise ConfigError(f"--scheduler and --dask-workers run on the dask executor, not {self.executor!r}")
+            object.__setattr__(self, "executor", "dask")  # naming a cluster is choosing to run on it
+        elif self.executor == "dask":
+            raise ConfigError("the dask executor needs --scheduler ADDRESS or --dask-workers N")
         if self.memory < 16 * 1024**2:
             raise ConfigError("--memory must be at least 16MiB")
         if self.threads is not None and self.threads < 1:
             raise ConfigError("--threads must be at least 1")
         if self.block_elems is not None and (self.block_elems < 64 or self.block_elems % 64):
             raise ConfigError("block size must be a positive multiple of 64 elements")
+        if self.device is not None and not _DEVICE_RE.match(self.device):
+            raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.gpu_memory is not None and self.gpu_memory < 16 * 1024**2:
+            raise ConfigError("--gpu-memory must be at least 16MiB")

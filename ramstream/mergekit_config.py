@@ -34,6 +34,8 @@ revisions (``model@rev``), tokenizer merging, parameters the method does not rea
 from __future__ import annotations
 
 import math
+import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,14 +175,33 @@ def load(path: str | Path) -> ConfigMerge:
 
     path = Path(path)
     try:
-        text = path.read_text()
+        text = _read_regular(path).decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save the config as UTF-8") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
     return parse(doc, path)
+
+
+def _read_regular(path: Path) -> bytes:
+    """The file's bytes; a FIFO or device is refused at once (a FIFO would block ``open``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path}: not a regular file; give the path of a YAML config")
+        return f.read()
+
+
+def _name(doc: Mapping[str, Any], key: str, fail: Fail) -> str | None:
+    """A value that names something (a method, a dtype): a string, or absent."""
+    value = doc.get(key)
+    if value is not None and not isinstance(value, str):
+        raise fail(f"{key}: expected a name, got a {type(value).__name__} ({value!r})")
+    return value
 
 
 def parse(doc: Any, source: Path) -> ConfigMerge:
@@ -196,7 +217,7 @@ def parse(doc: Any, source: Path) -> ConfigMerge:
             raise fail(_REFUSED_KEYS[key])
         if key not in _TOP_KEYS:
             raise fail(f"unknown key {key!r} (ramstream reads {', '.join(_TOP_KEYS)})")
-    name = doc.get("merge_method")
+    name = _name(doc, "merge_method", fail)
     if name not in METHODS:
         raise fail(f"merge_method {name!r} is not supported; ramstream runs {', '.join(METHODS)}")
     spec = METHODS[name]
@@ -274,13 +295,13 @@ def _inputs(entries: Any, fail: Fail) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def _dtypes(doc: Mapping[str, Any], fail: Fail) -> dict[str, Any]:
-    dtype = _dtype_name(doc.get("dtype"), "dtype", fail)
+    dtype = _dtype_name(_name(doc, "dtype", fail), "dtype", fail)
     if dtype not in (None, "float32"):
         raise fail(
             f"dtype: {dtype} is not supported: ramstream's arithmetic is float32 whatever the inputs "
             "(write dtype: float32, and out_dtype: for the output's dtype)"
         )
-    out = _dtype_name(doc.get("out_dtype"), "out_dtype", fail)
+    out = _dtype_name(_name(doc, "out_dtype", fail), "out_dtype", fail)
     if out is not None:
         return {"out_dtype": _OUT_DTYPES[out]}
     if dtype is not None:
@@ -298,7 +319,7 @@ def _dtype_name(value: Any, key: str, fail: Fail) -> str | None:
 
 
 def _tokenizer(doc: Mapping[str, Any], fail: Fail) -> None:
-    source = doc.get("tokenizer_source")
+    source = _name(doc, "tokenizer_source", fail)
     if source not in (None, "base"):
         raise fail(
             f"tokenizer_source: {source!r} is not supported: ramstream copies the tokenizer files "

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from ramstream.api import merge, probe
 from ramstream.backends.numba.codecs import decode_array, encode_array
-from ramstream.backends.registry import backend_names, make_backend
+from ramstream.backends.registry import backend_names, load_backend, make_backend
 from ramstream.cli import main
 from ramstream.config import RunOptions
-from ramstream.errors import ConfigError
+from ramstream.errors import ConfigError, MissingDependencyError
 from ramstream.format import codecs
 from ramstream.format.dtypes import FloatCode
 from tests.families import Family, build_family
@@ -44,21 +44,33 @@ METHODS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def family(tmp_path_factory: pytest.TempPathFactory) -> Family:
-    """bf16 in 2 shards; an agent equal to the base (c = 0 only) and one with 0 unique elements."""
+# Each family has an agent equal to the base (c = 0 only) and one with no unique element, so
+# c = 0, 1 and >= 2 all occur; the mixed one's agents are decoded to float32 before the kernels.
+FAMILIES: dict[str, dict[str, Any]] = {
+    "bf16-sharded": {"shards": 2},
+    "f16-single-file": {"dtype": "F16", "single_file": True},
+    "f32-mixed-agents": {"dtype": "F32", "agent_dtypes": ("F32", "BF16", "F16", "F32", "F32")},
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Family:
     root = tmp_path_factory.mktemp("backends")
-    return build_family(root, shards=2, identical_agent=True, subset_agent=True, int_tensor=True, seed=5)
+    given = FAMILIES[request.param]
+    return build_family(root, identical_agent=True, subset_agent=True, int_tensor=True, seed=5, **given)
 
 
 def _files(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
 
-def _merge(family: Family, out: Path, method: str, given: dict[str, Any], backend: str) -> dict[str, bytes]:
+def _merge(
+    family: Family, out: Path, method: str, given: dict[str, Any], backend: str = "numba", **run: Any
+) -> dict[str, bytes]:
+    """Merge with ``method`` into ``out`` (blocks of 256 elements; ``run``: more ``RunOptions``)."""
     ram = {k: given[k] for k in ("rho_scope", "lambda_rule") if k in given}
     others = {k: v for k, v in given.items() if k not in ram}
-    options = RunOptions(cache_dir=out.parent / "cache", quiet=True, block_elems=256, backend=backend)
+    options = RunOptions(cache_dir=out.parent / "cache", quiet=True, block_elems=256, backend=backend, **run)
     merge(
         family.base,
         [str(a) for a in family.agents],
@@ -71,12 +83,36 @@ def _merge(family: Family, out: Path, method: str, given: dict[str, Any], backen
     return _files(out)
 
 
-@pytest.mark.parametrize("backend", backend_names())
+NumbaBytes = dict[tuple[str, str, str], dict[str, bytes]]
+
+
+def installed_backends() -> list[str]:
+    """The registered backends whose library is installed here (torch is an optional extra)."""
+    names = []
+    for name in backend_names():
+        try:
+            load_backend(name)
+        except MissingDependencyError:
+            continue
+        names.append(name)
+    return names
+
+
+@pytest.fixture(scope="module")
+def numba_bytes() -> NumbaBytes:
+    """The Numba backend's output per (family, method, options), merged once for every backend."""
+    return {}
+
+
+@pytest.mark.parametrize("backend", installed_backends())
 @pytest.mark.parametrize(("method", "given"), METHODS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(METHODS)])
 def test_every_backend_writes_the_numba_bytes(
-    family: Family, tmp_path: Path, backend: str, method: str, given: dict[str, Any]
+    family: Family, tmp_path: Path, backend: str, method: str, given: dict[str, Any], numba_bytes: NumbaBytes
 ) -> None:
-    expected = _merge(family, tmp_path / "numba" / "out", method, given, "numba")
+    key = (str(family.base), method, repr(sorted(given.items())))
+    if key not in numba_bytes:
+        numba_bytes[key] = _merge(family, tmp_path / "numba" / "out", method, given, "numba")
+    expected = numba_bytes[key]
     assert any(name.endswith(".safetensors") for name in expected)
     assert _merge(family, tmp_path / backend / "out", method, given, backend) == expected
 

@@ -334,7 +334,7 @@ def error_case(name: str) -> Callable[[Family, Path], tuple[list[str | Path], li
         if name == "out-holds-other-files":
             (tmp / "out").mkdir()
             (tmp / "out" / "notes.txt").write_text("mine\n")
-            return ["merge", base, a0, a1, *out], [str(tmp / "out"), "already holds", "--force"]
+            return ["merge", base, a0, a1, *out], [str(tmp / "out"), "no ramstream merge wrote", "notes.txt"]
         if name == "out-is-a-file":
             (tmp / "out").write_text("mine\n")
             return ["merge", base, a0, a1, *out], [str(tmp / "out")]

@@ -13,13 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ramstream.api import merge, probe
-from ramstream.backends.registry import backend_names
 from ramstream.config import RunOptions
 from ramstream.index.store import IndexStore
 from ramstream.methods.report import agent_reports
 from ramstream.statistics.overlap import per_tensor
 from tests import reference as ref
 from tests.families import DEFAULT_SHAPES, Family, build_family
+from tests.test_backends import installed_backends
 
 # A tensor of 5120 elements spans several 2048-element kernel tiles (so threads split it), and
 # odd sizes end blocks mid-byte.
@@ -33,7 +33,7 @@ SHAPES: dict[str, tuple[int, ...]] = {
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 BLOCKS = st.integers(1, 64).map(lambda k: 64 * k)
 THREADS = st.sampled_from([1, 2])
-BACKENDS = st.sampled_from(backend_names())
+BACKENDS = st.sampled_from(installed_backends())
 MEMORY = st.integers(16 * 1024**2, 8 * 1024**3)
 
 

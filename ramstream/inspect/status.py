@@ -41,6 +41,7 @@ class PassStatus:
     rate: float | None = None  # input bytes per second of the last run
     rate_from: str | None = None  # which run the rate comes from
     recorded_at: float | None = None  # when that rate was last recorded (Unix time)
+    computed_on: str | None = None  # the backend and device of that run ("torch on cuda:0"), if recorded
 
     @property
     def eta_seconds(self) -> float | None:
@@ -60,6 +61,7 @@ class PassStatus:
             "rate_bytes_per_s": self.rate,
             "rate_from": self.rate_from,
             "rate_recorded_at": self.recorded_at,
+            "computed_on": self.computed_on,
             "eta_seconds": self.eta_seconds,
         }
 
@@ -112,14 +114,15 @@ def merge_item_bytes(plan: Plan) -> np.ndarray:
     return np.concatenate([probe_block_bytes(plan), np.array(copies, np.int64)])
 
 
-def _rate(record: dict[str, Any] | None, source: str) -> tuple[float | None, str | None, float | None]:
+def _rate(record: dict[str, Any] | None, source: str) -> tuple[float | None, str | None, float | None, str | None]:
     if not record:
-        return None, None, None
+        return None, None, None, None
     seconds, nbytes = float(record.get("seconds") or 0.0), float(record.get("bytes") or 0.0)
     if seconds <= 0 or nbytes <= 0:
-        return None, None, None
+        return None, None, None, None
     at = record.get("recorded_at", record.get("finished_at"))
-    return nbytes / seconds, source, float(at) if isinstance(at, int | float) else None
+    where = record.get("where")
+    return nbytes / seconds, source, float(at) if isinstance(at, int | float) else None, where or None
 
 
 # -- an index -------------------------------------------------------------------------------
@@ -181,7 +184,11 @@ def _find_index(
 
 def _merge_pass(journal: zarr.Group | None, store: IndexStore | None, probe: PassStatus | None) -> PassStatus:
     bytes_total = int(merge_item_bytes(store.plan).sum()) if store is not None else None
-    fallback = (probe.rate, "last probe run", probe.recorded_at) if probe and probe.rate else (None, None, None)
+    fallback = (
+        (probe.rate, "last probe run", probe.recorded_at, probe.computed_on)
+        if probe and probe.rate
+        else (None, None, None, None)
+    )
     if journal is None:
         return PassStatus("merge", "not started", 0, None, 0, bytes_total, *fallback)
     array = Journal.open(journal, "merge")
@@ -279,6 +286,8 @@ def _pass_line(p: PassStatus, now: float) -> str:
             line += f", ETA {_duration(eta)} at {_size(p.rate)}/s ({p.rate_from})"
         else:
             line += f", {_size(p.rate)}/s ({p.rate_from})"
+        if p.computed_on:
+            line += f", {p.computed_on}"
         if p.state == "partial" and p.recorded_at is not None and p.rate_from == f"last {p.name} run":
             line += f", last recorded {_duration(max(now - p.recorded_at, 0))} ago"
     elif p.state == "partial":
