@@ -130,7 +130,7 @@ class DaskExecutor:
             for index in outcome.blocks:
                 block = plan.blocks[index]
                 progress.advance(plan.block_bytes(block))
-                work.mark(block, progress.done, progress.elapsed)
+                work.mark(block, progress.snapshot())
             reported += len(outcome.blocks)
         if reported != expected:  # never finish a pass on blocks nobody reported
             raise ClusterError(f"the Dask cluster reported {reported} of {expected} blocks; rerun to resume")

@@ -23,7 +23,7 @@ from ramstream.backends.settings import BackendSettings
 from ramstream.blocks import BlockArrays
 from ramstream.errors import RamstreamError
 from ramstream.execution.local import LocalExecutor
-from ramstream.execution.progress import Progress
+from ramstream.execution.progress import Done, Progress
 from ramstream.execution.work import BlockTasks, RemoteWork
 from ramstream.format.family import Family
 from ramstream.plan import Block, Plan
@@ -59,10 +59,10 @@ class _Unmarked:
     def write(self, block: Block, result: Any) -> None:
         self.tasks.write(block, result)
 
-    def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
+    def mark(self, block: Block, done: Done) -> None:
         """The driver marks, once the whole task is reported durable."""
 
-    def persist(self, block: Block, result: Any, done_bytes: int, seconds: float) -> None:
+    def persist(self, block: Block, result: Any, done: Done) -> None:
         self.tasks.write(block, result)
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockReader
-from ramstream.execution.progress import Progress
+from ramstream.execution.progress import Done, Progress
 from ramstream.execution.work import BlockWork
 from ramstream.execution.write_behind import WriteBehind
 from ramstream.format.family import Family
@@ -43,15 +43,14 @@ class LocalExecutor:
                 del arrays
                 reader.release(block)
                 progress.advance(plan.block_bytes(block))
-                behind.submit(_Persist(work, block, result, progress.done, progress.elapsed))
+                behind.submit(_Persist(work, block, result, progress.snapshot()))
 
 
 class _Persist:
     """On a write-behind thread: the block's durable data, then its journal mark."""
 
-    def __init__(self, work: BlockWork[Any], block: Block, result: Any, done_bytes: int, seconds: float) -> None:
-        self.work, self.block, self.result = work, block, result
-        self.done_bytes, self.seconds = done_bytes, seconds
+    def __init__(self, work: BlockWork[Any], block: Block, result: Any, done: Done) -> None:
+        self.work, self.block, self.result, self.done = work, block, result, done
 
     def __call__(self) -> None:
-        self.work.persist(self.block, self.result, self.done_bytes, self.seconds)
+        self.work.persist(self.block, self.result, self.done)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from typing import TextIO
 
 
@@ -13,6 +14,16 @@ def _human(nbytes: float) -> str:
             return f"{nbytes:6.1f} {unit}"
         nbytes /= 1000
     return f"{nbytes:.1f} TB"
+
+
+@dataclass(frozen=True)
+class Done:
+    """A pass's progress as of one block's mark: input bytes done, seconds spent, and where the
+    blocks are computed (journals record it, so ``ramstream status`` can say so mid-pass)."""
+
+    bytes: int
+    seconds: float
+    where: str = ""
 
 
 class Progress:
@@ -44,6 +55,9 @@ class Progress:
                 f"{_human(rate)}/s  ETA {int(eta) // 60}:{int(eta) % 60:02d}{where} "
             )
             self.stream.flush()
+
+    def snapshot(self) -> Done:
+        return Done(self.done, self.elapsed, self.where)
 
     def close(self) -> None:
         if self.enabled:

@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar
 
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
+from ramstream.execution.progress import Done
 from ramstream.plan import Block
 
 R = TypeVar("R")
@@ -56,11 +57,11 @@ class RemoteWork(Protocol[R]):
 class BlockWork(BlockTasks[R], Protocol[R]):
     label: str  # for progress: "probe", "merge", "statistics (...)"
 
-    def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
+    def mark(self, block: Block, done: Done) -> None:
         """Record the block as done (after its ``write`` returned), with the pass's progress so far."""
         ...
 
-    def persist(self, block: Block, result: R, done_bytes: int, seconds: float) -> None:
+    def persist(self, block: Block, result: R, done: Done) -> None:
         """``write`` then ``mark`` (fused where data and journal share one store)."""
         ...
 

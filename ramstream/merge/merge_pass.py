@@ -17,7 +17,7 @@ import zarr
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
 from ramstream.execution.executor import Executor
-from ramstream.execution.progress import Progress
+from ramstream.execution.progress import Done, Progress
 from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, RAW_CARRIER
 from ramstream.format.family import Family, with_absolute_paths
 from ramstream.index.journal import Journal
@@ -117,13 +117,13 @@ class MergeWork(MergeBlocks):
         self.journal = journal
         self.work = work
 
-    def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
+    def mark(self, block: Block, done: Done) -> None:
         self.journal.mark(block.index)
-        self.journal.record_rate(done_bytes, seconds)
+        self.journal.record_rate(done.bytes, done.seconds, where=done.where)
 
-    def persist(self, block: Block, result: np.ndarray, done_bytes: int, seconds: float) -> None:
+    def persist(self, block: Block, result: np.ndarray, done: Done) -> None:
         self.write(block, result)
-        self.mark(block, done_bytes, seconds)
+        self.mark(block, done)
 
     def remote(self) -> RemoteMerge:
         work = self.work.resolve()
@@ -165,7 +165,7 @@ def run_merge(job: MergeJob, work: Path, executor: Executor, quiet: bool) -> Non
                     continue
                 _copy_tensor(job, files, writer, t, progress)
                 journal.mark(len(plan.blocks) + k)
-                journal.record_rate(progress.done, progress.elapsed)
+                journal.record_rate(progress.done, progress.elapsed, where=progress.where)
         writer.sync()
         journal.record_rate(progress.done, progress.elapsed, final=True, where=progress.where)
     finally:

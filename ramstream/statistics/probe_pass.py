@@ -15,7 +15,7 @@ import numpy as np
 from ramstream.backends.base import Backend, ProbeCounts
 from ramstream.blocks import BlockArrays
 from ramstream.execution.executor import Executor
-from ramstream.execution.progress import Progress
+from ramstream.execution.progress import Done, Progress
 from ramstream.format.family import Family
 from ramstream.index.store import IndexStore, open_index_store
 from ramstream.plan import Block
@@ -48,15 +48,15 @@ class ProbeWork:
     def write(self, block: Block, result: ProbeResult) -> None:
         self.index.write_block(block.index, result.masks, result.counts.overlap, result.counts.coverage, mark=False)
 
-    def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
+    def mark(self, block: Block, done: Done) -> None:
         self.index.journal.mark(block.index)
-        self.index.journal.record_rate(done_bytes, seconds)
+        self.index.journal.record_rate(done.bytes, done.seconds, where=done.where)
 
-    def persist(self, block: Block, result: ProbeResult, done_bytes: int, seconds: float) -> None:
+    def persist(self, block: Block, result: ProbeResult, done: Done) -> None:
         # The chunks and the journal mark go in one round trip to zarr, data first (measured: a
         # round trip per block waits for a core on a busy machine).
         self.index.write_block(block.index, result.masks, result.counts.overlap, result.counts.coverage)
-        self.index.journal.record_rate(done_bytes, seconds)
+        self.index.journal.record_rate(done.bytes, done.seconds, where=done.where)
 
     def close(self) -> None:
         """The index store holds nothing open between writes."""

@@ -16,7 +16,7 @@ import zarr
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
 from ramstream.execution.executor import Executor
-from ramstream.execution.progress import Progress
+from ramstream.execution.progress import Done, Progress
 from ramstream.format.family import Family
 from ramstream.index.journal import Journal
 from ramstream.index.store import IndexStore, open_index_store
@@ -52,13 +52,13 @@ class StatisticsWork:
         for k, partial in result:
             self.index.write_statistic(self.stores[k][0], block.index, partial)
 
-    def mark(self, block: Block, done_bytes: int, seconds: float) -> None:
+    def mark(self, block: Block, done: Done) -> None:
         for k in self._missing(block):
             self.stores[k][1].mark(block.index)
 
-    def persist(self, block: Block, result: Partials, done_bytes: int, seconds: float) -> None:
+    def persist(self, block: Block, result: Partials, done: Done) -> None:
         self.write(block, result)
-        self.mark(block, done_bytes, seconds)
+        self.mark(block, done)
 
     def close(self) -> None:
         """The index store holds nothing open between writes."""
