@@ -482,6 +482,21 @@ def test_a_resume_under_a_smaller_budget_starts_its_blocks_over(
     assert model_bytes(out) == model_bytes(tmp_path / "reference")
 
 
+def test_an_index_probed_under_a_larger_budget_says_so(
+    tmp_path: Path, family: Family, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An index keeps its blocks (its partials are per block): reused under a smaller --memory,
+    the run says that its passes may exceed the budget, and how to stay within it."""
+    big = RunOptions(cache_dir=tmp_path / "cache", quiet=True, block_elems=1024)
+    small = RunOptions(cache_dir=tmp_path / "cache", quiet=True, block_elems=256)
+    api.probe(family.base, family.agents, options=big)
+    capsys.readouterr()
+    api.merge(family.base, family.agents, out=tmp_path / "out", method="ties", options=small)
+    err = capsys.readouterr().err
+    assert "has blocks of 1024 elements, more than --memory allows now (256)" in err
+    assert "give another --index" in err
+
+
 # -- 14. the store guard translates I/O and format errors only ----------------------------------
 
 

@@ -7,6 +7,7 @@ run on the context's executor, which computes with its backend.
 
 from __future__ import annotations
 
+import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -57,9 +58,19 @@ class StatsContext:
         return self._store
 
     def _open(self) -> IndexStore:
-        return resolve.open_or_create(
+        store = resolve.open_or_create(
             self.family, self.eps, self._index_path, self.options.cache_dir, self._block_elems
         )
+        if store.plan.block_elems > self._block_elems and self._store is None:
+            # The index keeps the blocks it was probed with (its partials are per block), so a
+            # smaller --memory than the probe's cannot shrink them: say so rather than exceed it quietly.
+            print(
+                f"note: the index {store.path} has blocks of {store.plan.block_elems} elements, more than --memory "
+                f"allows now ({self._block_elems}); its passes may exceed the budget: give another --index "
+                "(or --cache-dir) to probe within it",
+                file=sys.stderr,
+            )
+        return store
 
     def _writing(self) -> AbstractContextManager[None]:
         """The index's lock: a second process wanting to write it waits for the first."""
