@@ -16,11 +16,21 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q '$(TORCH)'
 	$(BIN)/pip install -q -e '.[test]' '$(MERGEKIT)'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo needs ramstream and torch (to score the lab's agents), not the test tools nor mergekit;
+# a venv that `make install` made has them already.
+DEMO_STAMP := $(VENV)/.installed-demo
+$(DEMO_STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q '$(TORCH)'
+	$(BIN)/pip install -q -e .
+	touch $(DEMO_STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)  ## install, then merge the built-in RL agents (docs/agents_lab.md) with RAM+
+demo: $(DEMO_STAMP)  ## install ramstream and torch, then merge the built-in RL agents (docs/agents_lab.md) with RAM+
 	$(BIN)/ramstream demo
 
 # Numba's on-disk cache notices edits to a kernel's own file only, not to the helpers and constants

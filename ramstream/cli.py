@@ -162,14 +162,26 @@ def _run_options(f: F) -> F:
     return f
 
 
+def _checkpoint_options(f: F) -> F:
+    """The run options of the commands that open checkpoints (probe, merge)."""
+    f = click.option(
+        "--hf-cache",
+        type=click.Path(path_type=Path, file_okay=False),
+        default=None,
+        help="The Hugging Face cache where hub ids (org/name[@revision]) are found or downloaded "
+        "[default: huggingface_hub's: HF_HUB_CACHE, or HF_HOME/hub].",
+    )(f)
+    return _run_options(f)
+
+
 def _options(cache_dir: Path | None = None, **run: Any) -> RunOptions:
     """The run options of ``_run_options``' flags (as click passes them)."""
     return RunOptions(cache_dir=cache_dir or default_cache_dir(), **run)
 
 
-# The parameter names ``_run_options`` adds: a command taking method settings as ``**values``
+# The parameter names ``_checkpoint_options`` adds: a command taking method settings as ``**values``
 # separates them from the run options with ``_pop_run_options``.
-_RUN_PARAMS = tuple(p.name for p in getattr(_run_options(lambda: None), "__click_params__", ()) if p.name)
+_RUN_PARAMS = tuple(p.name for p in getattr(_checkpoint_options(lambda: None), "__click_params__", ()) if p.name)
 
 
 def _pop_run_options(values: dict[str, Any]) -> dict[str, Any]:
@@ -182,9 +194,10 @@ def main() -> None:
     """Merge fine-tuned checkpoints of one base out of core (RAM / RAM+), within a RAM budget."""
 
 
+# Checkpoints are taken as written: a path (``./org/name`` stays a path) or a hub id (org/name[@rev]).
 @main.command()
-@click.argument("base", type=click.Path(path_type=Path))
-@click.argument("agents", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("base", type=str)
+@click.argument("agents", nargs=-1, required=True, type=str)
 @click.option("--index", "index", type=click.Path(path_type=Path), default=None, help="Index path [default: cache].")
 @click.option("--eps", type=float, default=DEFAULT_EPS, show_default=True, help="|tau| > eps marks an element active.")
 @click.option(
@@ -192,10 +205,10 @@ def main() -> None:
     is_flag=True,
     help="Let NaN/Inf weights through (a non-finite task-vector element counts as inactive) instead of refusing.",
 )
-@_run_options
+@_checkpoint_options
 @_friendly
 def probe(
-    base: Path, agents: tuple[Path, ...], index: Path | None, eps: float, allow_nonfinite: bool, **run: Any
+    base: str, agents: tuple[str, ...], index: Path | None, eps: float, allow_nonfinite: bool, **run: Any
 ) -> None:
     """Gather the statistics of AGENTS against BASE into the index (resumable)."""
     api = _load_api(run["backend"])
@@ -255,8 +268,8 @@ def _given_settings(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any
 
 
 @main.command()
-@click.argument("base", type=click.Path(path_type=Path), required=False)
-@click.argument("agents", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("base", type=str, required=False)
+@click.argument("agents", nargs=-1, type=str)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output model directory.")
 @click.option(
     "--config",
@@ -298,13 +311,13 @@ def _given_settings(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any
     is_flag=True,
     help="Let NaN/Inf weights through (a non-finite task-vector element counts as inactive) instead of refusing.",
 )
-@_run_options
+@_checkpoint_options
 @click.pass_context
 @_friendly
 def merge(
     ctx: click.Context,
-    base: Path | None,
-    agents: tuple[Path, ...],
+    base: str | Path | None,
+    agents: tuple[str | Path, ...],
     out: Path,
     config: Path | None,
     index: Path | None,

@@ -67,6 +67,7 @@ class RunOptions:
     block_elems: int | None = None
     quiet: bool = False
     cache_dir: Path = field(default_factory=default_cache_dir)
+    hf_cache: Path | None = None  # the Hugging Face cache for hub ids (None: huggingface_hub's, HF_HUB_CACHE/HF_HOME)
     scheduler: str | None = None  # a running Dask scheduler's address: the blocks run on its workers
     dask_workers: int | None = None  # a Dask LocalCluster of this many worker processes, started here
     device: str | None = None  # cpu, cuda or cuda:N (None: the backend's default; torch: cuda if it has one)

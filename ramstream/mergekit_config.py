@@ -25,10 +25,12 @@ check that), except where the mergekit method implies other values (``ramplus_tl
 tensor, alpha 0.2). The base model may be listed in ``models``: for ``linear`` it is an input
 like any other (mergekit adds ``base_model`` to linear's inputs when it is not listed; ramstream
 passes its weight as ``base_weight``), for the other methods it is the base. Relative paths are
-relative to the working directory, as in mergekit. Everything else is refused by name, in one
-line: slices, modules, gradients (lists of values), per-tensor filters, LoRA (``model+lora``),
-revisions (``model@rev``), tokenizer merging, parameters the method does not read, and any
-``dtype`` other than float32 (ramstream's arithmetic is float32, always; see docs/methods.md).
+relative to the working directory, as in mergekit; a model that is no existing path and reads as
+``org/name[@revision]`` is a Hugging Face hub id, resolved when the checkpoints are opened.
+Everything else is refused by name, in one line: slices, modules, gradients (lists of values),
+per-tensor filters, LoRA (``model+lora``), tokenizer merging, parameters the method does not
+read, and any ``dtype`` other than float32 (ramstream's arithmetic is float32, always; see
+docs/methods.md).
 """
 
 from __future__ import annotations
@@ -332,9 +334,7 @@ def _model_path(value: Any, where: str, fail: Fail) -> Path:
         raise fail(f"{where}: model must be a path (LoRA and override_architecture are not supported)")
     if "+" in value:
         raise fail(f"{where}: {value!r} names a LoRA (model+lora), which is not supported: merge it in first")
-    if "@" in value:
-        raise fail(f"{where}: {value!r} names a revision (model@rev), which is not supported: give a local path")
-    return Path(value).expanduser()
+    return Path(value).expanduser()  # a hub id (org/name@rev) stays as written: it is resolved on opening
 
 
 def _parameters(value: Any, where: str, fail: Fail) -> dict[str, Any]:

@@ -80,7 +80,11 @@ def read_safetensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], np.nda
 
 
 def read_model_dir(path: Path) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
-    """All tensors of an output model directory (through its shard index)."""
+    """All tensors of an output model directory (through its shard index, or its one
+    ``model.safetensors``, which then has no index beside it)."""
+    if not (Path(path) / "model.safetensors.index.json").is_file():
+        assert not list(Path(path).glob("model-*.safetensors")), "numbered shards without an index"
+        return read_safetensors(Path(path) / "model.safetensors")
     index = json.loads((Path(path) / "model.safetensors.index.json").read_text())
     tensors = {}
     for shard in sorted(set(index["weight_map"].values())):

@@ -35,7 +35,7 @@ from tests.families import (
 )
 
 EPS = 1e-5
-FINISHED_FILES = ("config.json", "ramstream_merge.json", "model.safetensors.index.json")
+FINISHED_FILES = ("config.json", "ramstream_merge.json", "model.safetensors.index.json", "model.safetensors")
 
 
 @dataclass(frozen=True)

@@ -351,7 +351,7 @@ def test_probe_statistics_match_reference(family_of: Callable[[str], Family], fa
 def test_output_directory(family_of: Callable[[str], Family], tmp_path: Path) -> None:
     fam = family_of("bf16")
     out = tmp_path / "out"
-    _merge(fam, out, out_dtype="f16")
+    _merge(fam, out, out_dtype="f16", shard_size=4096)  # several shards, so a shard index
     config = json.loads((out / "config.json").read_text())
     assert config["torch_dtype"] == "float16"
     assert (out / "tokenizer.json").read_bytes() == (fam.base / "tokenizer.json").read_bytes()
@@ -369,9 +369,15 @@ def test_output_directory(family_of: Callable[[str], Family], tmp_path: Path) ->
     assert not list(out.rglob("*.partial"))
 
 
-def test_single_file_output_has_index_and_card(family_of: Callable[[str], Family], tmp_path: Path) -> None:
+def test_one_shard_is_model_safetensors_without_an_index(family_of: Callable[[str], Family], tmp_path: Path) -> None:
+    """As ``save_pretrained`` writes a model that fits one shard: ``model.safetensors``, no index."""
     fam = family_of("f16-single-file")
     _merge(fam, tmp_path / "out", method="ram")
     assert (tmp_path / "out" / "README.md").is_file()
-    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
-    assert set(index["weight_map"]) == set(DEFAULT_SHAPES)
+    assert not (tmp_path / "out" / "model.safetensors.index.json").exists()
+    assert set(read_safetensors(tmp_path / "out" / "model.safetensors")) == set(DEFAULT_SHAPES)
+    record = json.loads((tmp_path / "out" / "ramstream_merge.json").read_text())
+    assert "model.safetensors" in record["files"] and "model.safetensors.index.json" not in record["files"]
+    front = (tmp_path / "out" / "README.md").read_text().split("---\n")[1]
+    names = [fam.base.stem, *(a.stem for a in fam.agents)]  # local checkpoints: by name (no repo id known)
+    assert front.startswith("base_model:\n" + "".join(f'- "{n}"\n' for n in names) + "base_model_relation: merge\n")

@@ -189,7 +189,6 @@ BASE_DOC: dict[str, Any] = {"merge_method": "ties", "base_model": "base", "model
         ({"models": []}, ["models"]),
         ({"models": models("base")}, ["nothing to merge"]),
         ({"models": [{"model": "a+lora"}]}, ["LoRA", "a+lora"]),
-        ({"models": [{"model": "org/a@main"}]}, ["revision", "org/a@main"]),
         ({"models": [{"model": {"path": "a"}}]}, ["models[0]", "path"]),
         ({"models": [{"model": "a", "layer_range": [0, 2]}]}, ["models[0]", "layer_range"]),
         ({"models": models("base", "a", base={"weight": 1.0})}, ["models[0]", "base model", "weight"]),
@@ -207,6 +206,11 @@ BASE_DOC: dict[str, Any] = {"merge_method": "ties", "base_model": "base", "model
 )
 def test_unsupported_config_is_refused_by_name(change: dict[str, Any], needles: list[str]) -> None:
     refused({**BASE_DOC, **change}, *needles)
+
+
+def test_hub_ids_with_a_revision_load_as_written() -> None:
+    config = parse({**BASE_DOC, "base_model": "org/base", "models": models("org/base", "org/a@v1.0", "org/b@main")})
+    assert (str(config.base), [str(a) for a in config.agents]) == ("org/base", ["org/a@v1.0", "org/b@main"])
 
 
 def test_inert_parameters_load_at_default_only() -> None:

@@ -109,9 +109,10 @@ def write_family(
             for fd in row:
                 os.close(fd)
     for p in paths:
-        (p / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {}, "weight_map": layout.weight_map()}, indent=1)
-        )
+        if len(layout.names) > 1:
+            (p / "model.safetensors.index.json").write_text(
+                json.dumps({"metadata": {}, "weight_map": layout.weight_map()}, indent=1)
+            )
         (p / "config.json").write_text(json.dumps(shape.config(), indent=2))
         (p / "generation_config.json").write_text(json.dumps({"do_sample": False}))
     return paths[0], paths[1:]

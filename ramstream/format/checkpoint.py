@@ -1,20 +1,31 @@
-"""Find the tensors of a checkpoint: a Hugging Face directory (single or sharded) or one file."""
+"""Find the tensors of a checkpoint: a Hugging Face directory (single or sharded), one file, or a
+Hugging Face hub id resolved to its snapshot in the local cache.
+
+Weights are safetensors or PyTorch ``.bin`` files (``torch.save``'s zip format, read in place by
+``torch_zip``); a directory holding both is read as safetensors, as ``from_pretrained`` does.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ramstream.errors import CorruptFileError, InputError
-from ramstream.format.regular import kind_of
+from ramstream.format import torch_zip
+from ramstream.format.hub import HubSource, is_repo_id, resolve_repo, snapshot_source
+from ramstream.format.names import BIN_FILE, BIN_INDEX, SHARD_INDEX, SINGLE_FILE, shard_names
+from ramstream.format.regular import kind_of, open_regular
 from ramstream.format.safetensors_header import SafetensorsHeader, TensorEntry, read_header
+from ramstream.format.torch_zip import TorchZipHeader
 
-SINGLE_FILE = "model.safetensors"
-SHARD_INDEX = "model.safetensors.index.json"
+TORCH_SUFFIXES = (".bin", ".pt", ".pth")
+
+# One weights file as the rest of ramstream sees it: a path, tensors at absolute offsets, the
+# bytes that describe them (fingerprinted) and the file size.
+WeightsFile = SafetensorsHeader | TorchZipHeader
 
 
 @dataclass(frozen=True)
@@ -31,30 +42,43 @@ class TensorRef:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """One model: its name, its directory (for config/tokenizer files) and its tensors in order."""
+    """One model: its name, its directory (for config/tokenizer files), its tensors in order, and
+    the hub repo and commit it was resolved from (None for a local path)."""
 
     name: str
     path: Path
     directory: Path | None
-    headers: tuple[SafetensorsHeader, ...]
+    headers: tuple[WeightsFile, ...]
     tensors: dict[str, TensorRef]
+    hub: HubSource | None = None
 
     @property
     def files(self) -> tuple[Path, ...]:
         return tuple(h.path for h in self.headers)
 
 
-def open_checkpoint(path: str | Path) -> Checkpoint:
-    """Read the headers of the checkpoint at ``path``; the data stays on disk."""
-    path = Path(path)
+def open_checkpoint(path: str | Path, hf_cache: Path | None = None) -> Checkpoint:
+    """Read the headers of the checkpoint at ``path``; the data stays on disk. A ``path`` that
+    does not exist but reads as ``org/name[@revision]`` is a hub id, resolved in ``hf_cache``
+    (None: huggingface_hub's own, ``HF_HUB_CACHE`` / ``HF_HOME``)."""
+    text = str(path)
+    if not os.path.lexists(text) and is_repo_id(text):
+        resolved = resolve_repo(text, hf_cache)
+        return replace(_open_path(resolved.directory), name=text, hub=resolved.source)
+    checkpoint = _open_path(Path(path))
+    source = snapshot_source(checkpoint.directory or Path(path).parent)
+    return checkpoint if source is None else replace(checkpoint, hub=source)
+
+
+def _open_path(path: Path) -> Checkpoint:
     mode = _mode(path)
     if stat.S_ISREG(mode):
         files, directory, name = [path], None, path.stem
     elif stat.S_ISDIR(mode):
         files, directory, name = _files_of_directory(path), path, path.name
     else:
-        raise InputError(f"{path}: is {kind_of(mode)}, not a .safetensors file or a model directory; check the path")
-    headers = tuple(read_header(f) for f in files)
+        raise InputError(f"{path}: is {kind_of(mode)}, not a weights file or a model directory; check the path")
+    headers = tuple(read_weights_file(f) for f in files)
     tensors: dict[str, TensorRef] = {}
     for header in headers:
         for entry in header.tensors:
@@ -66,6 +90,28 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     if not tensors:
         raise InputError(f"{path}: holds no tensors")
     return Checkpoint(name, path.resolve(), directory, headers, tensors)
+
+
+def read_weights_file(path: Path) -> WeightsFile:
+    """The header of a safetensors file or the tensor table of a PyTorch zip checkpoint (told
+    apart by the zip signature, or a ``.bin``/``.pt``/``.pth`` name for the legacy format)."""
+    if path.suffix in TORCH_SUFFIXES or _starts_with(path, torch_zip.ZIP_MAGIC):
+        return torch_zip.read_archive(path)
+    return read_header(path)
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    """Whether a regular file starts with ``magic`` (a FIFO or device is refused here, at once)."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return False  # the safetensors reader words the failure
+    try:
+        return os.pread(fd, len(magic), 0) == magic
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _mode(path: Path) -> int:
@@ -87,25 +133,30 @@ def _files_of_directory(path: Path) -> list[Path]:
 
 
 def _find_files(path: Path) -> list[Path]:
-    index = path / SHARD_INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            shards = list(dict.fromkeys(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptFileError(f"{index}: not a valid shard index ({exc})") from exc
-        missing = [s for s in shards if not (path / s).is_file()]
-        if missing:
-            raise InputError(f"{index}: lists shard {missing[0]} which is missing from {path}")
-        return _distinct_files(path / s for s in shards)
+    """The weights files of a model directory, in ``from_pretrained``'s order of preference:
+    safetensors (index, single file, the one ``.safetensors``), then ``.bin`` (index, single file)."""
+    if (path / SHARD_INDEX).is_file():
+        return _shards(path, path / SHARD_INDEX)
     if (path / SINGLE_FILE).is_file():
         return [path / SINGLE_FILE]
     candidates = sorted(path.glob("*.safetensors"))
-    if len(candidates) == 1:
+    if len(candidates) > 1:
+        raise InputError(f"{path}: several .safetensors files but no {SHARD_INDEX}; point at one file instead")
+    if candidates:
         return candidates
-    if not candidates:
-        raise InputError(f"{path}: no model.safetensors, shard index or .safetensors file in this directory")
-    raise InputError(f"{path}: several .safetensors files but no {SHARD_INDEX}; point at one file instead")
+    if (path / BIN_INDEX).is_file():
+        return _shards(path, path / BIN_INDEX)
+    if (path / BIN_FILE).is_file():
+        return [path / BIN_FILE]
+    raise InputError(f"{path}: no model.safetensors, {BIN_FILE}, shard index or .safetensors file in this directory")
+
+
+def _shards(path: Path, index: Path) -> list[Path]:
+    shards = shard_names(index)
+    missing = [s for s in shards if not (path / s).is_file()]
+    if missing:
+        raise InputError(f"{index}: lists shard {missing[0]} which is missing from {path}")
+    return _distinct_files(path / s for s in shards)
 
 
 def _distinct_files(paths: Iterable[Path]) -> list[Path]:

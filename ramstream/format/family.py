@@ -11,6 +11,7 @@ from ramstream.errors import ConfigError, InputError, MismatchError, Unsupported
 from ramstream.format.checkpoint import Checkpoint, open_checkpoint
 from ramstream.format.dtypes import UNDECODABLE_FLOATS, is_float
 from ramstream.format.fingerprint import checkpoint_fingerprint
+from ramstream.format.tied_heads import reconcile_head
 
 
 @dataclass(frozen=True)
@@ -35,17 +36,21 @@ class Family:
         return [checkpoint_fingerprint(c) for c in self.members]
 
 
-def open_family(base: str | Path, agents: list[str] | tuple[str | Path, ...], min_agents: int = 1) -> Family:
-    """Open and cross-check the checkpoints; raise naming the agent and tensor on any mismatch."""
+def open_family(
+    base: str | Path,
+    agents: list[str] | tuple[str | Path, ...],
+    min_agents: int = 1,
+    hf_cache: Path | None = None,
+) -> Family:
+    """Open and cross-check the checkpoints (paths, or hub ids resolved in ``hf_cache``); raise
+    naming the agent and tensor on any mismatch."""
     if len(agents) < min_agents:
         raise ConfigError(f"need at least {min_agents} agent checkpoint(s), got {len(agents)}")
-    base_ckpt = open_checkpoint(base)
-    agent_ckpts = tuple(open_checkpoint(a) for a in agents)
+    base_ckpt = open_checkpoint(base, hf_cache)
+    agent_ckpts = tuple(open_checkpoint(a, hf_cache) for a in agents)
     _refuse_shared_files(base_ckpt, agent_ckpts)
     names = _unique_names([c.name for c in agent_ckpts])
-    agent_ckpts = tuple(
-        Checkpoint(n, c.path, c.directory, c.headers, c.tensors) for n, c in zip(names, agent_ckpts, strict=True)
-    )
+    agent_ckpts = tuple(reconcile_head(base_ckpt, replace(c, name=n)) for n, c in zip(names, agent_ckpts, strict=True))
     for agent in agent_ckpts:
         _check_agent(base_ckpt, agent)
     return Family(base_ckpt, agent_ckpts)

@@ -16,21 +16,22 @@ import json
 import os
 
 from ramstream.errors import InputError
-from ramstream.format.checkpoint import Checkpoint
+from ramstream.format.checkpoint import Checkpoint, WeightsFile
 from ramstream.format.regular import open_regular
-from ramstream.format.safetensors_header import SafetensorsHeader
 
 SAMPLES = 3
 SAMPLE_BYTES = 4096
 
 
 def checkpoint_fingerprint(checkpoint: Checkpoint) -> dict[str, object]:
-    """A JSON-able record of every file of ``checkpoint`` (name, size, mtime, identity, digests)."""
+    """A JSON-able record of every file of ``checkpoint`` (name, size, mtime, identity, digests),
+    and the hub repo and commit it came from, if it did."""
     files = [_file_fingerprint(header) for header in checkpoint.headers]
-    return {"name": checkpoint.name, "path": str(checkpoint.path), "files": files}
+    hub = {"hub": checkpoint.hub.to_dict()} if checkpoint.hub is not None else {}
+    return {"name": checkpoint.name, "path": str(checkpoint.path), "files": files, **hub}
 
 
-def _file_fingerprint(header: SafetensorsHeader) -> dict[str, object]:
+def _file_fingerprint(header: WeightsFile) -> dict[str, object]:
     try:
         fd = open_regular(header.path)
     except OSError as exc:
@@ -62,7 +63,7 @@ def sample_ranges(offset: int, nbytes: int) -> list[tuple[int, int]]:
     return [(s, s + SAMPLE_BYTES) for s in starts]
 
 
-def _sampled_digest(fd: int, header: SafetensorsHeader) -> str:
+def _sampled_digest(fd: int, header: WeightsFile) -> str:
     digest = hashlib.sha256()
     for entry in header.tensors:
         for start, stop in sample_ranges(entry.offset, entry.nbytes):

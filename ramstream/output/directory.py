@@ -2,10 +2,10 @@
 
 While a merge runs, everything lives in ``<out>/.ramstream/`` (``run.json``, the journal, the
 ``*.safetensors.partial`` shards). Finalisation fsyncs the shards, renames them into ``<out>``,
-writes the shard index, the model card, the copied tokenizer files, then ``config.json`` and
-``ramstream_merge.json`` last, once everything they describe is in place; then the work area is
-renamed away in one step (the commit) and deleted. A directory counts as a finished merge only
-when ``ramstream_merge.json`` exists and the work area does not.
+writes the shard index (when there are several shards), the model card, the copied tokenizer
+files, then ``config.json`` and ``ramstream_merge.json`` last, once everything they describe is
+in place; then the work area is renamed away in one step (the commit) and deleted. A directory
+counts as a finished merge only when ``ramstream_merge.json`` exists and the work area does not.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ramstream.errors import OutputError
+from ramstream.format.names import COPIED_FILES, SHARD_INDEX
 from ramstream.io.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
 from ramstream.io.lock import hold
 from ramstream.io.writer import ShardLayout
@@ -26,20 +27,7 @@ WORK_DIR = ".ramstream"
 RUN_FILE = "run.json"
 FILES_FILE = "files.json"
 RECORD_FILE = "ramstream_merge.json"
-SHARD_INDEX = "model.safetensors.index.json"
-COPIED_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
-)
-ALWAYS_WRITTEN = (SHARD_INDEX, "config.json", "README.md", RECORD_FILE)
+ALWAYS_WRITTEN = ("config.json", "README.md", RECORD_FILE)  # and SHARD_INDEX when there are several shards
 TRASH_PREFIX = ".ramstream-done-"
 LOCK_FILE = ".ramstream.lock"
 
@@ -160,7 +148,7 @@ def _legacy_files(out: Path) -> list[str]:
         shards = list(json.loads((out / SHARD_INDEX).read_text())["weight_map"].values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         shards = []
-    return [*ALWAYS_WRITTEN, *COPIED_FILES, *(s for s in shards if isinstance(s, str))]
+    return [SHARD_INDEX, *ALWAYS_WRITTEN, *COPIED_FILES, *(s for s in shards if isinstance(s, str))]
 
 
 def _written_by_earlier_merge(out: Path, record: dict[str, Any] | None) -> set[str]:
@@ -194,7 +182,8 @@ def finalize(
     """
     work = work_dir(out)
     copied = [base_dir / n for n in COPIED_FILES if (base_dir / n).is_file()] if base_dir is not None else []
-    written = {*layout.names, *(p.name for p in copied), *ALWAYS_WRITTEN}
+    sharded = len(layout.names) > 1
+    written = {*layout.names, *(p.name for p in copied), *ALWAYS_WRITTEN, *([SHARD_INDEX] if sharded else [])}
     files = sorted(written - (set() if config is not None else {"config.json"}))
     record = {**record, "files": files}
     try:
@@ -203,9 +192,10 @@ def finalize(
             source = partial[name]
             if source.exists():
                 source.replace(out / name)
-        total = sum(layout.sizes) - sum(len(h) for h in layout.headers)
-        index = {"metadata": {"total_size": total}, "weight_map": layout.weight_map()}
-        atomic_write_text(out / SHARD_INDEX, json.dumps(index, indent=2, sort_keys=True), tmp_dir=work)
+        if sharded:
+            total = sum(layout.sizes) - sum(len(h) for h in layout.headers)
+            index = {"metadata": {"total_size": total}, "weight_map": layout.weight_map()}
+            atomic_write_text(out / SHARD_INDEX, json.dumps(index, indent=2, sort_keys=True), tmp_dir=work)
         for source in copied:
             atomic_write_bytes(out / source.name, source.read_bytes(), tmp_dir=work)
         atomic_write_text(out / "README.md", card, tmp_dir=work)

@@ -1,5 +1,9 @@
 """The output's README.md: a Hugging Face model card recording the method, its parameters, the
-agents (with their overlap statistics when the merge used the index) and the inputs."""
+agents (with their overlap statistics when the merge used the index) and the inputs.
+
+Its front matter names the base and the agents under ``base_model`` (by hub repo id where one is
+known, else by name) with ``base_model_relation: merge``, as mergekit's cards do, so the hub
+draws the model tree."""
 
 from __future__ import annotations
 
@@ -13,10 +17,7 @@ from ramstream.version import __version__
 
 def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport]) -> str:
     lines = [
-        "---",
-        "library_name: transformers",
-        "tags: [merge, ramstream]",
-        "---",
+        *front_matter(family),
         f"# Merge of {len(family.agents)} agents into {family.base.name}",
         "",
         f"Made with ramstream {__version__}, method `{record['method']}`.",
@@ -44,6 +45,24 @@ def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport
             lines.append("| " + " | ".join([name, *(f"{v[t]:.6g}" for v in values.values())]) + " |")
     lines += ["", "## Inputs", ""]
     for fp in record["inputs"]:
+        if "hub" in fp:
+            lines.append(f"- `{fp['name']}`: Hugging Face `{fp['hub']['repo_id']}` at commit `{fp['hub']['commit']}`")
         for f in fp["files"]:
             lines.append(f"- `{fp['name']}`: `{f['file']}`, {f['size']} bytes, header sha256 `{f['header_sha256']}`")
     return "\n".join(lines) + "\n"
+
+
+def front_matter(family: Family) -> list[str]:
+    """The card's YAML header; names are written as JSON strings (valid YAML, whatever they hold)."""
+    names = [m.hub.repo_id if m.hub is not None else m.name for m in family.members]
+    return [
+        "---",
+        "base_model:",
+        *(f"- {json.dumps(n)}" for n in dict.fromkeys(names)),
+        "base_model_relation: merge",
+        "library_name: transformers",
+        "tags:",
+        "- merge",
+        "- ramstream",
+        "---",
+    ]

@@ -1,10 +1,12 @@
-"""The output's shards: their names (``model-00001-of-00003.safetensors``), their headers, and
-where each tensor's data lies, all computed before the first block is merged."""
+"""The output's shards: their names (``model-00001-of-00003.safetensors``, or ``model.safetensors``
+alone, as ``save_pretrained`` names one shard), their headers, and where each tensor's data lies,
+all computed before the first block is merged."""
 
 from __future__ import annotations
 
 import json
 
+from ramstream.format.names import SINGLE_FILE
 from ramstream.io.writer import Placement, ShardLayout
 
 HEADER_ALIGN = 8
@@ -21,7 +23,7 @@ def plan_shards(tensors: list[tuple[str, str, tuple[int, ...], int]], shard_size
         groups[-1].append(item)
         used += item[3]
     count = len(groups)
-    names = tuple(f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count))
+    names = shard_file_names(count)
     headers, sizes, placements = [], [], {}
     for shard, group in enumerate(groups):
         doc: dict[str, object] = {"__metadata__": {"format": "pt"}}
@@ -39,3 +41,10 @@ def plan_shards(tensors: list[tuple[str, str, tuple[int, ...], int]], shard_size
         headers.append(header)
         sizes.append(data_start + offset)
     return ShardLayout(names, tuple(headers), tuple(sizes), placements)
+
+
+def shard_file_names(count: int) -> tuple[str, ...]:
+    """``model.safetensors`` for one shard (no shard index is written then), else numbered names."""
+    if count == 1:
+        return (SINGLE_FILE,)
+    return tuple(f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count))

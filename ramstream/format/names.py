@@ -1,0 +1,41 @@
+"""The file names of a Hugging Face model directory that ramstream reads, fetches or copies, and
+the shard list of its ``*.index.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ramstream.errors import CorruptFileError
+
+SINGLE_FILE = "model.safetensors"
+SHARD_INDEX = "model.safetensors.index.json"
+BIN_FILE = "pytorch_model.bin"
+BIN_INDEX = "pytorch_model.bin.index.json"
+CONFIG_FILE = "config.json"
+
+# Copied from the base into the output as they are (and fetched with a hub model).
+COPIED_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+
+
+def shard_names(index: Path) -> list[str]:
+    """The shard files a ``*.index.json`` lists, each once, in order."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = list(dict.fromkeys(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptFileError(f"{index}: not a valid shard index ({exc})") from exc
+    if not all(isinstance(s, str) and s for s in shards):
+        raise CorruptFileError(f"{index}: not a valid shard index (a shard name that is not a file name)")
+    return shards
