@@ -92,6 +92,22 @@ def test_every_method_on_the_cluster_writes_the_local_bytes(
     assert got == expected
 
 
+def test_the_torch_backend_on_the_cluster_writes_the_numba_bytes(family: Family, cluster: Any, tmp_path: Path) -> None:
+    """Workers make the run's backend from its settings (name, device, budgets)."""
+    pytest.importorskip("torch")
+    expected = _merge(family, tmp_path / "local" / "out", "dare_ties", {"density": 0.5, "seed": 3})
+    got = _merge(
+        family,
+        tmp_path / "dask" / "out",
+        "dare_ties",
+        {"density": 0.5, "seed": 3},
+        "torch",
+        device="cpu",
+        scheduler=cluster.scheduler_address,
+    )
+    assert got == expected
+
+
 def test_probe_on_the_cluster_writes_the_local_index(family: Family, cluster: Any, tmp_path: Path) -> None:
     members = (family.base, [str(a) for a in family.agents])
     local = probe(*members, index=tmp_path / "local.zarr", options=RunOptions(quiet=True, block_elems=256))
