@@ -197,8 +197,12 @@ class IndexStore:
             coverage = np.asarray(self._array("stats/coverage")[:n])
         # Every element of a probed block is counted once: a chunk lost after its mark (deleted,
         # or a disk that lied about a sync) would read back as zeros, the array's fill value.
+        # The journal (a file per block) is read only for blocks whose counts do not add up: an
+        # unprobed block reads as zeros too, and only a marked one is damaged.
         sizes = np.array([b.size for b in self.plan.blocks], np.int64)
-        lost = np.flatnonzero(self.done() & (coverage.sum(axis=1) != sizes))
+        lost = np.flatnonzero(coverage.sum(axis=1) != sizes)
+        if len(lost):
+            lost = lost[self.done()[lost]]
         if len(lost):
             raise StoreCorruptError(
                 f"{self.path}: the counts of probed block {int(lost[0])} are missing or damaged "
