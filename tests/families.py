@@ -8,6 +8,7 @@ works from exactly what is on disk without going through ramstream's reader.
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -241,3 +242,15 @@ def model_file_of(directory: Path, name: str) -> Path:
     if index.is_file():
         return Path(directory) / json.loads(index.read_text())["weight_map"][name]
     return Path(directory) / "model.safetensors"
+
+
+def with_raw_value(agent: Path, dest: Path, tensor: str, element: int, bits: int) -> Path:
+    """A copy at ``dest`` of the one-file model directory ``agent`` whose 16-bit ``tensor`` holds
+    the raw ``bits`` at flat index ``element`` (0x7FC0: a bf16 NaN, 0x7F80: +Inf)."""
+    shutil.copytree(agent, dest)
+    tensors = read_safetensors(dest / "model.safetensors")
+    dtype, shape, raw = tensors[tensor]
+    raw = raw.copy()
+    raw[element] = bits
+    write_safetensors(dest / "model.safetensors", {**tensors, tensor: (dtype, shape, raw)})
+    return dest

@@ -29,7 +29,7 @@ from ramstream.config import RunOptions
 from ramstream.execution.dask_executor import group_blocks, task_bytes
 from ramstream.index.journal import Journal
 from ramstream.plan import Block, Plan, TensorPlan
-from tests.families import Family, build_family, f32_to_bf16, model_file_of
+from tests.families import Family, build_family, with_raw_value
 from tests.test_backends import METHODS, _files, _merge
 
 distributed = pytest.importorskip("distributed")
@@ -201,38 +201,15 @@ def test_status_while_a_cluster_merge_runs(
 
 def test_a_user_error_on_a_worker_is_one_line(tmp_path: Path) -> None:
     fam = build_family(tmp_path / "fam", seed=3)
-    weights = model_file_of(fam.agents[1], "model.layers.1.mlp.up_proj.weight")
-    _poison(weights, "model.layers.1.mlp.up_proj.weight", 37)
+    bad = with_raw_value(fam.agents[1], tmp_path / "bad", "model.layers.1.mlp.up_proj.weight", 37, 0x7FC0)  # NaN
     runner = CliRunner()
-    members = [str(fam.base), *map(str, fam.agents)]
+    members = [str(fam.base), str(fam.agents[0]), str(bad), str(fam.agents[2])]
     local = runner.invoke(main, ["merge", *members, "--out", str(tmp_path / "a"), "--quiet"])
     done = runner.invoke(main, ["merge", *members, "--out", str(tmp_path / "b"), "--quiet", "--dask-workers", "1"])
     assert local.exit_code == done.exit_code == 1
     assert done.output.strip() == local.output.strip().replace(str(tmp_path / "a"), str(tmp_path / "b"))
     assert "NaN" in done.output and len(done.output.strip().splitlines()) == 1, done.output
     assert "Traceback" not in done.output
-
-
-def _poison(path: Path, name: str, element: int) -> None:
-    """Write a NaN over element ``element`` of tensor ``name`` (bf16) in place."""
-    from tests.families import read_safetensors
-
-    tensors = read_safetensors(path)
-    header = int.from_bytes(path.read_bytes()[:8], "little")
-    order = sorted(tensors, key=lambda k: _offset(path, k))
-    start = 8 + header + _offset(path, name)
-    assert name in order
-    with open(path, "r+b") as f:
-        f.seek(start + 2 * element)
-        f.write(f32_to_bf16(np.array([np.nan], np.float32)).tobytes())
-
-
-def _offset(path: Path, name: str) -> int:
-    import json
-
-    raw = path.read_bytes()
-    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
-    return int(header[name]["data_offsets"][0])
 
 
 def test_cluster_flags_on_the_cli_and_with_a_config(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ import errno
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -37,7 +36,14 @@ from ramstream.io.lock import hold
 from ramstream.io.writer import Placement, ShardLayout, ShardWriter
 from ramstream.registry import Registry
 from tests.checks import Interrupted, interrupted_after
-from tests.families import Family, build_family, read_model_dir, read_safetensors, write_safetensors
+from tests.families import (
+    Family,
+    build_family,
+    read_model_dir,
+    read_safetensors,
+    with_raw_value,
+    write_safetensors,
+)
 
 SHAPES = {
     "model.embed_tokens.weight": (96, 24),
@@ -212,13 +218,7 @@ def test_a_merge_whose_values_leave_the_output_range_is_refused(tmp_path: Path, 
 
 
 def test_nonfinite_inputs_let_through_are_not_taken_for_overflow(tmp_path: Path, family: Family) -> None:
-    bad = tmp_path / "bad"
-    shutil.copytree(family.agents[0], bad)
-    tensors = read_safetensors(bad / "model.safetensors")
-    dtype, shape, raw = tensors["model.norm.weight"]
-    raw = raw.copy()
-    raw[5] = 0x7FC0  # NaN
-    write_safetensors(bad / "model.safetensors", {**tensors, "model.norm.weight": (dtype, shape, raw)})
+    bad = with_raw_value(family.agents[0], tmp_path / "bad", "model.norm.weight", 5, 0x7FC0)  # NaN
     out = tmp_path / "out"
     code, _, err = merged([family.base, bad, family.agents[1]], out, tmp_path / "cache", "--method", "linear",
                           "--allow-nonfinite")  # fmt: skip
@@ -249,13 +249,7 @@ def test_more_agents_than_the_probe_counts_are_refused(tmp_path: Path) -> None:
 
 
 def test_a_probe_made_with_allow_nonfinite_does_not_vouch_for_a_later_merge(tmp_path: Path, family: Family) -> None:
-    bad = tmp_path / "bad"
-    shutil.copytree(family.agents[0], bad)
-    tensors = read_safetensors(bad / "model.safetensors")
-    dtype, shape, raw = tensors["model.norm.weight"]
-    raw = raw.copy()
-    raw[3] = 0x7F80  # +Inf
-    write_safetensors(bad / "model.safetensors", {**tensors, "model.norm.weight": (dtype, shape, raw)})
+    bad = with_raw_value(family.agents[0], tmp_path / "bad", "model.norm.weight", 3, 0x7F80)  # +Inf
     index = tmp_path / "index.zarr"
     inputs = [family.base, bad, family.agents[1]]
     assert run("probe", *inputs, "--index", index, "--allow-nonfinite", "--quiet")[0] == 0
