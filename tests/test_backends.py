@@ -70,7 +70,8 @@ def _merge(
     """Merge with ``method`` into ``out`` (blocks of 256 elements; ``run``: more ``RunOptions``)."""
     ram = {k: given[k] for k in ("rho_scope", "lambda_rule") if k in given}
     others = {k: v for k, v in given.items() if k not in ram}
-    options = RunOptions(cache_dir=out.parent / "cache", quiet=True, block_elems=256, backend=backend, **run)
+    run = {"block_elems": 256, **run}
+    options = RunOptions(cache_dir=out.parent / "cache", quiet=True, backend=backend, **run)
     merge(
         family.base,
         [str(a) for a in family.agents],

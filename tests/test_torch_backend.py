@@ -161,7 +161,7 @@ def test_a_host_buffer_is_refilled_only_after_its_upload_fired() -> None:
         np.copyto(dst, source[lo : lo + m])
 
     for lo in range(0, 512, 64):
-        (staged,) = ring.stage([Part(1, read)], lo, 64, None)
+        (staged,) = ring.stage([Part(1, read)], lo, 64)
         uploads.append(streams.events[-1])
         np.testing.assert_array_equal(staged.numpy(), source[lo : lo + 64])
         ring.consumed()

@@ -4,7 +4,7 @@ or on the CPU, with the Numba backend's bytes.
 A call cuts its block into tiles (a multiple of 64 elements, or of whole slices for DELLA) sized
 to the staging slots and, on CUDA, to the GPU memory budget; each tile's inputs are read from the
 files (``sources``: ``preadv``) or copied from the mapped views (``arrays``) into a slot of the
-input ring on the backend's thread pool, uploaded on the copy stream while the previous tile
+input ring (pieces in parallel on the backend's thread pool), uploaded on the copy stream while the previous tile
 computes, and its per-element results come back through the output ring into the caller's
 buffers. Counts, histograms and exact sums accumulate on the device and are read once per call.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 
 import numpy as np
@@ -39,6 +39,7 @@ from ramstream.backends.torch.rng import uniform
 from ramstream.backends.torch.staging import InputRing, OutputRing, Part, array_part, file_part, slot_bytes
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
 from ramstream.blocks import BlockArrays, BlockSources
+from ramstream.errors import ConfigError
 from ramstream.format.dtypes import FloatCode
 from ramstream.io.reader import InputFiles
 
@@ -60,24 +61,35 @@ def make(settings: BackendSettings) -> TorchBackend:
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, settings: BackendSettings) -> None:
+    def __init__(self, settings: BackendSettings, streams: Streams | None = None) -> None:
+        """``streams``: where copies and compute are queued (None: CUDA streams on a CUDA device,
+        else the CPU's); the tests pass a simulated device to run the streamed path on the CPU."""
         self._device = device.resolve(settings.device)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         self.threads = min(settings.threads or cores, cores)
-        self._cuda = self._device.type == "cuda"
-        streams: Streams = CudaStreams(self._device) if self._cuda else CpuStreams()
-        if self._cuda:
-            self._gpu_budget = device.gpu_budget(self._device, settings.gpu_memory)
+        if streams is None:
+            streams = CudaStreams(self._device) if self._device.type == "cuda" else CpuStreams()
+        if settings.gpu_memory is not None and not streams.separate:
+            raise ConfigError(f"--gpu-memory needs a CUDA device; the torch backend computes on {self._device}")
+        self._streamed = streams.separate  # one host thread streams tiles through device memory
+        if self._streamed:
+            self._gpu_budget = streams.budget(settings.gpu_memory)
             host = settings.memory or 1 << 30
             self._slot = max(MIN_SLOT, min(MAX_SLOT, _power_of_two_below(host // 32), self._gpu_budget // 16))
+            self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
+                self.threads, thread_name_prefix="ramstream-read"
+            )
+            self.workers = 1
         else:
-            self._gpu_budget, self._slot = 0, 0
-        self.workers = 1 if self._cuda else self.threads  # CPU: one range of tiles per thread
+            self._gpu_budget, self._slot, self._pool = 0, 0, None
+            self.workers = self.threads  # CPU: one range of tiles per thread
         self._rings = [
-            (InputRing(streams, DEPTH, self._slot), OutputRing(streams, DEPTH, self._slot // 2))
+            (
+                InputRing(streams, DEPTH, self._slot, self._pool, self.threads),
+                OutputRing(streams, DEPTH, self._slot // 2),
+            )
             for _ in range(self.workers)
         ]
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ramstream-read") if self._cuda else None
         self._workers_pool: ThreadPoolExecutor | None = None
         self._files = InputFiles()
 
@@ -92,7 +104,7 @@ class TorchBackend:
         one per op, the backend's threads each taking a range of tiles (intra-op threads over
         cache-sized tiles cost more in synchronisation than they gain: 2-7x slower, measured)."""
         before = torch.get_num_threads()
-        torch.set_num_threads(self.threads if self._cuda else 1)
+        torch.set_num_threads(self.threads if self._streamed else 1)
         try:
             with torch.inference_mode():
                 yield
@@ -102,7 +114,7 @@ class TorchBackend:
     def _tile_elems(self, parts: Sequence[Part], inputs: int, align: int) -> int:
         """Elements per tile: a multiple of ``align`` (at least one), within the staging slot and,
         on CUDA, the GPU budget (the rings' device buffers, then the temporaries)."""
-        if not self._cuda:
+        if not self._streamed:
             elems = CPU_TILE
         else:
             per_element = max(slot_bytes(parts, 1), 1)
@@ -112,18 +124,20 @@ class TorchBackend:
 
     def _run(self, parts: Sequence[Part], n: int, tile: TileFn, align: int = GROUP, inputs: int = 0) -> None:
         """Call ``tile(worker, lo, m, staged, outputs)`` for every tile of ``n`` elements; every
-        result put into ``outputs`` is delivered before this returns. On CUDA one host thread
-        drives the streams; on the CPU each of the ``workers`` threads takes one balanced range of
-        tiles with its own rings (torch ops release the GIL), and its own partial results."""
+        result put into ``outputs`` is delivered before this returns. Streamed (CUDA), one host
+        thread drives the streams while the pool reads; on the CPU each of the ``workers``
+        threads takes one balanced range of tiles with its own rings (torch ops release the
+        GIL), and its own partial results."""
         step = self._tile_elems(parts, inputs or len(parts), align)
         starts = list(range(0, n, step))
-        if self._cuda or self.workers == 1:
-            self._loop(0, self._rings[0], parts, starts, n, step, tile, self._pool)
+        if self.workers == 1:
+            self._loop(0, self._rings[0], parts, starts, n, step, tile)
             return
         jobs = []
         for w in range(self.workers):
             mine = starts[len(starts) * w // self.workers : len(starts) * (w + 1) // self.workers]
-            jobs.append(self._cpu_pool().submit(self._loop, w, self._rings[w], parts, mine, n, step, tile, None))
+            jobs.append(self._cpu_pool().submit(self._loop, w, self._rings[w], parts, mine, n, step, tile))
+        wait(jobs)  # every worker, even after one failed: none may write into the caller's buffers later
         for job in jobs:
             job.result()
 
@@ -136,14 +150,13 @@ class TorchBackend:
         n: int,
         step: int,
         tile: TileFn,
-        pool: ThreadPoolExecutor | None,
     ) -> None:
         inputs, outputs = rings
         try:
             with torch.inference_mode():
                 for lo in starts:
                     m = min(step, n - lo)
-                    tile(w, lo, m, inputs.stage(parts, lo, m, pool), outputs)
+                    tile(w, lo, m, inputs.stage(parts, lo, m), outputs)
                     inputs.consumed()
         except BaseException:  # a failed read or tile: nothing more may land in the caller's buffers
             outputs.discard()

@@ -6,8 +6,6 @@ import torch
 
 from ramstream.errors import ConfigError
 
-DEFAULT_GPU_FRACTION = 0.5  # of the device's free memory, without --gpu-memory
-
 
 def resolve(name: str | None) -> torch.device:
     """``cpu``, ``cuda`` or ``cuda:N``; None: the current CUDA device if torch sees one, else cpu."""
@@ -30,11 +28,3 @@ def _cuda(index: int | None) -> torch.device:
     if index >= count:
         raise ConfigError(f"--device cuda:{index}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
     return torch.device("cuda", index)
-
-
-def gpu_budget(device: torch.device, given: int | None) -> int:
-    """Bytes of device memory the backend may hold: ``given``, or a share of what is free now."""
-    if given is not None:
-        return given
-    free, _total = torch.cuda.mem_get_info(device)
-    return int(free * DEFAULT_GPU_FRACTION)

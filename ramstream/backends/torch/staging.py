@@ -2,9 +2,10 @@
 allocated once and reused) that the inputs are read into, and a ring that results land in.
 
 ``InputRing.stage``: wait until the slot's previous upload fired (only then is its host buffer
-refilled), read every part of the tile into it (parts in parallel on the backend's thread pool),
-and queue the upload, which itself waits until the compute that last read the slot's device
-buffer is done. ``OutputRing.put``: queue a result's download into the next slot, first handing
+refilled), read every part of the tile into it (cut into pieces read in parallel on the ring's
+thread pool, so that every core copies from the page cache), and queue the upload, which itself
+waits until the compute that last read the slot's device buffer is done; the compute of the tile
+waits for the upload. ``OutputRing.put``: queue a result's download into the next slot, first handing
 the slot's previous result to its sink once its event fired. With ``depth`` slots, tile k+1 is
 read and copied while tile k computes, and tile k's result is written while k+1 is in flight.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ import torch
 from ramstream.backends.torch.streams import Event, Streams
 
 ALIGN = 64  # bytes between the parts of a slot: every dtype view of a part is aligned
+MIN_PIECE = 256 << 10  # bytes: a part is cut into pieces for the readers no smaller than this
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,33 @@ class _InputSlot:
     consumed: Event | None = None  # fired: the device buffer may be overwritten
 
 
+Read = tuple[Callable[[np.ndarray, int, int], None], np.ndarray, int, int]  # read(dst, lo, m)
+
+
+def pieces(
+    parts: Sequence[Part], spans: Sequence[tuple[int, int]], host: np.ndarray, lo: int, m: int, readers: int
+) -> list[Read]:
+    """The reads that fill a slot: each part cut into about its share of ``readers`` pieces of
+    whole elements (none smaller than ``MIN_PIECE`` bytes), each piece into its own bytes."""
+    total = max(sum(n for _, n in spans), 1)
+    jobs: list[Read] = []
+    for part, (at, nbytes) in zip(parts, spans, strict=True):
+        count = max(1, min(-(-readers * nbytes // total), nbytes // MIN_PIECE))
+        step = -(-m // count)
+        for first in range(0, m, step):
+            k = min(step, m - first)
+            begin = at + first * part.itemsize
+            jobs.append((part.read, host[begin : begin + k * part.itemsize], lo + first, k))
+    return jobs
+
+
 class InputRing:
-    def __init__(self, streams: Streams, depth: int, capacity: int) -> None:
+    def __init__(
+        self, streams: Streams, depth: int, capacity: int, pool: Executor | None = None, readers: int = 1
+    ) -> None:
         self.streams = streams
         self.depth = depth
+        self.pool, self.readers = pool, readers if pool is not None else 1
         self.capacity = 0
         self._slots: list[_InputSlot] = []
         self._next = 0
@@ -93,7 +118,7 @@ class InputRing:
         hosts = [self.streams.host_buffer(self.capacity) for _ in range(self.depth)]
         self._slots = [_InputSlot(h, self.streams.device_buffer(h)) for h in hosts]
 
-    def stage(self, parts: Sequence[Part], lo: int, m: int, pool: Executor | None) -> list[torch.Tensor]:
+    def stage(self, parts: Sequence[Part], lo: int, m: int) -> list[torch.Tensor]:
         """The tile's parts on the device (uint8, ``m * itemsize`` bytes each), upload queued."""
         total = slot_bytes(parts, m)
         self.reserve(total)
@@ -106,14 +131,17 @@ class InputRing:
         for part in parts:
             spans.append((at, part.itemsize * m))
             at += _aligned(part.itemsize * m)
-        jobs = [(p.read, host[a : a + n], lo, m) for p, (a, n) in zip(parts, spans, strict=True)]
-        if pool is None or len(jobs) == 1:
+        jobs = pieces(parts, spans, host, lo, m, self.readers)
+        if self.pool is None or len(jobs) == 1:
             for read, dst, first, count in jobs:
                 read(dst, first, count)
         else:
-            for future in [pool.submit(read, dst, first, count) for read, dst, first, count in jobs]:
+            futures = [self.pool.submit(read, dst, first, count) for read, dst, first, count in jobs]
+            wait(futures)  # every piece, even after one failed: none may write into the slot later
+            for future in futures:
                 future.result()
         slot.uploaded = self.streams.upload(slot.device[:total], slot.host[:total], slot.consumed)
+        self.streams.compute_waits(slot.uploaded)
         self._current = slot
         return [slot.device[a : a + n] for a, n in spans]
 

@@ -1,6 +1,7 @@
 """Where the torch backend's copies and compute are queued: a small interface with a CPU and a
-CUDA implementation, so that the staging logic (``staging.py``) is one piece of code, tested on
-the CPU.
+CUDA implementation, so that the staging logic (``staging.py``) and the backend's streamed loop
+are one piece of code, run on the CPU too (the tests drive them through a simulated device whose
+copies really are late).
 
 On CUDA, host-to-device copies go on a copy stream beside the compute stream, ordered by
 events: the compute stream waits for a tile's upload, the copy stream waits until the compute
@@ -25,6 +26,12 @@ class Event(Protocol):
 
 class Streams(Protocol):
     device: torch.device
+    separate: bool  # device memory apart from the host's: tiles are staged and streamed
+
+    def budget(self, given: int | None) -> int:
+        """Bytes of device memory the backend may hold: ``given``, or the implementation's default
+        (0 where device memory is host memory)."""
+        ...
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
         """A uint8 host buffer of ``nbytes`` (pinned on CUDA, so copies from it are asynchronous)."""
@@ -35,8 +42,12 @@ class Streams(Protocol):
         ...
 
     def upload(self, dst: torch.Tensor, src: torch.Tensor, after: Event | None) -> Event:
-        """Copy host ``src`` into device ``dst`` once ``after`` fired; the compute stream waits for
-        the copy. The returned event fires when ``src`` may be refilled."""
+        """Queue a copy of host ``src`` into device ``dst`` that starts once ``after`` fired; the
+        returned event fires when the copy is done (``src`` may be refilled, ``dst`` read)."""
+        ...
+
+    def compute_waits(self, event: Event) -> None:
+        """Compute queued from now on starts after ``event`` fired."""
         ...
 
     def download(self, dst: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, Event]:
@@ -64,8 +75,13 @@ DONE = Done()
 
 
 class CpuStreams:
+    separate = False
+
     def __init__(self) -> None:
         self.device = torch.device("cpu")
+
+    def budget(self, given: int | None) -> int:
+        return 0
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
@@ -77,6 +93,9 @@ class CpuStreams:
         if dst.data_ptr() != src.data_ptr():
             dst.copy_(src)
         return DONE
+
+    def compute_waits(self, event: Event) -> None:
+        pass
 
     def download(self, dst: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, Event]:
         return src, DONE
@@ -91,10 +110,19 @@ class CpuStreams:
 class CudaStreams:
     """A copy stream beside the device's current (compute) stream."""
 
+    separate = True
+    DEFAULT_FRACTION = 0.5  # of the device's free memory, without --gpu-memory
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.compute = torch.cuda.current_stream(device)
         self.copy = torch.cuda.Stream(device)
+
+    def budget(self, given: int | None) -> int:
+        if given is not None:
+            return given
+        free, _total = torch.cuda.mem_get_info(self.device)
+        return int(free * self.DEFAULT_FRACTION)
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -109,8 +137,10 @@ class CudaStreams:
             dst.copy_(src, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.copy)
-        self.compute.wait_event(event)
         return event
+
+    def compute_waits(self, event: Event) -> None:
+        self.compute.wait_event(event)  # type: ignore[arg-type]
 
     def download(self, dst: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, Event]:
         dst.copy_(src, non_blocking=True)  # on the compute stream, after the kernels that made src

@@ -1,0 +1,106 @@
+"""A simulated GPU for the torch backend's streamed path, on the CPU: device memory apart from
+the host's, and copies that are late.
+
+``SimulatedGpu`` implements the backend's ``Streams`` interface the way a GPU behaves, as far as
+a CPU can: every upload runs on a copy thread (the copy stream, in order) after a random delay and
+only once the event it must wait for fired; every download runs on a second thread (the compute
+stream's copies) after a random delay; host and device buffers start filled with 0xFF bytes (NaN
+in every float format). The compute itself runs on the host at once, so "the compute waits for an
+upload" is a host wait. A staging loop that reads a device buffer before its upload landed, hands
+a host buffer to a sink before its download landed, or refills a buffer too early, then computes
+on NaN bytes or writes them: the merge differs from the Numba bytes, or stops on non-finite values.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from ramstream.backends.torch.streams import Event
+
+POISON = 0xFF
+
+
+class LateEvent:
+    """Fires when the simulated copy queued before it has run."""
+
+    def __init__(self, future: Future[None]) -> None:
+        self.future = future
+
+    def synchronize(self) -> None:
+        self.future.result()
+
+
+class SimulatedGpu:
+    separate = True
+
+    def __init__(self, budget: int = 16 << 20, seed: int = 0, delay: tuple[float, float] = (0.0, 0.002)) -> None:
+        self.device = torch.device("cpu")
+        self._budget = budget
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+        self._delay_range = delay
+        self._copy = ThreadPoolExecutor(1, thread_name_prefix="simulated-copy")
+        self._downloads = ThreadPoolExecutor(1, thread_name_prefix="simulated-download")
+        self.uploads = self.downloads = 0
+
+    def _delay(self) -> float:
+        with self._lock:
+            return self._random.uniform(*self._delay_range)
+
+    def budget(self, given: int | None) -> int:
+        return self._budget if given is None else given
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        return torch.full((nbytes,), POISON, dtype=torch.uint8)
+
+    def device_buffer(self, host: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(host, POISON)
+
+    def upload(self, dst: torch.Tensor, src: torch.Tensor, after: Event | None) -> Event:
+        delay = self._delay()
+        self.uploads += 1
+
+        def copy() -> None:
+            if after is not None:
+                after.synchronize()
+            time.sleep(delay)
+            dst.copy_(src)
+
+        return LateEvent(self._copy.submit(copy))
+
+    def compute_waits(self, event: Event) -> None:
+        event.synchronize()
+
+    def download(self, dst: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, Event]:
+        delay = self._delay()
+        self.downloads += 1
+
+        def copy() -> None:
+            time.sleep(delay)
+            dst.copy_(src)
+
+        return dst, LateEvent(self._downloads.submit(copy))
+
+    def computed(self) -> Event:
+        """The compute has run; the downloads queued on its stream so far have not."""
+        return LateEvent(self._downloads.submit(lambda: None))
+
+    def synchronize(self) -> None:
+        self._copy.submit(lambda: None).result()
+        self._downloads.submit(lambda: None).result()
+
+    def close(self) -> None:
+        self._copy.shutdown()
+        self._downloads.shutdown()
+
+
+class ForgetfulGpu(SimulatedGpu):
+    """A staging bug, simulated: the compute does not wait for the upload of its tile."""
+
+    def compute_waits(self, event: Event) -> None:
+        pass
