@@ -190,6 +190,32 @@ def test_results_reach_their_sinks_in_order_after_their_event() -> None:
     assert got == list(range(1, 8))
 
 
+def test_sinks_on_a_pool_run_off_the_driving_thread_and_free_their_slot_first() -> None:
+    """The streamed path: a slot is refilled only once the sink of its previous result is done,
+    even when that sink is slow; every sink has run when ``flush`` returns."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    streams = LazyStreams()
+    driver = threading.get_ident()
+    got: dict[int, tuple[int, bool]] = {}
+
+    def sink_for(k: int) -> Any:
+        def sink(data: np.ndarray) -> None:
+            time.sleep(0.01 if k % 2 else 0.0)
+            got[k] = (int(data[0]), threading.get_ident() != driver)
+
+        return sink
+
+    with ThreadPoolExecutor(2) as pool:
+        ring = OutputRing(streams, depth=2, capacity=8, pool=pool)
+        for k in range(1, 9):
+            ring.put(torch.full((4,), k, dtype=torch.uint8), sink_for(k))
+        ring.flush()
+    assert got == {k: (k, True) for k in range(1, 9)}
+
+
 def test_a_failed_call_leaves_nothing_to_land_in_its_buffers() -> None:
     ring = OutputRing(CpuStreams(), depth=3, capacity=8)
     landed: list[int] = []

@@ -86,7 +86,7 @@ class TorchBackend:
         self._rings = [
             (
                 InputRing(streams, DEPTH, self._slot, self._pool, self.threads),
-                OutputRing(streams, DEPTH, self._slot // 2),
+                OutputRing(streams, DEPTH, self._slot // 2, self._pool),
             )
             for _ in range(self.workers)
         ]

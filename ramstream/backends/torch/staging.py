@@ -5,16 +5,17 @@ allocated once and reused) that the inputs are read into, and a ring that result
 refilled), read every part of the tile into it (cut into pieces read in parallel on the ring's
 thread pool, so that every core copies from the page cache), and queue the upload, which itself
 waits until the compute that last read the slot's device buffer is done; the compute of the tile
-waits for the upload. ``OutputRing.put``: queue a result's download into the next slot, first handing
-the slot's previous result to its sink once its event fired. With ``depth`` slots, tile k+1 is
-read and copied while tile k computes, and tile k's result is written while k+1 is in flight.
+waits for the upload. ``OutputRing.put``: queue a result's download into the next slot, once the
+slot's previous result was handed to its sink (after its event fired; on the streamed path the
+sinks run on the pool, beside the reads of the next tile). With ``depth`` slots, tile k+1 is read
+and copied while tile k computes, and tile k's result is written while k+1 is in flight.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, wait
+from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,12 +161,18 @@ class _OutputSlot:
     landed: torch.Tensor | None = None
     event: Event | None = None
     sink: Sink | None = None
+    written: Future[None] | None = None  # the sink running on the pool: the slot is busy until it is done
 
 
 class OutputRing:
-    def __init__(self, streams: Streams, depth: int, capacity: int) -> None:
+    """With a pool (the streamed path) each result's sink runs there as soon as its download
+    landed, off the driving thread, and a slot is refilled only once its sink is done; without
+    one, a result is handed to its sink when its slot is needed again, or at ``flush``."""
+
+    def __init__(self, streams: Streams, depth: int, capacity: int, pool: Executor | None = None) -> None:
         self.streams = streams
         self.depth = depth
+        self.pool = pool
         self.capacity = 0
         self._slots: list[_OutputSlot] = []
         self._next = 0
@@ -187,24 +194,45 @@ class OutputRing:
         self._drain(slot)
         slot.landed, slot.event = self.streams.download(slot.host[: data.shape[0]], data)
         slot.sink = sink
+        if self.pool is not None:
+            slot.written = self.pool.submit(_deliver, slot.event, slot.landed, sink)
 
     def flush(self) -> None:
-        """Hand every queued result to its sink, in the order they were put."""
+        """Hand every queued result to its sink, in the order they were put; the first failed
+        sink's error is raised once every sink is done."""
+        errors = []
         for k in range(self._next - len(self._slots), self._next):
             if k >= 0:
-                self._drain(self._slots[k % len(self._slots)])
+                try:
+                    self._drain(self._slots[k % len(self._slots)])
+                except Exception as error:  # raised below, once no sink runs
+                    errors.append(error)
+        if errors:
+            raise errors[0]
 
     def discard(self) -> None:
-        """Drop every queued result (its call failed: its buffers belong to the caller again)."""
+        """Drop every queued result (its call failed: its buffers belong to the caller again,
+        and no sink still running may write into them after this returns)."""
         self.streams.synchronize()
         for slot in self._slots:
-            slot.sink = slot.landed = slot.event = None
+            if slot.written is not None:
+                wait([slot.written])
+            slot.sink = slot.landed = slot.event = slot.written = None
 
     @staticmethod
     def _drain(slot: _OutputSlot) -> None:
+        if slot.written is not None:
+            written, slot.written = slot.written, None
+            slot.sink = slot.landed = slot.event = None
+            written.result()
+            return
         if slot.sink is None or slot.event is None or slot.landed is None:
             return
-        slot.event.synchronize()
-        sink, landed = slot.sink, slot.landed
+        event, landed, sink = slot.event, slot.landed, slot.sink
         slot.sink = slot.landed = slot.event = None
-        sink(landed.numpy())
+        _deliver(event, landed, sink)
+
+
+def _deliver(event: Event, landed: torch.Tensor, sink: Sink) -> None:
+    event.synchronize()
+    sink(landed.numpy())
