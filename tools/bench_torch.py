@@ -9,7 +9,9 @@ cache: the probe pass (``ramstream probe``, a fresh index) and the merge pass (`
 of input, ``api.merge`` with the index cached) of torch on CUDA and of Numba, and the probe pass's,
 against two floors measured on the same files in the same run: reading every input from the page
 cache into pinned host memory with one thread per core, and the pinned host-to-device copy
-bandwidth. Goal: the merge pass at >= 80 % of the slower floor.
+bandwidth. Goal: the merge pass at >= 80 % of the slower floor. The outputs of torch and Numba
+are compared byte for byte. ``--cuda --device cpu`` runs the same steps with torch on the CPU and
+no copy floor (a dry run of this script where there is no GPU).
 
     python tools/bench_torch.py --data bench-data            # CPU: numba vs torch, both passes
     python tools/bench_torch.py --data bench-data --cuda     # GPU: floors, torch on cuda, numba
@@ -93,13 +95,13 @@ def cpu(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> 
     print(f"outputs identical: {same}")
 
 
-def _read_floor(files: list[Path]) -> float:
-    """GB/s of reading every file from the page cache into pinned buffers, one thread per core."""
+def _read_floor(files: list[Path], pinned: bool) -> float:
+    """GB/s of reading every file from the page cache into (pinned) buffers, one thread per core."""
     import torch
 
     threads = os.cpu_count() or 1
     chunk = 64 << 20
-    buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=True).numpy() for _ in range(threads)]
+    buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=pinned).numpy() for _ in range(threads)]
     jobs = [(f, at) for f in files for at in range(0, f.stat().st_size, chunk)]
 
     def read(k: int) -> int:
@@ -128,35 +130,56 @@ def _h2d_floor() -> float:
     return 5 * host.numel() / (time.perf_counter() - t0) / 1e9
 
 
+def _same_outputs(a: Path, b: Path) -> bool:
+    names = sorted(p.name for p in a.iterdir())
+    return names == sorted(p.name for p in b.iterdir()) and all(
+        (a / n).read_bytes() == (b / n).read_bytes() for n in names if (a / n).is_file()
+    )
+
+
 def gpu(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> None:
+    import torch
+
     from ramstream import api
     from ramstream.config import RunOptions, parse_size
 
+    cuda = args.device.startswith("cuda")
     files = bench_spine.input_files(base, agents)
-    floors = {"read into pinned memory": _read_floor(files), "pinned host-to-device copy": _h2d_floor()}
+    floors = {"read into pinned memory" if cuda else "read into memory": _read_floor(files, cuda)}
+    if cuda:
+        floors["pinned host-to-device copy"] = _h2d_floor()
     runs = Path(tempfile.mkdtemp(prefix="bench-torch-", dir=args.data))
     members = [str(a) for a in agents]
     rates: dict[str, dict[str, float]] = {}
+    name_torch = f"torch {args.device}"
     try:
-        for name, extra in (("torch cuda", {"backend": "torch", "device": "cuda"}), ("numba", {"backend": "numba"})):
-            options = RunOptions(memory=parse_size(args.memory), quiet=True, **extra)
-            index = runs / f"{name.replace(' ', '-')}.zarr"
+        for name, extra in ((name_torch, {"backend": "torch", "device": args.device}), ("numba", {"backend": "numba"})):
+            options = RunOptions(memory=parse_size(args.memory), quiet=True, threads=args.threads, **extra)
+            key = name.replace(" ", "-").replace(":", "")
+            index = runs / f"{key}.zarr"
             t0 = time.perf_counter()
             api.probe(base, members, index=index, options=options)
             probe = time.perf_counter() - t0
             api.merge(base, members, out=runs / "warm", index=index, options=options)  # imports, caches
+            shutil.rmtree(runs / "warm")
             t0 = time.perf_counter()
-            api.merge(base, members, out=runs / f"{name.replace(' ', '-')}-out", index=index, options=options)
+            api.merge(base, members, out=runs / f"{key}-out", index=index, options=options)
             merge = time.perf_counter() - t0
             rates[name] = {"probe": gb / probe, "merge": gb / merge}
-            shutil.rmtree(runs / "warm")
+            bench_spine.log(f"{name}: probe {probe:.2f} s, merge {merge:.2f} s")
+        same = _same_outputs(runs / f"{name_torch.replace(' ', '-').replace(':', '')}-out", runs / "numba-out")
     finally:
         shutil.rmtree(runs, ignore_errors=True)
-    slower = min(floors.values())
-    print(json.dumps({"floors_GBps": floors, "passes_GBps": rates}, indent=2))
-    merge = rates["torch cuda"]["merge"]
+    device = torch.cuda.get_device_name(torch.device(args.device)) if cuda else "cpu"
     print(
-        f"merge pass on cuda: {merge:.1f} GB/s of input = {100 * merge / slower:.0f} % "
+        f"machine: {bench_spine.machine()}; {device}; torch {torch.__version__}; commit {bench_spine.git_commit()}; "
+        f"inputs {gb:.2f} GB; --memory {args.memory}"
+    )
+    slower = min(floors.values())
+    print(json.dumps({"floors_GBps": floors, "passes_GBps": rates, "outputs_identical": same}, indent=2))
+    merge = rates[name_torch]["merge"]
+    print(
+        f"merge pass on {args.device}: {merge:.2f} GB/s of input = {100 * merge / slower:.0f} % "
         "of the slower floor (goal >= 80 %)"
     )
 
@@ -167,6 +190,7 @@ def main() -> int:
     parser.add_argument("--memory", default="1GiB", help="--memory of the passes [1GiB]")
     parser.add_argument("--threads", type=int, default=None, help="--threads of the passes [all cores]")
     parser.add_argument("--cuda", action="store_true", help="the GPU benchmark (floors, torch on cuda, numba)")
+    parser.add_argument("--device", default="cuda", help="with --cuda: torch's device (cpu: a dry run) [cuda]")
     args = parser.parse_args()
     base, agents = bench_spine.ensure_family(Path(args.data) / "full", bench_spine.FULL)
     gb = sum(f.stat().st_size for f in bench_spine.input_files(base, agents)) / 1e9
