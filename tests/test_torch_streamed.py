@@ -7,7 +7,9 @@ budget and the copies' timing never change a byte."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 from ramstream.backends.settings import BackendSettings  # noqa: E402
 from ramstream.backends.torch import backend as torch_backend  # noqa: E402
-from ramstream.backends.torch.staging import MIN_PIECE, Part, pieces  # noqa: E402
+from ramstream.backends.torch.staging import MIN_PIECE, InputRing, Part, pieces, slot_bytes  # noqa: E402
 from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError, RamstreamError  # noqa: E402
 from tests.families import Family, build_family  # noqa: E402
 from tests.simulated_gpu import ForgetfulGpu, SimulatedGpu  # noqa: E402
@@ -170,3 +172,40 @@ def test_read_pieces_cover_every_byte_of_a_slot_once(sizes: list[int], m: int, r
 def test_a_gpu_budget_on_the_cpu_is_one_line(family: Family, tmp_path: Path) -> None:
     with pytest.raises(RamstreamError, match="--gpu-memory needs a CUDA device"):
         _merge(family, tmp_path / "out", "ram", {}, "torch", device="cpu", gpu_memory=64 << 20)
+
+
+def test_a_tile_fills_its_staging_slot() -> None:
+    """Tiles are sized by the inputs' bytes per element (the slot pads each part only once), so a
+    GPU pass moves a whole slot per upload, not a sliver of it."""
+    device = SimulatedGpu(budget=8 << 30)
+    backend = torch_backend.TorchBackend(BackendSettings(threads=2, memory=1 << 30), streams=device)
+    try:
+        parts = [Part(2, lambda dst, lo, m: None) for _ in range(4)]  # base and three bf16 agents
+        elems = backend._tile_elems(parts, 4, 64)
+        assert elems % 64 == 0
+        assert 0.99 * backend._slot <= slot_bytes(parts, elems) <= backend._slot
+    finally:
+        backend.close()
+        device.close()
+
+
+def test_a_failed_read_is_raised_once_every_piece_of_its_tile_is_done() -> None:
+    """No piece of a failed tile may still write into the slot after the error left: the next
+    call reuses the ring."""
+    m = 400_000  # 800 kB per part: cut into pieces for 4 readers
+    finished: list[int] = []
+
+    def slow(dst: np.ndarray, lo: int, count: int) -> None:
+        time.sleep(0.05)
+        finished.append(lo)
+
+    def failing(dst: np.ndarray, lo: int, count: int) -> None:
+        raise OSError("the file ended early")
+
+    device = SimulatedGpu()
+    with ThreadPoolExecutor(4) as pool:
+        ring = InputRing(device, 3, 1 << 20, pool, readers=4)
+        with pytest.raises(OSError, match="ended early"):
+            ring.stage([Part(2, failing), Part(2, slow)], 0, m)
+        assert len(finished) >= 2  # every piece of the slow part had finished
+    device.close()

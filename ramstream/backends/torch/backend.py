@@ -36,7 +36,7 @@ from ramstream.backends.exact_sum import BINS, renormalised
 from ramstream.backends.settings import BackendSettings
 from ramstream.backends.torch import codecs, della, device, exact_sums, magnitude, merges, probe
 from ramstream.backends.torch.rng import uniform
-from ramstream.backends.torch.staging import InputRing, OutputRing, Part, array_part, file_part, slot_bytes
+from ramstream.backends.torch.staging import ALIGN, InputRing, OutputRing, Part, Staging, array_part, file_part
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
 from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.errors import ConfigError
@@ -117,9 +117,9 @@ class TorchBackend:
         if not self._streamed:
             elems = CPU_TILE
         else:
-            per_element = max(slot_bytes(parts, 1), 1)
+            per_element = max(sum(p.itemsize for p in parts), 1)  # slot_bytes pads each part to ALIGN
             room = max(self._gpu_budget - DEPTH * self._slot, self._gpu_budget // 2)
-            elems = min(self._slot // per_element, room // (WORK_BYTES * (inputs + 2)))
+            elems = min((self._slot - ALIGN * len(parts)) // per_element, room // (WORK_BYTES * (inputs + 2)))
         return max(align, elems // align * align)
 
     def _run(self, parts: Sequence[Part], n: int, tile: TileFn, align: int = GROUP, inputs: int = 0) -> None:
@@ -152,13 +152,19 @@ class TorchBackend:
         tile: TileFn,
     ) -> None:
         inputs, outputs = rings
+        tiles = [(lo, min(step, n - lo)) for lo in starts]
+        begun: list[Staging] = []  # the tile whose reads run on the pool, at most one
         try:
             with torch.inference_mode():
-                for lo in starts:
-                    m = min(step, n - lo)
-                    tile(w, lo, m, inputs.stage(parts, lo, m), outputs)
+                for k, (lo, m) in enumerate(tiles):
+                    staged = inputs.finish(begun.pop() if begun else inputs.begin(parts, lo, m))
+                    if k + 1 < len(tiles):  # the next tile is read while this one's compute is queued
+                        begun.append(inputs.begin(parts, *tiles[k + 1]))
+                    tile(w, lo, m, staged, outputs)
                     inputs.consumed()
         except BaseException:  # a failed read or tile: nothing more may land in the caller's buffers
+            for staging in begun:
+                wait(staging.reads)  # nor in the ring's, which the next call reuses
             outputs.discard()
             raise
         outputs.flush()

@@ -97,6 +97,22 @@ def pieces(
     return jobs
 
 
+@dataclass
+class Staging:
+    """A tile being read into a slot: the reads still running on the pool (none when read inline)."""
+
+    slot: _InputSlot
+    total: int
+    spans: list[tuple[int, int]]
+    reads: list[Future[None]]
+
+    def wait(self) -> None:
+        """Every read done; the first failure raised once none still writes into the slot."""
+        wait(self.reads)
+        for read in self.reads:
+            read.result()
+
+
 class InputRing:
     def __init__(
         self, streams: Streams, depth: int, capacity: int, pool: Executor | None = None, readers: int = 1
@@ -119,8 +135,9 @@ class InputRing:
         hosts = [self.streams.host_buffer(self.capacity) for _ in range(self.depth)]
         self._slots = [_InputSlot(h, self.streams.device_buffer(h)) for h in hosts]
 
-    def stage(self, parts: Sequence[Part], lo: int, m: int) -> list[torch.Tensor]:
-        """The tile's parts on the device (uint8, ``m * itemsize`` bytes each), upload queued."""
+    def begin(self, parts: Sequence[Part], lo: int, m: int) -> Staging:
+        """Start reading a tile into the next slot (on the pool: the caller goes on, typically to
+        queue the previous tile's compute, while the pieces are read)."""
         total = slot_bytes(parts, m)
         self.reserve(total)
         slot = self._slots[self._next % self.depth]
@@ -136,15 +153,24 @@ class InputRing:
         if self.pool is None or len(jobs) == 1:
             for read, dst, first, count in jobs:
                 read(dst, first, count)
-        else:
-            futures = [self.pool.submit(read, dst, first, count) for read, dst, first, count in jobs]
-            wait(futures)  # every piece, even after one failed: none may write into the slot later
-            for future in futures:
-                future.result()
+            return Staging(slot, total, spans, [])
+        return Staging(
+            slot, total, spans, [self.pool.submit(read, dst, first, count) for read, dst, first, count in jobs]
+        )
+
+    def finish(self, staging: Staging) -> list[torch.Tensor]:
+        """The tile's parts on the device (uint8, ``m * itemsize`` bytes each) once its reads are
+        done: the upload is queued and the compute queued next waits for it."""
+        staging.wait()
+        slot, total = staging.slot, staging.total
         slot.uploaded = self.streams.upload(slot.device[:total], slot.host[:total], slot.consumed)
         self.streams.compute_waits(slot.uploaded)
         self._current = slot
-        return [slot.device[a : a + n] for a, n in spans]
+        return [slot.device[a : a + n] for a, n in staging.spans]
+
+    def stage(self, parts: Sequence[Part], lo: int, m: int) -> list[torch.Tensor]:
+        """``begin`` then ``finish``: one tile, read and uploaded."""
+        return self.finish(self.begin(parts, lo, m))
 
     def consumed(self) -> None:
         """The compute reading the last staged tile is queued: its device buffer is reusable after it."""
