@@ -209,3 +209,18 @@ def test_a_failed_read_is_raised_once_every_piece_of_its_tile_is_done() -> None:
             ring.stage([Part(2, failing), Part(2, slow)], 0, m)
         assert len(finished) >= 2  # every piece of the slow part had finished
     device.close()
+
+
+def test_a_tensor_larger_than_the_device_budget_streams_in_tiles(tmp_path: Path) -> None:
+    """A 4 Mi-element tensor (32 MiB of inputs: a base and three bf16 agents) through a 16 MiB
+    device budget, blocks from --memory as a user runs it: tiles of the 1 MiB staging slot, and
+    the Numba bytes."""
+    big = build_family(tmp_path / "family", shapes={"model.layers.0.mlp.up_proj.weight": (2048, 2048)}, seed=4)
+    expected = _merge(big, tmp_path / "numba" / "out", "ram+", {}, "numba", block_elems=None, memory=64 << 20)
+    with simulated_gpu(lambda: SimulatedGpu(budget=16 << 20), work_bytes=torch_backend.WORK_BYTES) as devices:
+        got = _merge(
+            big, tmp_path / "gpu" / "out", "ram+", {}, "torch", device="cpu", block_elems=None, memory=64 << 20
+        )
+    assert got == expected
+    inputs = 4 * (2048 * 2048) * 2
+    assert sum(d.uploads for d in devices) >= 2 * inputs // (1 << 20)  # probe and merge, at most a slot each
