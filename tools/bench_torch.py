@@ -13,8 +13,13 @@ bandwidth. Goal: the merge pass at >= 80 % of the slower floor. The outputs of t
 are compared byte for byte. ``--cuda --device cpu`` runs the same steps with torch on the CPU and
 no copy floor (a dry run of this script where there is no GPU).
 
+``--staging`` measures the streamed path's reads alone, on any machine: every input read through
+the backend's input ring (slots of ``--slot`` bytes, parts cut into pieces on a pool of one thread
+per core, one barrier per tile) against the read floor, in the same run.
+
     python tools/bench_torch.py --data bench-data            # CPU: numba vs torch, both passes
     python tools/bench_torch.py --data bench-data --cuda     # GPU: floors, torch on cuda, numba
+    python tools/bench_torch.py --data bench-data --staging  # the streamed path's reads vs the floor
 """
 
 from __future__ import annotations
@@ -184,6 +189,41 @@ def gpu(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> 
     )
 
 
+def staging(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> None:
+    from ramstream.backends.torch.staging import InputRing, file_part
+    from ramstream.backends.torch.streams import CpuStreams
+    from ramstream.config import parse_size
+
+    threads = args.threads or len(os.sched_getaffinity(0))
+    slot = parse_size(args.slot)
+    floor = max(_read_floor(bench_spine.input_files(base, agents), pinned=False) for _ in range(args.repeat))
+    shards = list(zip(*[sorted(d.glob("*.safetensors")) for d in (base, *agents)], strict=True))
+    handles = [[os.open(f, os.O_RDONLY) for f in group] for group in shards]
+    rates = []
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            ring = InputRing(CpuStreams(), 3, slot, pool, threads)
+            for _ in range(args.repeat):
+                moved, t0 = 0, time.perf_counter()
+                for group, fds in zip(shards, handles, strict=True):
+                    n = min(f.stat().st_size for f in group) // 2
+                    parts = [file_part(fd, 0, 2, lambda: OSError("short read")) for fd in fds]
+                    step = (slot - 64 * len(parts)) // (2 * len(parts))
+                    for lo in range(0, n, step):
+                        ring.stage(parts, lo, min(step, n - lo))
+                        moved += 2 * len(parts) * min(step, n - lo)
+                rates.append(moved / (time.perf_counter() - t0) / 1e9)
+    finally:
+        for fd in (fd for fds in handles for fd in fds):
+            os.close(fd)
+    best = max(rates)
+    print(f"machine: {bench_spine.machine()}; commit {bench_spine.git_commit()}; inputs {gb:.2f} GB")
+    print(
+        f"read floor ({os.cpu_count()} threads, 64 MiB chunks): {floor:.2f} GB/s; input ring ({threads} readers, "
+        f"{args.slot} slots): {best:.2f} GB/s, each the best of {args.repeat} = {100 * best / floor:.0f} % of the floor"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="bench-data", help="where bench_spine.py writes the family [bench-data]")
@@ -191,10 +231,13 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="--threads of the passes [all cores]")
     parser.add_argument("--cuda", action="store_true", help="the GPU benchmark (floors, torch on cuda, numba)")
     parser.add_argument("--device", default="cuda", help="with --cuda: torch's device (cpu: a dry run) [cuda]")
+    parser.add_argument("--staging", action="store_true", help="the streamed path's reads alone, against the floor")
+    parser.add_argument("--slot", default="32MiB", help="with --staging: bytes of a staging slot [32MiB]")
+    parser.add_argument("--repeat", type=int, default=3, help="with --staging: runs, the best reported [3]")
     args = parser.parse_args()
     base, agents = bench_spine.ensure_family(Path(args.data) / "full", bench_spine.FULL)
     gb = sum(f.stat().st_size for f in bench_spine.input_files(base, agents)) / 1e9
-    (gpu if args.cuda else cpu)(args, base, agents, gb)
+    (staging if args.staging else gpu if args.cuda else cpu)(args, base, agents, gb)
     return 0
 
 
