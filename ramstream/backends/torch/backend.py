@@ -154,11 +154,12 @@ class TorchBackend:
         inputs, outputs = rings
         tiles = [(lo, min(step, n - lo)) for lo in starts]
         begun: list[Staging] = []  # the tile whose reads run on the pool, at most one
+        ahead = inputs.pool is not None  # on the CPU a tile is computed while its inputs are in cache
         try:
             with torch.inference_mode():
                 for k, (lo, m) in enumerate(tiles):
                     staged = inputs.finish(begun.pop() if begun else inputs.begin(parts, lo, m))
-                    if k + 1 < len(tiles):  # the next tile is read while this one's compute is queued
+                    if ahead and k + 1 < len(tiles):  # the next tile is read while this one's compute is queued
                         begun.append(inputs.begin(parts, *tiles[k + 1]))
                     tile(w, lo, m, staged, outputs)
                     inputs.consumed()
