@@ -1,4 +1,4 @@
-# Everyday targets. A fresh clone needs only python3 (>= 3.10) and make.
+# Everyday targets. A fresh clone needs only python3 (>= 3.11: zarr 3 needs it) and make.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

@@ -18,6 +18,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from ramstream.backends.torch.streams import Event
@@ -56,7 +57,8 @@ class SimulatedGpu:
         return self._budget if given is None else given
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
-        return torch.full((nbytes,), POISON, dtype=torch.uint8)
+        """Host memory from numpy, so that torch's allocations are the device's alone."""
+        return torch.from_numpy(np.full(nbytes, POISON, dtype=np.uint8))
 
     def device_buffer(self, host: torch.Tensor) -> torch.Tensor:
         return torch.full_like(host, POISON)

@@ -224,3 +224,40 @@ def test_a_tensor_larger_than_the_device_budget_streams_in_tiles(tmp_path: Path)
     assert got == expected
     inputs = 4 * (2048 * 2048) * 2
     assert sum(d.uploads for d in devices) >= 2 * inputs // (1 << 20)  # probe and merge, at most a slot each
+
+
+@pytest.fixture(scope="module")
+def wide_family(tmp_path_factory: pytest.TempPathFactory) -> Family:
+    """Tensors wider than the tiles a 16 MiB budget allows, so the budget sizes every tile."""
+    shapes = {"model.layers.0.mlp.up_proj.weight": (256, 512), "model.embed_tokens.weight": (300, 512)}
+    return build_family(tmp_path_factory.mktemp("wide"), shapes=shapes, identical_agent=True, subset_agent=True)
+
+
+def _peak_torch_bytes(run: Callable[[], object]) -> int:
+    """The most bytes torch held at once while ``run`` ran (from the profiler's allocation events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = prof.profiler.kineto_results.events()
+    held = peak = 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
+        held += nbytes
+        peak = max(peak, held)
+    return peak
+
+
+@pytest.mark.parametrize(("method", "given"), METHODS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(METHODS)])
+def test_device_memory_stays_within_the_gpu_budget(
+    wide_family: Family, tmp_path: Path, method: str, given: dict[str, Any]
+) -> None:
+    """What a GPU would hold: the simulated device's host buffers come from numpy, so every torch
+    allocation of the pass (device rings, accumulators, each tile's temporaries) is device
+    memory; at its peak it stays within the smallest --gpu-memory (16 MiB)."""
+    budget = 16 << 20
+    out = tmp_path / "out"
+    with simulated_gpu(lambda: SimulatedGpu(budget=budget), work_bytes=torch_backend.WORK_BYTES):
+        peak = _peak_torch_bytes(
+            lambda: _merge(wide_family, out, method, given, "torch", device="cpu", block_elems=1 << 18)
+        )
+    assert budget // 8 < peak <= budget

@@ -8,6 +8,7 @@ logical by masking off the copied sign bits.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ramstream.backends.rng import GOLDEN, MIX1, MIX2
@@ -15,7 +16,7 @@ from ramstream.backends.rng import GOLDEN, MIX1, MIX2
 _INV_2_24 = 1.0 / 16777216.0
 
 
-def _signed(value: int) -> int:
+def _signed(value: int | np.uint64) -> int:
     """The int64 with the bits of the uint64 ``value``."""
     value = int(value) & 0xFFFFFFFFFFFFFFFF
     return value - (1 << 64) if value >= 1 << 63 else value
