@@ -111,24 +111,39 @@ class TorchBackend:
         finally:
             torch.set_num_threads(before)
 
-    def _tile_elems(self, parts: Sequence[Part], inputs: int, align: int) -> int:
+    def _tile_elems(self, parts: Sequence[Part], inputs: int, align: int, fixed: int = 0) -> int:
         """Elements per tile: a multiple of ``align`` (at least one), within the staging slot and,
-        on CUDA, the GPU budget (the rings' device buffers, then the temporaries)."""
+        on CUDA, the GPU budget (the rings' device buffers and the call's ``fixed`` bytes, then
+        the temporaries)."""
         if not self._streamed:
             elems = CPU_TILE
         else:
             per_element = max(sum(p.itemsize for p in parts), 1)  # slot_bytes pads each part to ALIGN
-            room = max(self._gpu_budget - DEPTH * self._slot, self._gpu_budget // 2)
+            room = max(self._gpu_budget - DEPTH * self._slot, self._gpu_budget // 2) - fixed
+            room = room * 3 // 4  # the rest: the caching allocator's rounding and split blocks
             elems = min((self._slot - ALIGN * len(parts)) // per_element, room // (WORK_BYTES * (inputs + 2)))
         return max(align, elems // align * align)
 
-    def _run(self, parts: Sequence[Part], n: int, tile: TileFn, align: int = GROUP, inputs: int = 0) -> None:
+    def _fixed(self, nbytes: int, what: str) -> int:
+        """Device bytes a call holds whatever its tiles (accumulators, per-tile results of a fixed
+        size): refused in one line where they would leave less than half the budget to the tiles."""
+        if self._streamed and nbytes > self._gpu_budget // 2:
+            need = 2 * nbytes + DEPTH * self._slot
+            raise ConfigError(
+                f"--gpu-memory {self._gpu_budget / 2**20:.0f}MiB cannot hold {what} ({nbytes / 2**20:.0f} MiB on "
+                f"the device) beside the tiles; give --gpu-memory {-(-need // 2**20)}MiB or more"
+            )
+        return nbytes
+
+    def _run(
+        self, parts: Sequence[Part], n: int, tile: TileFn, align: int = GROUP, inputs: int = 0, fixed: int = 0
+    ) -> None:
         """Call ``tile(worker, lo, m, staged, outputs)`` for every tile of ``n`` elements; every
         result put into ``outputs`` is delivered before this returns. Streamed (CUDA), one host
         thread drives the streams while the pool reads; on the CPU each of the ``workers``
         threads takes one balanced range of tiles with its own rings (torch ops release the
         GIL), and its own partial results."""
-        step = self._tile_elems(parts, inputs or len(parts), align)
+        step = self._tile_elems(parts, inputs or len(parts), align, fixed)
         starts = list(range(0, n, step))
         if self.workers == 1:
             self._loop(0, self._rings[0], parts, starts, n, step, tile)
@@ -333,13 +348,17 @@ class TorchBackend:
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
         n_agents = len(arrays.agents)
         codes = self._codes(arrays)
+        # the counts, and each tile's bincount beside them
+        fixed = self._fixed(
+            2 * self.workers * n_agents * HIGH_BINS * 8, f"the magnitude histograms of {n_agents} agents"
+        )
         with self._scoped():
             counts = self._zeros(self.workers, n_agents, HIGH_BINS)
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 counts[w] += magnitude.high_counts(torch.stack(self._abs_bits(raw, codes, range(n_agents))))
 
-            self._run(self._array_parts(arrays), arrays.size, tile)
+            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
             return counts.sum(0).cpu().numpy().astype(np.int32)
 
     def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
@@ -349,6 +368,8 @@ class TorchBackend:
         if not wanted:
             return np.zeros((n_agents, n_cuts, LOW_BINS), np.int32)
         codes = self._codes(arrays)
+        held = (self.workers * n_agents * n_cuts + 2) * LOW_BINS * 8  # the counts, a tile's bincount
+        fixed = self._fixed(held, f"the fine magnitude histograms of {n_agents} agents")
         with self._scoped():
             counts = self._zeros(self.workers, n_agents, n_cuts, LOW_BINS)
 
@@ -358,7 +379,7 @@ class TorchBackend:
                         if targets[t, c] >= 0:
                             counts[w, t, c] += magnitude.low_counts(bits, int(targets[t, c]))
 
-            self._run(self._array_parts(arrays), arrays.size, tile)
+            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
             return counts.sum(0).cpu().numpy().astype(np.int32)
 
     def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
