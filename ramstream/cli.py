@@ -132,7 +132,7 @@ def _run_options(f: F) -> F:
         "--gpu-memory",
         type=Size(),
         default=None,
-        help="GPU memory budget of --backend torch on CUDA, e.g. 6GiB [default: most of the free memory].",
+        help="GPU memory budget of --backend torch on CUDA, e.g. 6GiB [default: half of the free memory].",
     )(f)
     f = click.option(
         "--device",

@@ -138,17 +138,16 @@ class InputRing:
     def begin(self, parts: Sequence[Part], lo: int, m: int) -> Staging:
         """Start reading a tile into the next slot (on the pool: the caller goes on, typically to
         queue the previous tile's compute, while the pieces are read)."""
-        total = slot_bytes(parts, m)
+        spans, total = [], 0  # each part's bytes in the slot; total: slot_bytes(parts, m)
+        for part in parts:
+            spans.append((total, part.itemsize * m))
+            total += _aligned(part.itemsize * m)
         self.reserve(total)
         slot = self._slots[self._next % self.depth]
         self._next += 1
         if slot.uploaded is not None:
             slot.uploaded.synchronize()
         host = slot.host[:total].numpy()
-        spans, at = [], 0
-        for part in parts:
-            spans.append((at, part.itemsize * m))
-            at += _aligned(part.itemsize * m)
         jobs = pieces(parts, spans, host, lo, m, self.readers)
         if self.pool is None or len(jobs) == 1:
             for read, dst, first, count in jobs:
@@ -187,7 +186,8 @@ class _OutputSlot:
     landed: torch.Tensor | None = None
     event: Event | None = None
     sink: Sink | None = None
-    written: Future[None] | None = None  # the sink running on the pool: the slot is busy until it is done
+    # with a pool, the sink running there instead (the slot is busy until it is done)
+    written: Future[None] | None = None
 
 
 class OutputRing:
@@ -218,10 +218,11 @@ class OutputRing:
         slot = self._slots[self._next % self.depth]
         self._next += 1
         self._drain(slot)
-        slot.landed, slot.event = self.streams.download(slot.host[: data.shape[0]], data)
-        slot.sink = sink
+        landed, event = self.streams.download(slot.host[: data.shape[0]], data)
         if self.pool is not None:
-            slot.written = self.pool.submit(_deliver, slot.event, slot.landed, sink)
+            slot.written = self.pool.submit(_deliver, event, landed, sink)
+        else:
+            slot.landed, slot.event, slot.sink = landed, event, sink
 
     def flush(self) -> None:
         """Hand every queued result to its sink, in the order they were put; the first failed
@@ -249,7 +250,6 @@ class OutputRing:
     def _drain(slot: _OutputSlot) -> None:
         if slot.written is not None:
             written, slot.written = slot.written, None
-            slot.sink = slot.landed = slot.event = None
             written.result()
             return
         if slot.sink is None or slot.event is None or slot.landed is None:
