@@ -84,7 +84,18 @@ def _merge(
     return _files(out)
 
 
-NumbaBytes = dict[tuple[str, str, str], dict[str, bytes]]
+class NumbaBytes(dict[tuple[str, str, str], dict[str, bytes]]):
+    """The Numba backend's output per (family, method, options), merged once per test module."""
+
+    def __repr__(self) -> str:  # hypothesis prints the arguments of a failing example
+        return f"NumbaBytes({len(self)} outputs)"
+
+    def of(self, family: Family, tmp_path: Path, method: str, given: dict[str, Any]) -> dict[str, bytes]:
+        """The reference bytes, merged under ``tmp_path`` the first time they are asked for."""
+        key = (str(family.base), method, repr(sorted(given.items())))
+        if key not in self:
+            self[key] = _merge(family, tmp_path / "numba" / "out", method, given, "numba")
+        return self[key]
 
 
 def installed_backends() -> list[str]:
@@ -101,8 +112,7 @@ def installed_backends() -> list[str]:
 
 @pytest.fixture(scope="module")
 def numba_bytes() -> NumbaBytes:
-    """The Numba backend's output per (family, method, options), merged once for every backend."""
-    return {}
+    return NumbaBytes()
 
 
 @pytest.mark.parametrize("backend", installed_backends())
@@ -110,10 +120,7 @@ def numba_bytes() -> NumbaBytes:
 def test_every_backend_writes_the_numba_bytes(
     family: Family, tmp_path: Path, backend: str, method: str, given: dict[str, Any], numba_bytes: NumbaBytes
 ) -> None:
-    key = (str(family.base), method, repr(sorted(given.items())))
-    if key not in numba_bytes:
-        numba_bytes[key] = _merge(family, tmp_path / "numba" / "out", method, given, "numba")
-    expected = numba_bytes[key]
+    expected = numba_bytes.of(family, tmp_path, method, given)
     assert any(name.endswith(".safetensors") for name in expected)
     assert _merge(family, tmp_path / backend / "out", method, given, backend) == expected
 

@@ -27,7 +27,7 @@ from ramstream.backends.torch.staging import MIN_PIECE, InputRing, Part, pieces,
 from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError, RamstreamError  # noqa: E402
 from tests.families import Family, build_family  # noqa: E402
 from tests.simulated_gpu import ForgetfulGpu, SimulatedGpu  # noqa: E402
-from tests.test_backends import METHODS, _merge  # noqa: E402
+from tests.test_backends import METHODS, NumbaBytes, _merge  # noqa: E402
 
 SHAPES = {
     "model.embed_tokens.weight": (40, 50),
@@ -42,13 +42,6 @@ TINY_TILES = 1 << 20  # device bytes per element and input: a 16 MiB budget then
 def family(tmp_path_factory: pytest.TempPathFactory) -> Family:
     root = tmp_path_factory.mktemp("streamed")
     return build_family(root, shapes=SHAPES, identical_agent=True, subset_agent=True, shards=2, seed=21)
-
-
-class NumbaBytes(dict[str, dict[str, bytes]]):
-    """The Numba backend's output per method and options, merged once for the module."""
-
-    def __repr__(self) -> str:  # hypothesis prints the arguments of a failing example
-        return f"NumbaBytes({len(self)} outputs)"
 
 
 @pytest.fixture(scope="module")
@@ -77,20 +70,13 @@ def simulated_gpu(
                 device.close()
 
 
-def _expected(family: Family, tmp_path: Path, method: str, given: dict[str, Any], cache: NumbaBytes) -> Any:
-    key = f"{method} {sorted(given.items())}"
-    if key not in cache:
-        cache[key] = _merge(family, tmp_path / "numba" / "out", method, given, "numba")
-    return cache[key]
-
-
 @pytest.mark.parametrize(("method", "given"), METHODS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(METHODS)])
 def test_every_method_streamed_through_a_late_device_writes_the_numba_bytes(
     family: Family, tmp_path: Path, method: str, given: dict[str, Any], numba_bytes: NumbaBytes
 ) -> None:
     """Blocks of 256 elements in tiles of 64: every block is several uploads, downloads and
     waits; the probe pass runs on the simulated device too (no index is given)."""
-    expected = _expected(family, tmp_path, method, given, numba_bytes)
+    expected = numba_bytes.of(family, tmp_path, method, given)
     with simulated_gpu(SimulatedGpu) as devices:
         got = _merge(family, tmp_path / "streamed" / "out", method, given, "torch", device="cpu")
     assert got == expected
@@ -128,7 +114,7 @@ def test_blocks_tiles_budget_and_timing_never_change_a_byte(
     case: tuple[str, dict[str, Any]],
 ) -> None:
     method, options = case
-    expected = _expected(family, tmp_path_factory.mktemp("numba"), method, options, numba_bytes)
+    expected = numba_bytes.of(family, tmp_path_factory.mktemp("numba"), method, options)
     out = tmp_path_factory.mktemp("streamed") / "out"
     with simulated_gpu(lambda: SimulatedGpu(budget=budget, seed=seed), work_bytes):
         got = _merge(family, out, method, options, "torch", device="cpu", block_elems=block_elems)
