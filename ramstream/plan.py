@@ -1,8 +1,15 @@
-"""Cut the family's tensors into blocks: flat element ranges inside one tensor.
+"""Cut the family's tensors into blocks, and pack consecutive blocks into batches.
 
-Block starts are multiples of the block size, itself a multiple of 64 elements, so the
-bit-packed masks of a block are whole bytes (whole 64-bit words) and never straddle blocks.
-A tensor larger than the budget simply has many blocks.
+A block is a flat element range inside one tensor: what a backend computes and what per-tensor
+statistics are summed from. Block starts are multiples of the block size, itself a multiple of
+64 elements, so the bit-packed masks of a block are whole bytes (whole 64-bit words) and never
+straddle blocks. A tensor larger than the budget simply has many blocks.
+
+A batch is a run of consecutive blocks whose elements (each rounded up to a whole mask byte)
+fit in one block: the unit the executors run, the index stores in one chunk and the journals
+mark. A dense model's large tensors make batches of one block; a mixture-of-experts checkpoint's
+thousands of small expert tensors share batches, so a pass costs what its bytes cost, not a
+write, a sync and a journal mark per tensor.
 """
 
 from __future__ import annotations
@@ -49,10 +56,67 @@ class Block:
 
 
 @dataclass(frozen=True)
+class Batch:
+    """Blocks ``first .. stop - 1`` of the plan, run, persisted and marked as one."""
+
+    index: int
+    first: int
+    stop: int
+
+    @property
+    def blocks(self) -> range:
+        return range(self.first, self.stop)
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+
+def mask_bytes(size: int) -> int:
+    """Bytes of one agent's packed mask of ``size`` elements."""
+    return (size + 7) // 8
+
+
+@dataclass(frozen=True)
 class Plan:
     tensors: tuple[TensorPlan, ...]
     block_elems: int
     blocks: tuple[Block, ...]
+
+    @cached_property
+    def batches(self) -> tuple[Batch, ...]:
+        """Consecutive blocks packed while their masks fit one block's (``block_elems / 8`` bytes
+        per agent); a block at least that large (whole rows of a row-aligned plan) is alone."""
+        return pack_batches(self.blocks, self.block_elems)
+
+    def batches_of_at_most(self, segments: int) -> tuple[Batch, ...]:
+        """``batches`` cut further into runs of at most ``segments`` blocks (for statistics whose
+        per-block partials are large: a batch's partials are held and stored together)."""
+        out: list[Batch] = []
+        for batch in self.batches:
+            for first in range(batch.first, batch.stop, max(1, segments)):
+                out.append(Batch(len(out), first, min(first + segments, batch.stop)))
+        return tuple(out)
+
+    @cached_property
+    def mask_offsets(self) -> np.ndarray:
+        """int64 (blocks,): each block's first byte within its batch's packed masks (per agent)."""
+        offsets = np.zeros(len(self.blocks), np.int64)
+        for batch in self.batches:
+            at = 0
+            for b in batch.blocks:
+                offsets[b] = at
+                at += mask_bytes(self.blocks[b].size)
+        return offsets
+
+    @cached_property
+    def mask_width(self) -> int:
+        """Bytes per agent of the widest batch's packed masks (the index's mask chunk width)."""
+        widths = [sum(mask_bytes(self.blocks[b].size) for b in batch.blocks) for batch in self.batches]
+        return max([1, *widths])
+
+    def batch_bytes(self, batch: Batch) -> int:
+        """Input bytes a batch reads (base plus every agent)."""
+        return sum(self.block_bytes(self.blocks[b]) for b in batch.blocks)
 
     def blocks_of(self, tensor: int) -> range:
         """The indices of the blocks of tensor ``tensor`` (they are consecutive)."""
@@ -138,6 +202,36 @@ def plan_from_tensors(tensors: tuple[TensorPlan, ...], block_elems: int, row_ali
         for start in range(0, t.numel, step):
             blocks.append(Block(len(blocks), ti, start, min(start + step, t.numel)))
     return Plan(tensors, block_elems, tuple(blocks))
+
+
+def batch_positions(batches: tuple[Batch, ...], n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """int64 ``(blocks,)`` twice: each block's batch, and its position within that batch."""
+    batch_of = np.zeros(n_blocks, np.int64)
+    slot_of = np.zeros(n_blocks, np.int64)
+    for batch in batches:
+        batch_of[batch.first : batch.stop] = batch.index
+        slot_of[batch.first : batch.stop] = np.arange(len(batch))
+    return batch_of, slot_of
+
+
+def widest(batches: tuple[Batch, ...]) -> int:
+    """Blocks in the longest batch (at least 1): the rows of a per-batch chunk of block partials."""
+    return max([1, *(len(b) for b in batches)])
+
+
+def pack_batches(blocks: tuple[Block, ...], block_elems: int) -> tuple[Batch, ...]:
+    """Greedy, in block order: a batch takes the next block while the packed masks fit."""
+    batches: list[Batch] = []
+    first, used = 0, 0
+    for b in blocks:
+        need = mask_bytes(b.size) * 8
+        if b.index > first and used + need > block_elems:
+            batches.append(Batch(len(batches), first, b.index))
+            first, used = b.index, 0
+        used += need
+    if blocks:
+        batches.append(Batch(len(batches), first, len(blocks)))
+    return tuple(batches)
 
 
 def sum_by_tensor(plan: Plan, partials: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from ramstream.api import probe
 from ramstream.cli import main
 from ramstream.config import RunOptions
-from ramstream.execution.dask_executor import group_blocks, task_bytes
+from ramstream.execution.dask_executor import group_batches, task_bytes
 from ramstream.index.journal import Journal
 from ramstream.plan import Block, Plan, TensorPlan
 from tests.families import Family, build_family, with_raw_value
@@ -72,13 +72,15 @@ def family(tmp_path_factory: pytest.TempPathFactory) -> Family:
     return build_family(root, shards=2, identical_agent=True, subset_agent=True, int_tensor=True, seed=5)
 
 
-def test_blocks_are_grouped_into_tasks_of_about_the_target_size() -> None:
+def test_batches_are_grouped_into_tasks_of_about_the_target_size() -> None:
     blocks = [Block(i, 0, i * 64, (i + 1) * 64) for i in range(10)]
     tensor = TensorPlan("w", (640,), 640, ("BF16", "BF16"))  # a block reads 64 * 2 * 2 bytes
     plan = Plan(tensors=(tensor,), block_elems=64, blocks=tuple(blocks))
-    groups = group_blocks(blocks, plan, target_bytes=3 * 256)
+    batches = plan.batches  # full blocks: a batch each
+    assert [b.blocks for b in batches] == [range(i, i + 1) for i in range(10)]
+    groups = group_batches(batches, plan, target_bytes=3 * 256)
     assert [[b.index for b in g] for g in groups] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
-    assert group_blocks(blocks, plan, target_bytes=1) == [[b] for b in blocks]
+    assert group_batches(batches, plan, target_bytes=1) == [[b] for b in batches]
     assert task_bytes(10**12, 4) <= 2 * 1024**3
     assert task_bytes(1000, 4) >= 1
 
@@ -194,7 +196,7 @@ def test_status_while_a_cluster_merge_runs(
         release.set()
         thread.join(CLUSTER_TIMEOUT)
     assert status.exit_code == 0, status.output
-    assert "merge  partial      2 / 32 blocks" in status.output, status.output
+    assert "merge  partial      2 / 30 batches" in status.output, status.output
     assert "error" not in outcome, outcome
     assert outcome["files"] == expected
 

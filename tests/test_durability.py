@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from ramstream.cli import main
 from ramstream.index.local_store import DurableLocalStore, open_group
+from ramstream.index.store import open_index_store
 from ramstream.io import os_hints
 from tests.families import build_family
 
@@ -22,15 +23,16 @@ def test_a_probed_block_without_its_counts_is_refused(tmp_path: Path) -> None:
     index = tmp_path / "index.zarr"
     runner = CliRunner()
     assert runner.invoke(main, ["probe", *members, "--index", str(index), "--quiet"]).exit_code == 0
-    # The state a power loss could leave if chunks were not synced before their marks: every block
-    # marked, the pass not finished yet (its roll-up not written), block 3's coverage chunk gone.
+    # The state a power loss could leave if chunks were not synced before their marks: every batch
+    # marked, the pass not finished yet (its roll-up not written), batch 0's counts chunk gone.
     group = open_group(index, mode="r+")
     group.attrs["probe"] = {**dict(group.attrs["probe"]), "complete": False}  # type: ignore[arg-type]
-    (index / "stats" / "coverage" / "c.3.0").unlink()
+    (index / "stats" / "counts" / "c.0.0.0").unlink()
+    blocks = len(open_index_store(index).plan.batches[0])
     done = runner.invoke(main, ["merge", *members, "--index", str(index), "--out", str(tmp_path / "out"), "--quiet"])
     assert done.exit_code == 1
     assert done.output.strip() == (
-        f"error: {index}: the counts of probed block 3 are missing or damaged (1 block(s)); "
+        f"error: {index}: the counts of probed batch 0 are missing or damaged ({blocks} block(s)); "
         "delete the index and probe again"
     )
     assert not (tmp_path / "out" / "config.json").exists()

@@ -17,7 +17,7 @@ from ramstream.inspect.grouping import Role, layer_groups, module_groups, role_o
         ("model.layers.3.input_layernorm.weight", Role(3, "input_layernorm", "norm")),
         ("model.layers.3.post_attention_layernorm.weight", Role(3, "post_attention_layernorm", "norm")),
         ("model.layers.3.self_attn.q_norm.weight", Role(3, "self_attn.q_norm", "norm")),
-        ("model.layers.1.block_sparse_moe.experts.7.w1.weight", Role(1, "block_sparse_moe.experts.7.w1", "mlp")),
+        ("model.layers.1.block_sparse_moe.experts.7.w1.weight", Role(1, "block_sparse_moe.experts.*.w1", "mlp")),
         ("model.norm.weight", Role(None, "norm", "norm")),
         ("lm_head.weight", Role(None, "lm_head", "head")),
         ("transformer.wte.weight", Role(None, "wte", "embedding")),

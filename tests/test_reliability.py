@@ -262,9 +262,9 @@ def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(tmp_path: Path, family
     args = ["merge", *map(str, members(family)), "--out", str(out), "--index", str(index), "--quiet", *SHARDS]
     # Slow the merge down (a sleep in each block write) so the interrupt lands inside the pass.
     slow = (
-        "import time, sys; from ramstream.io import writer; w = writer.ShardWriter.write\n"
+        "import time, sys; from ramstream.io import writer; w = writer.ShardWriter.write_runs\n"
         "def slow(self, *a, **k):\n    time.sleep(1.0); return w(self, *a, **k)\n"
-        "writer.ShardWriter.write = slow\nfrom ramstream.cli import main; main()"
+        "writer.ShardWriter.write_runs = slow\nfrom ramstream.cli import main; main()"
     )
     proc = subprocess.Popen([sys.executable, "-c", slow, *args], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

@@ -153,8 +153,8 @@ def finished_looking(out: Path, reference: Reference) -> list[str]:
 
 def index_arrays(path: Path) -> dict[str, np.ndarray]:
     group = zarr.open_group(str(path), mode="r", zarr_format=3)
-    arrays = {f"masks/{name}": np.asarray(a[:]) for name, a in group["masks"].arrays()}  # type: ignore[union-attr]
-    for name in ("stats/overlap", "stats/coverage", "progress/probe"):
+    arrays = {}
+    for name in ("masks", "stats/counts", "progress/probe"):
         arrays[name] = np.asarray(group[name][:])  # type: ignore[index]
     return arrays
 

@@ -41,7 +41,7 @@ from ramstream.io.writer import ShardWriter
 
 args = json.loads(sys.argv[1])
 slowed = IndexStore if args["verb"] == "probe" else ShardWriter
-method = "write_block" if args["verb"] == "probe" else "write"
+method = "write_batch" if args["verb"] == "probe" else "write_runs"
 original = getattr(slowed, method)
 def slow(self, *a, **k):
     time.sleep(args["delay"])

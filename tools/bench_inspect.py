@@ -1,6 +1,6 @@
 """The inspect benchmark: ``ramstream inspect`` / ``status`` on an index of a 7B-sized family.
 
-Builds, with ramstream's own index API (``create_index``, ``write_block``, ``write_rollup``,
+Builds, with ramstream's own index API (``create_index``, ``write_batch``, ``write_rollup``,
 ``record_probe``, the merge pass's ``open_journal``), a synthetic index shaped like Qwen2-7B
 (hidden 3584, 28 layers, intermediate 18944, vocab 152064; a bf16 base and 3 agents: 339
 tensors, 7.6e9 parameters) without any weights: each block's statistics are drawn from a
@@ -36,7 +36,7 @@ import numpy as np
 from ramstream.index.store import SCHEMA_VERSION, IndexHeader, IndexStore, create_index
 from ramstream.merge.merge_pass import copied_tensors, open_journal
 from ramstream.output import directory as output_dir
-from ramstream.plan import TensorPlan, plan_from_tensors
+from ramstream.plan import TensorPlan, batch_positions, plan_from_tensors
 
 HIDDEN, LAYERS, INTERMEDIATE, VOCAB, KV = 3584, 28, 18944, 152064, 512
 AGENTS = ("agent1", "agent2", "agent3")
@@ -88,22 +88,27 @@ def block_statistics(rng: np.random.Generator, store: IndexStore) -> tuple[np.nd
 
 
 def write_masks(rng: np.random.Generator, store: IndexStore, name: str) -> None:
-    """Random masks of one tensor at the agents' densities, with the true counts of its blocks."""
+    """Random masks of one tensor at the agents' densities, with the true counts of its blocks
+    (its blocks are whole batches: the masked tensors are larger than a block)."""
     plan = store.plan
     tensor = next(i for i, t in enumerate(plan.tensors) if t.name == name)
     for b in plan.blocks_of(tensor):
         block = plan.blocks[b]
+        batch = next(g for g in plan.batches if g.first == b)
+        assert len(batch) == 1, f"{name}: block {b} shares its batch"
         masks = np.stack([rng.random(block.size, dtype=np.float32) < d for d in DENSITIES])
         c = masks.sum(axis=0)
         overlap = np.array([[np.count_nonzero(m & (c == k)) for k in range(1, len(AGENTS) + 1)] for m in masks])
         coverage = np.bincount(c, minlength=len(AGENTS) + 1)
-        store.write_block(b, np.packbits(masks, axis=1, bitorder="little"), overlap, coverage)
+        packed = np.zeros((len(AGENTS), plan.mask_width), np.uint8)
+        packed[:, : (block.size + 7) // 8] = np.packbits(masks, axis=1, bitorder="little")
+        store.write_batch(batch, packed, np.concatenate([overlap.reshape(-1), coverage])[None])
 
 
 def build(directory: Path, block_elems: int) -> dict[str, Path]:
     """The finished index, a copy with the probe 60 % done, and an unfinished merge directory."""
     paths = {"index": directory / "index.zarr", "partial": directory / "partial.zarr", "out": directory / "merged"}
-    want = {"block_elems": block_elems, "version": 1}
+    want = {"block_elems": block_elems, "version": 2}
     marker = directory / MARKER
     if marker.is_file() and json.loads(marker.read_text()) == want:
         return paths
@@ -122,9 +127,11 @@ def build(directory: Path, block_elems: int) -> dict[str, Path]:
     for key in ("index", "partial"):
         store = create_index(paths[key], header, plan)
         overlap, coverage = block_statistics(np.random.default_rng(0), store)
-        store.group["stats/overlap"][...] = overlap  # type: ignore[index]
-        store.group["stats/coverage"][...] = coverage  # type: ignore[index]
-        done = len(plan.blocks) if key == "index" else int(0.6 * len(plan.blocks))
+        counts = np.zeros(store.group["stats/counts"].shape, np.int64)  # type: ignore[union-attr]
+        batch_of, slot_of = batch_positions(plan.batches, len(plan.blocks))
+        counts[batch_of, slot_of] = np.concatenate([overlap.reshape(len(overlap), -1), coverage], axis=1)
+        store.group["stats/counts"][...] = counts  # type: ignore[index]
+        done = len(plan.batches) if key == "index" else int(0.6 * len(plan.batches))
         store.group["progress/probe"][:done] = 1  # type: ignore[index]  # bulk: the pass marks one at a time
         if key == "index":
             for name in MASKED:
@@ -138,7 +145,7 @@ def build(directory: Path, block_elems: int) -> dict[str, Path]:
     # An unfinished merge that used the finished index: run.json, then its journal 30 % done.
     run = {"inputs": header.content_key, "method": "ram+", "params": {"r": 0.1, "alpha": 2.0}, "eps": 1e-5}
     output_dir.prepare(paths["out"], run, force=False)
-    n_items = len(plan.blocks) + len(copied_tensors(plan))
+    n_items = len(plan.batches) + len(copied_tensors(plan))
     journal = open_journal(output_dir.work_dir(paths["out"]), n_items, block_elems, paths["index"])
     for item in range(int(0.3 * n_items)):
         journal.mark(item)

@@ -28,9 +28,11 @@ class FamilyShape:
     vocab: int = 512
     intermediate: int = 176
     kv_hidden: int = 16
+    experts: int = 0  # > 0: a Qwen3-MoE-like MLP, one tensor per expert projection
+    expert_intermediate: int = 0
 
     def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
-        h, kv, inter = self.hidden, self.kv_hidden, self.intermediate
+        h, kv = self.hidden, self.kv_hidden
         out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (self.vocab, h))]
         for i in range(self.layers):
             p = f"model.layers.{i}."
@@ -44,14 +46,35 @@ class FamilyShape:
                 (p + "self_attn.v_proj.bias", (kv,)),
                 (p + "self_attn.o_proj.weight", (h, h)),
                 (p + "post_attention_layernorm.weight", (h,)),
-                (p + "mlp.gate_proj.weight", (inter, h)),
-                (p + "mlp.up_proj.weight", (inter, h)),
-                (p + "mlp.down_proj.weight", (h, inter)),
             ]
+            out += self._mlp(p + "mlp.")
         out += [("model.norm.weight", (h,)), ("lm_head.weight", (self.vocab, h))]
         return out
 
+    def _mlp(self, p: str) -> list[tuple[str, tuple[int, ...]]]:
+        h, inter, moe = self.hidden, self.intermediate, self.expert_intermediate
+        if not self.experts:
+            return [
+                (p + "gate_proj.weight", (inter, h)),
+                (p + "up_proj.weight", (inter, h)),
+                (p + "down_proj.weight", (h, inter)),
+            ]
+        out: list[tuple[str, tuple[int, ...]]] = [(p + "gate.weight", (self.experts, h))]
+        for e in range(self.experts):
+            q = f"{p}experts.{e}."
+            out += [
+                (q + "gate_proj.weight", (moe, h)),
+                (q + "up_proj.weight", (moe, h)),
+                (q + "down_proj.weight", (h, moe)),
+            ]
+        return out
+
     def config(self) -> dict[str, object]:
+        moe: dict[str, object] = (
+            {"num_experts": self.experts, "moe_intermediate_size": self.expert_intermediate, "num_experts_per_tok": 2}
+            if self.experts
+            else {}
+        )
         return {
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
@@ -65,11 +88,20 @@ class FamilyShape:
             "rms_norm_eps": 1e-6,
             "tie_word_embeddings": False,
             "torch_dtype": "bfloat16",
+            **moe,
         }
 
 
 DEMO_SHAPE = FamilyShape()
 BENCH_SHAPE = FamilyShape(hidden=2048, layers=8, vocab=64000, intermediate=8448, kv_hidden=256)
+# The MoE benchmark's families (tools/bench_moe.py): 8 layers x 64 experts (about 1.6 k tensors,
+# 14 M parameters) and 48 layers x 128 experts (Qwen3-30B-A3B's 18.9 k tensors, small dimensions).
+MOE_SHAPE = FamilyShape(
+    hidden=128, layers=8, vocab=4096, intermediate=0, kv_hidden=32, experts=64, expert_intermediate=64
+)
+MOE_WIDE_SHAPE = FamilyShape(
+    hidden=64, layers=48, vocab=2048, intermediate=0, kv_hidden=16, experts=128, expert_intermediate=16
+)
 PAPER_DENSITIES = (0.032, 0.462, 0.543)
 
 

@@ -1,10 +1,10 @@
-"""The Dask executor: a pass's blocks as tasks on a ``distributed`` cluster.
+"""The Dask executor: a pass's batches of blocks as tasks on a ``distributed`` cluster.
 
-The driver (this process) groups consecutive blocks into tasks of about ``task_bytes`` of input,
+The driver (this process) groups consecutive batches into tasks of about ``task_bytes`` of input,
 ships the pass's work once (``TaskPayload``), and submits the tasks in order. Workers open the
 inputs by path (every machine sees the same paths), compute with their own backend and write
-the blocks' data where a local run would (partial shards at precomputed offsets, index chunks),
-durably, then report. Only then does the driver mark the task's blocks in the journal, which
+the batches' data where a local run would (partial shards at precomputed offsets, index chunks),
+durably, then report. Only then does the driver mark the task's batches in the journal, which
 therefore stays the one a local run keeps: a pass started on a cluster resumes locally and the
 other way round. A worker that dies mid-task has its task rerun elsewhere by the scheduler (the
 writes are idempotent); a driver that dies leaves the journal to the rerun.
@@ -26,29 +26,29 @@ from ramstream.execution.dask_cluster import Cluster, connect, import_distribute
 from ramstream.execution.progress import Progress
 from ramstream.execution.work import BlockWork
 from ramstream.format.family import Family, with_absolute_paths
-from ramstream.plan import Block, Plan
+from ramstream.plan import Batch, Plan
 
 TASKS_PER_WORKER = 8  # enough to balance the load and bound what a dead worker loses
 MAX_TASK_BYTES = 2 * 1024**3  # of input per task
 SETTLE_TIMEOUT = 600.0  # seconds to wait, after an error, for tasks that already started
 
 
-def group_blocks(blocks: Sequence[Block], plan: Plan, target_bytes: int) -> list[list[Block]]:
-    """Consecutive blocks in groups of about ``target_bytes`` of input (at least one block each)."""
-    groups: list[list[Block]] = []
+def group_batches(batches: Sequence[Batch], plan: Plan, target_bytes: int) -> list[list[Batch]]:
+    """Consecutive batches in groups of about ``target_bytes`` of input (at least one each)."""
+    groups: list[list[Batch]] = []
     size = 0
-    for block in blocks:
+    for batch in batches:
         if not groups or size >= target_bytes:
             groups.append([])
             size = 0
-        groups[-1].append(block)
-        size += plan.block_bytes(block)
+        groups[-1].append(batch)
+        size += plan.batch_bytes(batch)
     return groups
 
 
 def task_bytes(total: int, n_workers: int) -> int:
     """About ``TASKS_PER_WORKER`` tasks per worker, none above ``MAX_TASK_BYTES``: a task is at
-    least one block, and a block (sized by --memory) already dwarfs the ~2 ms a task costs."""
+    least one batch, and a batch (sized by --memory) already dwarfs the ~2 ms a task costs."""
     return max(1, min(MAX_TASK_BYTES, total // max(1, n_workers * TASKS_PER_WORKER)))
 
 
@@ -67,18 +67,18 @@ class DaskExecutor:
         return self._cluster
 
     def run(
-        self, work: BlockWork[Any], family: Family, plan: Plan, blocks: Sequence[Block], progress: Progress
+        self, work: BlockWork[Any], family: Family, plan: Plan, batches: Sequence[Batch], progress: Progress
     ) -> None:
-        if not blocks:
+        if not batches:
             return
         cluster = self.cluster()
         remote = work.remote()
         options = self.options
         settings = BackendSettings(cluster.worker_threads, options.device, options.gpu_memory, options.memory)
         payload = dask_worker.TaskPayload(remote, with_absolute_paths(family), plan, options.backend, settings)
-        total = sum(plan.block_bytes(b) for b in blocks)
+        total = sum(plan.batch_bytes(b) for b in batches)
         n_workers = cluster.n_workers()
-        groups = group_blocks(blocks, plan, task_bytes(total, n_workers))
+        groups = group_batches(batches, plan, task_bytes(total, n_workers))
         device = f" on {options.device}" if options.device else ""
         progress.where = f"{options.backend}{device}, {n_workers} Dask worker{'s' if n_workers != 1 else ''}"
         client = cluster.client
@@ -90,14 +90,14 @@ class DaskExecutor:
             client.submit(
                 dask_worker.run_task,
                 shipped,
-                [b.index for b in group],
+                [(b.index, b.first, b.stop) for b in group],
                 key=f"ramstream-{name}-{run_id}-{k}",
                 pure=False,
             )
             for k, group in enumerate(groups)
         ]
         try:
-            self._collect(client, futures, work, plan, progress, len(blocks))
+            self._collect(client, futures, work, plan, batches, progress)
         except BaseException:
             # Nothing may write after the pass raised: cancel what waits, let what runs finish.
             client.cancel(futures)
@@ -108,9 +108,16 @@ class DaskExecutor:
             _forget_everywhere(client, remote.key)
 
     def _collect(
-        self, client: Any, futures: list[Any], work: BlockWork[Any], plan: Plan, progress: Progress, expected: int
+        self,
+        client: Any,
+        futures: list[Any],
+        work: BlockWork[Any],
+        plan: Plan,
+        batches: Sequence[Batch],
+        progress: Progress,
     ) -> None:
-        """Mark each task's blocks as its worker reports them durable; raise the first error."""
+        """Mark each task's batches as its worker reports them durable; raise the first error."""
+        by_index = {b.index: b for b in batches}
         distributed = import_distributed()
         reported = 0
         for future in distributed.as_completed(futures, loop=client.loop):
@@ -127,13 +134,13 @@ class DaskExecutor:
                 ) from None
             if outcome.error is not None:
                 raise outcome.error
-            for index in outcome.blocks:
-                block = plan.blocks[index]
-                progress.advance(plan.block_bytes(block))
-                work.mark(block, progress.snapshot())
-            reported += len(outcome.blocks)
-        if reported != expected:  # never finish a pass on blocks nobody reported
-            raise ClusterError(f"the Dask cluster reported {reported} of {expected} blocks; rerun to resume")
+            for index in outcome.batches:
+                batch = by_index[index]
+                progress.advance(plan.batch_bytes(batch))
+                work.mark(batch, progress.snapshot())
+            reported += len(outcome.batches)
+        if reported != len(batches):  # never finish a pass on batches nobody reported
+            raise ClusterError(f"the Dask cluster reported {reported} of {len(batches)} batches; rerun to resume")
 
     def close(self) -> None:
         if self._cluster is not None:

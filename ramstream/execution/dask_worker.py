@@ -1,19 +1,20 @@
-"""What runs on a Dask worker: a task of blocks, computed and written there, never marked.
+"""What runs on a Dask worker: a task of batches, computed and written there, never marked.
 
-A task names its blocks by index and carries a reference to the pass's ``TaskPayload`` (the
-remote work, the family with absolute paths, the plan, the backend's name and threads), which
-the cluster ships to each worker once. The worker opens the work (stores, partial shards) and a
-backend the first time a pass reaches it and keeps both until the driver says the pass ended
-(``forget``); tasks of one pass run one at a time per worker process (the backend parallelises
-inside a block), through the same block loop as a local run. A user error (a NaN, a truncated
-file, a full disk) is returned, not raised, so the driver reports it as one line and the
-scheduler does not retry it elsewhere.
+A task names its batches (index and block range: a pass may cut the plan's blocks its own way) and
+carries a reference to the pass's ``TaskPayload`` (the remote work, the family with absolute paths,
+the plan, the backend's name and threads), which the cluster ships to each worker once. The worker
+opens the work (stores, partial shards) and a backend the first time a pass reaches it and keeps
+both until the driver says the pass ended (``forget``); tasks of one pass run one at a time per
+worker process (the backend parallelises inside a block), through the same block loop as a local
+run. A user error (a NaN, a truncated file, a full disk) is returned, not raised, so the driver
+reports it as one line and the scheduler does not retry it elsewhere.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ from ramstream.execution.local import LocalExecutor
 from ramstream.execution.progress import Done, Progress
 from ramstream.execution.work import BlockTasks, RemoteWork
 from ramstream.format.family import Family
-from ramstream.plan import Block, Plan
+from ramstream.plan import Batch, Plan
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,7 +41,7 @@ class TaskPayload:
 
 @dataclass(frozen=True)
 class TaskOutcome:
-    blocks: tuple[int, ...]  # written durably, in this order
+    batches: tuple[int, ...]  # written durably, in this order
     seconds: float
     error: RamstreamError | None = None
 
@@ -53,17 +54,17 @@ class _Unmarked:
     def __init__(self, tasks: BlockTasks[Any]) -> None:
         self.tasks = tasks
 
-    def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> Any:
-        return self.tasks.compute(block, arrays, backend, slot)
+    def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> Any:
+        return self.tasks.compute(batch, arrays, backend, slot)
 
-    def write(self, block: Block, result: Any) -> None:
-        self.tasks.write(block, result)
+    def write(self, batch: Batch, result: Any) -> None:
+        self.tasks.write(batch, result)
 
-    def mark(self, block: Block, done: Done) -> None:
+    def mark(self, batch: Batch, done: Done) -> None:
         """The driver marks, once the whole task is reported durable."""
 
-    def persist(self, block: Block, result: Any, done: Done) -> None:
-        self.tasks.write(block, result)
+    def persist(self, batch: Batch, result: Any, done: Done) -> None:
+        self.tasks.write(batch, result)
 
     def close(self) -> None:
         self.tasks.close()
@@ -98,18 +99,18 @@ def _opened(payload: TaskPayload) -> _Opened:
         return entry
 
 
-def run_task(payload: TaskPayload, block_ids: list[int]) -> TaskOutcome:
-    """Compute and durably write ``block_ids`` (a Dask task)."""
+def run_task(payload: TaskPayload, batch_ids: list[tuple[int, int, int]]) -> TaskOutcome:
+    """Compute and durably write the batches ``(index, first block, stop)`` (a Dask task)."""
     started = time.monotonic()
-    blocks = [payload.plan.blocks[i] for i in block_ids]
+    batches = [Batch(*ids) for ids in batch_ids]
     try:
         entry = _opened(payload)
         with entry.lock:
             executor = LocalExecutor(entry.backend)
-            executor.run(entry.tasks, payload.family, payload.plan, blocks, Progress("worker", 0, enabled=False))
+            executor.run(entry.tasks, payload.family, payload.plan, batches, Progress("worker", 0, enabled=False))
     except RamstreamError as exc:
         return TaskOutcome((), time.monotonic() - started, exc)
-    return TaskOutcome(tuple(block_ids), time.monotonic() - started)
+    return TaskOutcome(tuple(b.index for b in batches), time.monotonic() - started)
 
 
 def forget(key: str) -> None:

@@ -1,4 +1,4 @@
-"""The executor seam: something that runs a pass's blocks (locally, or on a cluster)."""
+"""The executor seam: something that runs a pass's batches of blocks (locally, or on a cluster)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from typing import Any, Protocol
 from ramstream.execution.progress import Progress
 from ramstream.execution.work import BlockWork
 from ramstream.format.family import Family
-from ramstream.plan import Block, Plan
+from ramstream.plan import Batch, Plan
 
 
 class Executor(Protocol):
     def run(
-        self, work: BlockWork[Any], family: Family, plan: Plan, blocks: Sequence[Block], progress: Progress
+        self, work: BlockWork[Any], family: Family, plan: Plan, batches: Sequence[Batch], progress: Progress
     ) -> None:
-        """Compute, write and mark every block of ``blocks`` (a subset of ``plan``'s), advancing
-        ``progress`` by each block's input bytes. Returns once every mark is recorded; on an
-        error nothing is written after it returns."""
+        """Compute, write and mark every batch of ``batches`` (batches of ``plan``'s blocks, the
+        pass's own cut of them), advancing ``progress`` by each batch's input bytes. Returns once
+        every mark is recorded; on an error nothing is written after it returns."""
         ...
 
     def close(self) -> None:

@@ -1,9 +1,9 @@
-"""The local executor: one block loop in this process, with write-behind.
+"""The local executor: one batch loop in this process, with write-behind.
 
-Blocks run in order on the calling thread (the backend parallelises inside a block); the next
-block's inputs are announced to the OS while this one computes; each block's ``write`` then
-``mark`` run on write-behind threads while the next blocks compute, at most ``depth`` pending,
-so a pass holds ``depth + 1`` result buffers and a kill loses at most ``depth`` blocks.
+Batches run in order on the calling thread (the backend parallelises inside a block); the next
+batch's inputs are announced to the OS while this one computes; each batch's ``write`` then
+``mark`` run on write-behind threads while the next batches compute, at most ``depth`` pending,
+so a pass holds ``depth + 1`` result buffers and a kill loses at most ``depth`` batches.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ramstream.execution.work import BlockWork
 from ramstream.execution.write_behind import WriteBehind
 from ramstream.format.family import Family
 from ramstream.io.reader import InputFiles
-from ramstream.plan import Block, Plan
+from ramstream.plan import Batch, Plan
 
 
 class LocalExecutor:
@@ -30,27 +30,27 @@ class LocalExecutor:
         """Nothing to release: the backend belongs to the caller."""
 
     def run(
-        self, work: BlockWork[Any], family: Family, plan: Plan, blocks: Sequence[Block], progress: Progress
+        self, work: BlockWork[Any], family: Family, plan: Plan, batches: Sequence[Batch], progress: Progress
     ) -> None:
         progress.where = f"{self.backend.name} on {self.backend.device}"
         with InputFiles() as files, WriteBehind(self.depth) as behind:
             reader = BlockReader(family, plan, files)
-            for i, block in enumerate(blocks):
-                if i + 1 < len(blocks):
-                    reader.prefetch(blocks[i + 1])
-                arrays = reader.arrays(block)
-                result = work.compute(block, arrays, self.backend, i % (behind.depth + 1))
+            for i, batch in enumerate(batches):
+                if i + 1 < len(batches):
+                    reader.prefetch(batches[i + 1])
+                arrays = [reader.arrays(plan.blocks[b]) for b in batch.blocks]
+                result = work.compute(batch, arrays, self.backend, i % (behind.depth + 1))
                 del arrays
-                reader.release(block)
-                progress.advance(plan.block_bytes(block))
-                behind.submit(_Persist(work, block, result, progress.snapshot()))
+                reader.release(batch)
+                progress.advance(plan.batch_bytes(batch))
+                behind.submit(_Persist(work, batch, result, progress.snapshot()))
 
 
 class _Persist:
-    """On a write-behind thread: the block's durable data, then its journal mark."""
+    """On a write-behind thread: the batch's durable data, then its journal mark."""
 
-    def __init__(self, work: BlockWork[Any], block: Block, result: Any, done: Done) -> None:
-        self.work, self.block, self.result, self.done = work, block, result, done
+    def __init__(self, work: BlockWork[Any], batch: Batch, result: Any, done: Done) -> None:
+        self.work, self.batch, self.result, self.done = work, batch, result, done
 
     def __call__(self) -> None:
-        self.work.persist(self.block, self.result, self.done)
+        self.work.persist(self.batch, self.result, self.done)

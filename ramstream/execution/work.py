@@ -1,6 +1,8 @@
-"""What a pass runs per block: the contract between the passes and the executors.
+"""What a pass runs per batch of blocks: the contract between the passes and the executors.
 
-A pass says *what* to compute for a block and what to persist; an executor says *when* and
+The unit is a batch (``plan.Batch``): consecutive blocks, many small tensors' or one large
+tensor's piece, computed together, persisted in one write per store and marked once. A pass
+says *what* to compute for a batch and what to persist; an executor says *when* and
 *where* (``execution.local``: this process, with write-behind threads; ``execution.dask``: the
 workers of a Dask cluster). Persisting is split in two so that a block is marked done only after
 its data is durable, wherever it was written: ``write`` makes the block's data durable (on
@@ -16,12 +18,13 @@ plan) whose ``open`` rebuilds ``compute`` and ``write`` there, opening files and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
 from ramstream.execution.progress import Done
-from ramstream.plan import Block
+from ramstream.plan import Batch
 
 R = TypeVar("R")
 
@@ -29,13 +32,14 @@ R = TypeVar("R")
 class BlockTasks(Protocol[R]):
     """Computing and writing blocks: what a worker needs (it never marks)."""
 
-    def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> R:
-        """The block's result. ``slot`` (0 .. depth) names a buffer the caller may reuse: the
-        executor never hands out a slot whose previous result is still being written."""
+    def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> R:
+        """The batch's result (``arrays``: those of its blocks, in order). ``slot`` (0 .. depth)
+        names a buffer the caller may reuse: the executor never hands out a slot whose previous
+        result is still being written."""
         ...
 
-    def write(self, block: Block, result: R) -> None:
-        """Make the block's data durable (output bytes, index chunks)."""
+    def write(self, batch: Batch, result: R) -> None:
+        """Make the batch's data durable (output bytes, index chunks)."""
         ...
 
     def close(self) -> None:
@@ -57,11 +61,11 @@ class RemoteWork(Protocol[R]):
 class BlockWork(BlockTasks[R], Protocol[R]):
     label: str  # for progress: "probe", "merge", "statistics (...)"
 
-    def mark(self, block: Block, done: Done) -> None:
-        """Record the block as done (after its ``write`` returned), with the pass's progress so far."""
+    def mark(self, batch: Batch, done: Done) -> None:
+        """Record the batch as done (after its ``write`` returned), with the pass's progress so far."""
         ...
 
-    def persist(self, block: Block, result: R, done: Done) -> None:
+    def persist(self, batch: Batch, result: R, done: Done) -> None:
         """``write`` then ``mark`` (fused where data and journal share one store)."""
         ...
 

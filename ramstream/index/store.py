@@ -1,14 +1,19 @@
 """Create, validate and fill the index; read its statistics back.
 
-Layout (see ``docs/index-format.md``)::
+Layout (see ``docs/index-format.md``); one chunk per batch of blocks (``plan.Batch``), so an
+index costs files in proportion to the family's bytes, not to its tensor count::
 
     <index>/zarr.json                 group; attrs["ramstream_index"] = the header below
-    <index>/masks/<i>                 uint8 (N, ceil(numel_i / 8)), chunks (N, min(block, numel_i)/8): tensor i
-    <index>/stats/overlap             int64 (blocks, N, N): agent t active and c == k+1
-    <index>/stats/coverage            int64 (blocks, N+1): elements with c == k
+    <index>/masks                     uint8 (batches, N, W), chunks (1, N, W): a batch's blocks'
+                                      packed masks side by side (``plan.mask_offsets``), zero-padded
+    <index>/stats/counts              int64 (batches, S, N*N + N + 1), chunks (1, S, ...): per block
+                                      of the batch, overlap (N, N) then coverage (N+1), zero rows after
     <index>/stats/tensor_overlap      int64 (tensors, N, N): per-tensor sums, written when the probe ends
     <index>/stats/tensor_coverage     int64 (tensors, N+1): likewise
-    <index>/progress/probe            uint8 (blocks,), one chunk per block: 1 = done
+    <index>/progress/probe            uint8 (batches,), one chunk per batch: 1 = done
+
+W is ``plan.mask_width``, S the blocks of the longest batch. ``overlap[t, k-1]`` counts elements
+where agent t is active and exactly k agents are; ``coverage[k]`` elements where k agents are.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import zarr
-import zarr.api.asynchronous
 from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
@@ -31,15 +35,32 @@ from ramstream.errors import IndexMismatchError, StoreCorruptError
 from ramstream.index.guard import store_io
 from ramstream.index.journal import FLAT_KEYS, Journal
 from ramstream.index.local_store import open_group
-from ramstream.plan import Plan, TensorPlan, plan_from_tensors, sum_by_tensor
+from ramstream.plan import (
+    Batch,
+    Plan,
+    TensorPlan,
+    batch_positions,
+    mask_bytes,
+    plan_from_tensors,
+    sum_by_tensor,
+    widest,
+)
 from ramstream.version import __version__
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: one chunk per batch of blocks (2: per block, masks per tensor)
 ATTR = "ramstream_index"
 UNCHECKED_ATTR = "nonfinite_unchecked"  # set by a probe run with allow_nonfinite (never cleared)
 # Every chunk carries a CRC32C of its stored bytes, so a truncated or altered chunk is detected.
 COMPRESSED = (ZstdCodec(level=1), Crc32cCodec())
 CHECKED = (Crc32cCodec(),)
+# A statistic's partials are stored a batch per chunk, cut further so that a chunk (and what a
+# pass holds of it) stays below this many bytes: large histograms get fewer blocks per chunk.
+STAT_CHUNK_BYTES = 16 * 1024**2
+
+
+def counts_width(n_agents: int) -> int:
+    """Values per block in ``stats/counts``: overlap (N, N), then coverage (N+1)."""
+    return n_agents * n_agents + n_agents + 1
 
 
 @dataclass(frozen=True)
@@ -105,37 +126,36 @@ class IndexStore:
         self.header = header
         self.plan = plan
         self.journal = Journal.open(group, "progress/probe")
-        self._masks: dict[int, zarr.Array] = {}
         self._arrays: dict[str, zarr.Array] = {}  # opened once: each open reads its metadata
+        self._batch_of, self._slot_of = batch_positions(plan.batches, len(plan.blocks))
+        self._mask_cache: tuple[int, np.ndarray] | None = None  # the last batch of masks read
+        self._unit_cache: dict[int, tuple[tuple[Batch, ...], tuple[np.ndarray, np.ndarray]]] = {}
 
     @property
     def n_agents(self) -> int:
         return len(self.header.agents)
 
     # -- writing ---------------------------------------------------------------------------
-    def write_block(
-        self, block: int, masks: np.ndarray, overlap: np.ndarray, coverage: np.ndarray, *, mark: bool = True
-    ) -> None:
-        """Persist one probed block, then (``mark``) mark it done, in that order. A process that
+    def write_batch(self, batch: Batch, masks: np.ndarray, counts: np.ndarray, *, mark: bool = True) -> None:
+        """Persist one probed batch (``masks`` (N, W) packed side by side, ``counts`` (blocks of
+        the batch, counts_width)), then (``mark``) mark it done, in that order. A process that
         does not own the journal (a cluster's worker) writes with ``mark=False``."""
-        b = self.plan.blocks[block]
-        array = self._mask_array(b.tensor)
-        byte0 = b.start // 8
-        writes = (
-            (array, (slice(None), slice(byte0, byte0 + masks.shape[1])), masks),
-            (self._array("stats/overlap"), block, overlap),
-            (self._array("stats/coverage"), block, coverage),
-        )
-        with store_io(self.path, f"writing block {block} of the index"):
-            # The three chunks at once, then the mark, in one round trip to zarr's event loop: on
-            # a busy machine each round trip waits for a core, and a block used to make four.
+        rows = np.zeros((widest(self.plan.batches), counts.shape[1]), np.int64)
+        rows[: len(counts)] = counts
+        writes = ((self._array("masks"), batch.index, masks), (self._array("stats/counts"), batch.index, rows))
+        with store_io(self.path, f"writing batch {batch.index} of the index"):
+            # The chunks at once, then the mark, in one round trip to zarr's event loop: on a
+            # busy machine each round trip waits for a core.
             data = [a.async_array.setitem(where, value) for a, where, value in writes]
-            sync(_gather_then(data, (lambda: self.journal.marking(block)) if mark else None))
+            sync(_gather_then(data, (lambda: self.journal.marking(batch.index)) if mark else None))
 
-    def write_statistic(self, array: zarr.Array, block: int, partial: np.ndarray) -> None:
-        """Persist one block's partial of a method statistic (its journal marks it afterwards)."""
-        with store_io(self.path, f"writing block {block} of statistic {array.basename!r}"):
-            array[block] = partial
+    def write_statistic(self, array: zarr.Array, unit: Batch, partials: np.ndarray) -> None:
+        """Persist one unit's partials (blocks of the unit, *shape) of a method statistic, zero
+        rows after them (its journal marks it afterwards)."""
+        rows = np.zeros(array.shape[1:], partials.dtype)
+        rows[: len(partials)] = partials
+        with store_io(self.path, f"writing batch {unit.index} of statistic {array.basename!r}"):
+            array[unit.index] = rows
 
     def _array(self, key: str) -> zarr.Array:
         cached = self._arrays.get(key)
@@ -144,20 +164,16 @@ class IndexStore:
         node = self.group.get(key)
         if not isinstance(node, zarr.Array):
             raise IndexMismatchError(f"{self.path}: array {key!r} is missing; the index is damaged, delete it")
+        if key == "masks":
+            # write_empty_chunks: skip zarr's scan of every chunk for "all fill value" (a runtime
+            # setting, not stored with the array, so it is applied on every open).
+            node = node.with_config({"write_empty_chunks": True})  # type: ignore[call-overload]
         self._arrays[key] = node
         return node
 
-    def _mask_array(self, tensor: int) -> zarr.Array:
-        array = self._masks.get(tensor)
-        if array is None:
-            # write_empty_chunks: skip zarr's scan of every chunk for "all fill value" (a runtime
-            # setting, not stored with the array, so it is applied on every open).
-            array = self._array(f"masks/{tensor}").with_config({"write_empty_chunks": True})  # type: ignore[call-overload]
-            self._masks[tensor] = array
-        return array
-
     def done(self) -> np.ndarray:
-        return self.journal.done(len(self.plan.blocks))
+        """A boolean per batch of the plan."""
+        return self.journal.done(len(self.plan.batches))
 
     def probe_complete(self) -> bool:
         record = self.group.attrs.get("probe")
@@ -193,26 +209,28 @@ class IndexStore:
         if n == 0:
             return np.zeros((0, n_agents, n_agents), np.int64), np.zeros((0, n_agents + 1), np.int64)
         with store_io(self.path, "reading the overlap statistics"):
-            overlap = np.asarray(self._array("stats/overlap")[:n])
-            coverage = np.asarray(self._array("stats/coverage")[:n])
+            stored = np.asarray(self._array("stats/counts")[...])
+        rows = stored[self._batch_of, self._slot_of]
+        overlap = rows[:, : n_agents * n_agents].reshape(n, n_agents, n_agents)
+        coverage = rows[:, n_agents * n_agents :]
         # Every element of a probed block is counted once: a chunk lost after its mark (deleted,
         # or a disk that lied about a sync) would read back as zeros, the array's fill value.
-        # The journal (a file per block) is read only for blocks whose counts do not add up: an
-        # unprobed block reads as zeros too, and only a marked one is damaged.
+        # The journal is read only for batches whose counts do not add up: an unprobed batch
+        # reads as zeros too, and only a marked one is damaged.
         sizes = np.array([b.size for b in self.plan.blocks], np.int64)
         lost = np.flatnonzero(coverage.sum(axis=1) != sizes)
         if len(lost):
-            lost = lost[self.done()[lost]]
+            lost = lost[self.done()[self._batch_of[lost]]]
         if len(lost):
             raise StoreCorruptError(
-                f"{self.path}: the counts of probed block {int(lost[0])} are missing or damaged "
+                f"{self.path}: the counts of probed batch {int(self._batch_of[lost[0]])} are missing or damaged "
                 f"({len(lost)} block(s)); delete the index and probe again"
             )
         return overlap, coverage
 
     def write_rollup(self) -> None:
         """Persist the per-tensor sums of the block statistics (one chunk each), so that readers
-        of a finished index read two chunks instead of every block's. Call after the last block,
+        of a finished index read two chunks instead of every batch's. Call after the last batch,
         before ``record_probe(complete=True)``: readers trust the roll-up only once complete."""
         overlap, coverage = self._summed_block_stats()
         stats = self.group["stats"]
@@ -227,7 +245,7 @@ class IndexStore:
                     dtype="int64",
                     fill_value=0,
                     overwrite=True,
-                    compressors=CHECKED,
+                    compressors=COMPRESSED,
                 )
                 array[...] = data
 
@@ -253,26 +271,46 @@ class IndexStore:
         return sum_by_tensor(self.plan, overlap_blocks), sum_by_tensor(self.plan, coverage_blocks)
 
     # -- method statistics (see ramstream/statistics) --------------------------------------
+    def statistic_units(self, shape: tuple[int, ...], dtype: str) -> tuple[Batch, ...]:
+        """The batches a statistic of partials ``shape`` is computed, stored and marked in: the
+        plan's, cut so that a chunk of partials stays within ``STAT_CHUNK_BYTES``."""
+        return self._units(shape, dtype)[0]
+
+    def statistic_positions(self, shape: tuple[int, ...], dtype: str) -> tuple[np.ndarray, np.ndarray]:
+        """Each block's unit and position in it (``statistic_units``), int64 ``(blocks,)`` twice."""
+        return self._units(shape, dtype)[1]
+
+    def _units(self, shape: tuple[int, ...], dtype: str) -> tuple[tuple[Batch, ...], tuple[np.ndarray, np.ndarray]]:
+        per_block = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        segments = max(1, STAT_CHUNK_BYTES // max(per_block, 1))
+        found = self._unit_cache.get(segments)
+        if found is None:
+            units = self.plan.batches_of_at_most(segments)
+            found = self._unit_cache[segments] = (units, batch_positions(units, len(self.plan.blocks)))
+        return found
+
     def statistic(self, key: str, shape: tuple[int, ...], dtype: str) -> tuple[zarr.Array, Journal]:
-        """The per-block array ``stats/<key>`` and its journal ``progress/<key>``, created on first use."""
-        n_blocks = max(len(self.plan.blocks), 1)
+        """The array ``stats/<key>`` (units, S, *shape) and its journal ``progress/<key>``,
+        created on first use (``statistic_units``: the units; S: blocks of the longest)."""
+        units = self.statistic_units(shape, dtype)
+        layout = (max(len(units), 1), widest(units), *shape)
         name = f"stats/{key}"
         node = self.group.get(name)
         if node is None:
             with store_io(self.path, f"creating statistic {key!r}"):
                 node = self.group.create_array(
                     name,
-                    shape=(n_blocks, *shape),
-                    chunks=(1, *shape),
+                    shape=layout,
+                    chunks=(1, *layout[1:]),
                     dtype=dtype,
                     fill_value=0,
                     compressors=COMPRESSED,
                     chunk_key_encoding=FLAT_KEYS,
                 )
-                journal = Journal.create(self.group, f"progress/{key}", len(self.plan.blocks))
+                journal = Journal.create(self.group, f"progress/{key}", len(units))
         else:
             journal = Journal.open(self.group, f"progress/{key}")
-        if not isinstance(node, zarr.Array) or node.shape != (n_blocks, *shape):
+        if not isinstance(node, zarr.Array) or node.shape != layout:
             raise IndexMismatchError(f"{self.path}: statistic {key!r} has an unexpected layout; delete the index")
         return node, journal
 
@@ -288,22 +326,20 @@ class IndexStore:
             self.group.attrs["statistics"] = merged
 
     def tensor_mask(self, tensor: int) -> np.ndarray:
-        """The packed masks ``(N, ceil(numel/8))`` of one tensor (for inspection)."""
-        with store_io(self.path, f"reading the masks of tensor {self.plan.tensors[tensor].name!r}"):
-            return np.asarray(self._mask_array(tensor)[:])
+        """The packed masks ``(N, ceil(numel/8))`` of one tensor (for inspection and tests)."""
+        blocks = self.plan.blocks_of(tensor)
+        parts = [self.block_mask(b) for b in blocks]
+        return np.concatenate(parts, axis=1) if parts else np.zeros((self.n_agents, 0), np.uint8)
 
     def block_mask(self, block: int) -> np.ndarray:
-        """The packed masks ``(N, ceil(size/8))`` of one block (for bounded-memory inspection)."""
-        b = self.plan.blocks[block]
-        byte0 = b.start // 8
-        return np.asarray(self._mask_array(b.tensor)[:, byte0 : byte0 + (b.size + 7) // 8])
-
-
-async def _create_arrays(store: Any, path: str, specs: dict[str, dict[str, Any]]) -> None:
-    """Create the arrays of group ``path`` at once (one per merged tensor: hundreds on a 70B model,
-    each a metadata file; one after the other they were most of an index's creation time)."""
-    parent = await zarr.api.asynchronous.open_group(store=store, path=path, mode="r+", zarr_format=3)
-    await _gather_all([parent.create_array(name, **spec) for name, spec in specs.items()])
+        """The packed masks ``(N, ceil(size/8))`` of one block (for bounded-memory inspection);
+        the last batch read is kept, as a batch's blocks are usually read one after the other."""
+        batch = int(self._batch_of[block])
+        if self._mask_cache is None or self._mask_cache[0] != batch:
+            with store_io(self.path, f"reading batch {batch} of the masks"):
+                self._mask_cache = (batch, np.asarray(self._array("masks")[batch]))
+        start = int(self.plan.mask_offsets[block])
+        return self._mask_cache[1][:, start : start + mask_bytes(self.plan.blocks[block].size)]
 
 
 async def _gather_all(coroutines: list[Coroutine[Any, Any, Any]]) -> None:
@@ -325,15 +361,6 @@ async def _gather_then(
         await then()
 
 
-def _mask_chunk_bytes(numel: int, block_elems: int) -> int:
-    """Bytes per agent in one mask chunk: a block's, or the whole tensor's when it is smaller.
-
-    Zarr stores an edge chunk at full chunk size, so a 2048-element norm under 16 Mi-element
-    blocks would otherwise write 2 MiB of padding per agent (the masks were 3x their content).
-    """
-    return max(1, min(block_elems // 8, (numel + 7) // 8))
-
-
 def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
     """Create a fresh index at ``path`` (replacing an unfinished creation, never other data)."""
     # The state is in the very first metadata written, so a kill at any later point is recognisable.
@@ -344,43 +371,29 @@ def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
 def _create(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
     group = open_group(path, mode="w", attributes={"state": "creating"})
     n_agents = len(header.agents)
-    n_blocks = max(len(plan.blocks), 1)
-    group.create_group("masks")
-    specs = {
-        str(i): {
-            "shape": (n_agents, (t.numel + 7) // 8),
-            "chunks": (n_agents, _mask_chunk_bytes(t.numel, plan.block_elems)),
-            "dtype": "uint8",
-            "fill_value": 0,
-            "compressors": CHECKED,  # zstd cost 4x the rest of a block's index write; masks stay raw
-            "chunk_key_encoding": FLAT_KEYS,
-            "attributes": {"tensor": t.name},
-        }
-        for i, t in enumerate(plan.tensors)
-        if t.merged
-    }
-    sync(_create_arrays(group.store, "masks", specs))
-    stats = group.create_group("stats")
-    stats.create_array(
-        "overlap",
-        shape=(n_blocks, n_agents, n_agents),
-        chunks=(1, n_agents, n_agents),
-        dtype="int64",
+    n_batches = max(len(plan.batches), 1)
+    group.create_array(
+        "masks",
+        shape=(n_batches, n_agents, plan.mask_width),
+        chunks=(1, n_agents, plan.mask_width),
+        dtype="uint8",
         fill_value=0,
-        compressors=CHECKED,
+        compressors=CHECKED,  # zstd cost 4x the rest of a block's index write; masks stay raw
         chunk_key_encoding=FLAT_KEYS,
     )
+    stats = group.create_group("stats")
+    rows = widest(plan.batches)
     stats.create_array(
-        "coverage",
-        shape=(n_blocks, n_agents + 1),
-        chunks=(1, n_agents + 1),
+        "counts",
+        shape=(n_batches, rows, counts_width(n_agents)),
+        chunks=(1, rows, counts_width(n_agents)),
         dtype="int64",
         fill_value=0,
-        compressors=CHECKED,
+        compressors=COMPRESSED,
         chunk_key_encoding=FLAT_KEYS,
     )
     progress = group.create_group("progress")
-    Journal.create(progress, "probe", len(plan.blocks))
+    Journal.create(progress, "probe", len(plan.batches))
     group.attrs[ATTR] = header.to_dict()
     group.attrs["state"] = "ready"
     return IndexStore(path, group, header, plan)

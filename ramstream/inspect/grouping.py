@@ -6,9 +6,11 @@
     model.embed_tokens.weight               ->  layer None, module "embed_tokens",          kind "embedding"
     model.norm.weight                       ->  layer None, module "norm",                  kind "norm"
     lm_head.weight                          ->  layer None, module "lm_head",               kind "head"
+    model.layers.3.mlp.experts.17.up_proj.weight -> layer 3, module "mlp.experts.*.up_proj", kind "mlp"
 
 The module drops the layer prefix and a trailing ``.weight`` (a ``.bias`` stays: it is another
-role), and container prefixes (``model.``, ``transformer.``, ...) outside the layers. A tensor
+role), the expert number of a mixture-of-experts' per-expert tensors (the experts of a layer
+share a role: one module, not one per expert), and container prefixes (``model.``, ``transformer.``, ...) outside the layers. A tensor
 outside the layers is its own "layer" group, keyed by its module; groups are ordered
 embeddings, layers 0..L-1, then the rest in model order.
 """
@@ -25,6 +27,7 @@ KIND_ORDER: tuple[Kind, ...] = ("embedding", "attention", "mlp", "norm", "other"
 
 _LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
 _CONTAINERS = ("model.", "transformer.", "language_model.", "decoder.", "encoder.")
+_EXPERT = re.compile(r"(^|\.)experts\.\d+\.")
 _NORM = re.compile(r"(norm|(^|[._])ln(_?\w*)?$)")
 
 
@@ -53,6 +56,7 @@ def role_of(name: str) -> Role:
             for prefix in _CONTAINERS:
                 if module.startswith(prefix) and len(module) > len(prefix):
                     module, stripped = module[len(prefix) :], True
+    module = _EXPERT.sub(r"\1experts.*.", module)
     if module.endswith(".weight") and len(module) > len(".weight"):
         module = module[: -len(".weight")]
     return Role(layer, module, _kind(module, layer))

@@ -100,18 +100,21 @@ def _input_entry(fp: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- bytes per work item --------------------------------------------------------------------
-def probe_block_bytes(plan: Plan) -> np.ndarray:
-    """Input bytes of each block (base plus agents), as the probe pass counts them."""
+def probe_batch_bytes(plan: Plan) -> np.ndarray:
+    """Input bytes of each batch of blocks (base plus agents), as the probe pass counts them."""
+    if not len(plan.blocks):
+        return np.zeros(0, np.int64)
     per_elem = np.array([sum(ITEMSIZE[d] for d in t.dtypes) for t in plan.tensors], np.int64)
     tensor = np.fromiter((b.tensor for b in plan.blocks), np.int64, len(plan.blocks))
     size = np.fromiter((b.size for b in plan.blocks), np.int64, len(plan.blocks))
-    return per_elem[tensor] * size if len(plan.blocks) else np.zeros(0, np.int64)
+    firsts = np.fromiter((b.first for b in plan.batches), np.int64, len(plan.batches))
+    return np.add.reduceat(per_elem[tensor] * size, firsts)
 
 
 def merge_item_bytes(plan: Plan) -> np.ndarray:
-    """Bytes of each merge work item: every block, then each copied (non-float) tensor."""
+    """Bytes of each merge work item: every batch, then each copied (non-float) tensor."""
     copies = [t.numel * ITEMSIZE[t.dtypes[0]] for t in plan.tensors if not t.merged]
-    return np.concatenate([probe_block_bytes(plan), np.array(copies, np.int64)])
+    return np.concatenate([probe_batch_bytes(plan), np.array(copies, np.int64)])
 
 
 def _rate(record: dict[str, Any] | None, source: str) -> tuple[float | None, str | None, float | None, str | None]:
@@ -128,16 +131,16 @@ def _rate(record: dict[str, Any] | None, source: str) -> tuple[float | None, str
 # -- an index -------------------------------------------------------------------------------
 def probe_status(store: IndexStore) -> PassStatus:
     plan = store.plan
-    sizes = probe_block_bytes(plan)
+    sizes = probe_batch_bytes(plan)
     complete = store.probe_complete()
-    done = np.ones(len(plan.blocks), bool) if complete else store.done()
+    done = np.ones(len(plan.batches), bool) if complete else store.done()
     rate = _rate(store.journal.rate(), "last probe run")
     if rate[0] is None:
         record = store.group.attrs.get("probe")
         rate = _rate(record if isinstance(record, dict) else None, "last probe run")
     state: State = "done" if complete else ("partial" if done.any() else "not started")
     return PassStatus(
-        "probe", state, int(done.sum()), len(plan.blocks), int(sizes[done].sum()), int(sizes.sum()), *rate
+        "probe", state, int(done.sum()), len(plan.batches), int(sizes[done].sum()), int(sizes.sum()), *rate
     )
 
 
@@ -276,7 +279,7 @@ def _duration(seconds: float) -> str:
 def _pass_line(p: PassStatus, now: float) -> str:
     if p.blocks_total is None and p.state == "done":
         return f"{p.name:<6} done"
-    blocks = f"{p.blocks_done if p.blocks_done is not None else '?'} / {p.blocks_total or '?'} blocks"
+    blocks = f"{p.blocks_done if p.blocks_done is not None else '?'} / {p.blocks_total or '?'} batches"
     line = f"{p.name:<6} {p.state:<12} {blocks:<22} {_size(p.bytes_done)} / {_size(p.bytes_total)}"
     if p.bytes_total and p.bytes_done is not None and p.state != "done":
         line += f" ({100 * p.bytes_done / p.bytes_total:.1f} %)"

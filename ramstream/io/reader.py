@@ -73,26 +73,30 @@ class InputFiles:
     def release(self, ref: TensorRef, start: int, stop: int) -> None:
         """Drop this process's pages of elements ``[start, stop)`` (the page cache keeps them)."""
         size = ITEMSIZE[ref.entry.dtype]
-        lo = ref.entry.offset + start * size
-        hi = ref.entry.offset + stop * size
+        self.release_bytes(ref.file, ref.entry.offset + start * size, ref.entry.offset + stop * size)
+
+    def release_bytes(self, path: Path, lo: int, hi: int) -> None:
+        """Drop this process's mapped pages of bytes ``[lo, hi)`` of ``path``."""
         lo_page = lo - lo % PAGE
-        mm = self._map(ref.file)
+        mm = self._map(path)
         length = min(hi, len(mm)) - lo_page
         if length > 0:
             mm.madvise(mmap.MADV_DONTNEED, lo_page, length)
 
     def prefetch(self, ref: TensorRef, start: int, stop: int) -> None:
-        """Ask the OS to read elements ``[start, stop)`` ahead (into its cache; nothing is mapped),
-        unless the range's last byte is cached already: on a warm cache the hint only walks cached
-        pages (0.14 s of a 6 GB probe), and one byte is the cheapest sign of a warm range (a range
-        cached only in part is still read, by the OS's own read-ahead)."""
+        """``prefetch_bytes`` for elements ``[start, stop)`` of a tensor."""
         size = ITEMSIZE[ref.entry.dtype]
-        lo = ref.entry.offset + start * size
-        length = (stop - start) * size
-        fd = self.descriptor(ref.file)
-        if length <= 0 or os_hints.is_cached(fd, lo + length - 1):
+        self.prefetch_bytes(ref.file, ref.entry.offset + start * size, ref.entry.offset + stop * size)
+
+    def prefetch_bytes(self, path: Path, lo: int, hi: int) -> None:
+        """Ask the OS to read bytes ``[lo, hi)`` of ``path`` ahead (into its cache; nothing is
+        mapped), unless the range's last byte is cached already: on a warm cache the hint only
+        walks cached pages (0.14 s of a 6 GB probe), and one byte is the cheapest sign of a warm
+        range (a range cached only in part is still read, by the OS's own read-ahead)."""
+        fd = self.descriptor(path)
+        if hi <= lo or os_hints.is_cached(fd, hi - 1):
             return
-        os_hints.read_ahead(fd, lo, length)
+        os_hints.read_ahead(fd, lo, hi - lo)
 
     def close(self) -> None:
         for mm in self._maps.values():

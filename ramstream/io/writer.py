@@ -1,15 +1,17 @@
 """The output shards: a layout computed up front, then blocks written at fixed offsets.
 
-Every tensor's place in every shard is known before the first block is merged, so the
-headers are written first and any block can be written, in any order, with ``pwrite``; a
-restarted merge simply writes the blocks its journal lacks. Shards are written under
-``<out>/.ramstream/`` and renamed to their final names only once every block is in.
+Every tensor's place in every shard is known before the first block is merged, so the headers are
+written first and any block can be written, in any order, with ``pwrite``; a restarted merge simply
+writes the blocks its journal lacks. Shards are written under ``<out>/.ramstream/`` and renamed to
+their final names only once every block is in.
 
-A block staged in a buffer from :meth:`ShardWriter.staging` sits at the same offset modulo
-4096 (``io.direct.ALIGN``) in memory as in the file, so its aligned middle goes to the disk with
-``O_DIRECT`` (no copy into the page cache, which on a 7B merge is gigabytes of memcpy and of
-fresh pages); the unaligned head and tail, and every write where the file system refuses
-``O_DIRECT`` (tmpfs, some network file systems), go through the page cache as before.
+A batch's blocks are staged as runs (blocks that lie back to back in one shard, as a batch of expert
+tensors does), each written with one call, and every shard a batch touched is synced once
+(``write_runs``), not once per block. A run staged by :meth:`ShardWriter.staging_runs` sits at the
+same offset modulo 4096 (``io.direct.ALIGN``) in memory as in the file, so its aligned middle goes
+to the disk with ``O_DIRECT`` (no copy into the page cache, which on a 7B merge is gigabytes of
+memcpy and of fresh pages); the unaligned head and tail, and every write where the file system
+refuses ``O_DIRECT`` (tmpfs, some network file systems), go through the page cache as before.
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ class Placement:
     shard: int
     offset: int  # absolute byte offset of the tensor's data in its shard file
     dtype: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Run:
+    """Bytes ``[offset, offset + nbytes)`` of shard ``shard`` (absolute offsets)."""
+
+    shard: int
+    offset: int
     nbytes: int
 
 
@@ -86,32 +97,70 @@ class ShardWriter:
         self._staging[slot], view = direct_io.aligned_view(self._staging.get(slot), nbytes, shift)
         return view.view(dtype)
 
+    def run_of(self, tensor: str, byte_start: int, nbytes: int) -> Run:
+        """Where ``nbytes`` bytes from byte ``byte_start`` of ``tensor``'s data go."""
+        place = self.layout.placements[tensor]
+        return Run(place.shard, place.offset + byte_start, nbytes)
+
+    def staging_runs(self, slot: int, runs: list[Run]) -> list[np.ndarray]:
+        """Reusable byte buffers (one allocation per ``slot``) for ``runs``, each placed at its
+        file offset modulo ``ALIGN`` so that :meth:`write_runs` sends its middle with ``O_DIRECT``."""
+        align = direct_io.ALIGN
+        spans, total = [], 0
+        for run in runs:
+            total += (run.offset - total) % align  # this run's bytes start at its file offset mod ALIGN
+            spans.append((total, run.nbytes))
+            total += run.nbytes
+        self._staging[slot], whole = direct_io.aligned_view(self._staging.get(slot), total)
+        return [whole[start : start + n] for start, n in spans]
+
     def write(self, tensor: str, byte_start: int, data: memoryview | bytes | np.ndarray) -> None:
         """Write ``data`` at byte ``byte_start`` of ``tensor``'s data, durably."""
-        place = self.layout.placements[tensor]
-        fd = self._fds[place.shard]
-        offset = place.offset + byte_start
+        view = memoryview(data).cast("B")  # type: ignore[arg-type]
+        self.write_runs([(self.run_of(tensor, byte_start, len(view)), data)])
+
+    def write_runs(self, runs: list[tuple[Run, memoryview | bytes | np.ndarray]]) -> None:
+        """Write each run's data, then make them durable: one data sync per shard touched."""
+        touched: dict[int, list[Run]] = {}
+        for run, data in runs:
+            self._write_run(run, data)
+            touched.setdefault(run.shard, []).append(run)
+        for shard, written in touched.items():
+            fd = self._fds[shard]
+            try:
+                os_hints.sync_data(fd)
+            except OSError as exc:
+                raise self._failed(shard, exc) from exc
+            # Durable, so the (now clean) pages may go: the next writes reuse them instead of
+            # growing the page cache (on a VM whose memory is backed lazily, touching fresh
+            # pages was the slowest part of a merge).
+            for run in written:
+                os_hints.drop_cached(fd, run.offset, run.nbytes)
+
+    def _write_run(self, run: Run, data: memoryview | bytes | np.ndarray) -> None:
+        fd = self._fds[run.shard]
+        offset = run.offset
         view = memoryview(data).cast("B")  # type: ignore[arg-type]
         try:
             with self._lock:
-                direct = self._direct_fds[place.shard]
+                direct = self._direct_fds[run.shard]
             if direct is not None and len(view) >= DIRECT_MIN and isinstance(data, np.ndarray):
                 head = (-offset) % direct_io.ALIGN
                 body = (len(view) - head) // direct_io.ALIGN * direct_io.ALIGN
                 if (data.ctypes.data + head) % direct_io.ALIGN == 0 and body > 0:
-                    if self._write_direct(place.shard, direct, view[head : head + body], offset + head):
+                    if self._write_direct(run.shard, direct, view[head : head + body], offset + head):
                         direct_io.pwrite_all(fd, view[:head], offset)
                         direct_io.pwrite_all(fd, view[head + body :], offset + head + body)
-                        self._settle(fd, offset, len(view))
                         return
             direct_io.pwrite_all(fd, view, offset)
-            self._settle(fd, offset, len(view))
         except OSError as exc:
-            name = self.layout.names[place.shard]
-            raise OutputError(
-                f"{self.directory / name}: writing tensor {tensor!r} failed ({exc.strerror}); "
-                "free space and rerun the same command to resume"
-            ) from exc
+            raise self._failed(run.shard, exc) from exc
+
+    def _failed(self, shard: int, exc: OSError) -> OutputError:
+        return OutputError(
+            f"{self.directory / self.layout.names[shard]}: writing the merged tensors failed ({exc.strerror}); "
+            "free space and rerun the same command to resume"
+        )
 
     def _write_direct(self, shard: int, direct: int, view: memoryview, offset: int) -> bool:
         """Write ``view`` with ``O_DIRECT`` on ``direct`` (the descriptor the caller read once);
@@ -129,15 +178,6 @@ class ShardWriter:
                     self._direct_fds[shard] = None
             return False
         return True
-
-    @staticmethod
-    def _settle(fd: int, offset: int, length: int) -> None:
-        # Make the block durable, then let its (now clean) pages go: the journal may mark it
-        # done, and the next block's writes reuse those pages instead of growing the page
-        # cache (on a VM whose memory is backed lazily, touching fresh pages was the slowest
-        # part of a merge).
-        os_hints.sync_data(fd)
-        os_hints.drop_cached(fd, offset, length)
 
     def sync(self) -> None:
         for fd in self._fds:

@@ -1,6 +1,6 @@
 """The merge pass: every block through the method's block merger into the partial shards, resumably.
 
-Work items are the merged blocks, then one item per non-float tensor (copied from the base in
+Work items are the plan's batches of merged blocks, then one item per non-float tensor (copied from the base in
 bounded chunks). The journal lives in ``<out>/.ramstream/journal`` and marks an item only after
 its bytes are durable, so a kill loses at most the items in flight. The blocks run on an
 executor (``MergeWork`` says what to compute and persist per block); the copies run here.
@@ -8,6 +8,7 @@ executor (``MergeWork`` says what to compute and persist per block); the copies 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,10 +24,10 @@ from ramstream.format.family import Family, with_absolute_paths
 from ramstream.index.journal import Journal
 from ramstream.index.local_store import open_group as durable_group
 from ramstream.io.reader import InputFiles
-from ramstream.io.writer import ShardLayout, ShardWriter
+from ramstream.io.writer import Run, ShardLayout, ShardWriter
 from ramstream.merge import finite
 from ramstream.methods.base import BlockMerger
-from ramstream.plan import Block, Plan
+from ramstream.plan import Batch, Block, Plan
 
 COPY_CHUNK = 16 * 1024 * 1024
 
@@ -46,13 +47,19 @@ def _journal_path(work: Path) -> Path:
     return work / "journal"
 
 
+# What a journal's marks stand for: "batches" (a mark per batch of blocks, then per copied tensor).
+# A journal without it (written by ramstream before batches) is started over, never misread.
+JOURNAL_UNITS = "batches"
+
+
 def stored_block_elems(work: Path) -> int | None:
-    """The block size of an unfinished merge's journal, if there is one."""
+    """The block size of an unfinished merge's journal, if there is one (of this format)."""
     path = _journal_path(work)
     if not (path / "zarr.json").exists():
         return None
-    value = zarr.open_group(str(path), mode="r", zarr_format=3).attrs.get("block_elems")
-    return int(value) if isinstance(value, int) else None
+    attrs = zarr.open_group(str(path), mode="r", zarr_format=3).attrs
+    value = attrs.get("block_elems")
+    return int(value) if isinstance(value, int) and attrs.get("units") == JOURNAL_UNITS else None
 
 
 def open_journal(work: Path, n_items: int, block_elems: int, index: Path | None = None) -> Journal:
@@ -61,10 +68,11 @@ def open_journal(work: Path, n_items: int, block_elems: int, index: Path | None 
         journal = Journal.open(durable_group(path, mode="r+"), "merge")
         if journal.size == max(n_items, 1):
             return journal
-    group = durable_group(path, mode="w")  # a mark is synced, after its block's synced bytes
+    group = durable_group(path, mode="w")  # a mark is synced, after its batch's synced bytes
     journal = Journal.create(group, "merge", n_items)
     if index is not None:
         group.attrs["index"] = str(Path(index).resolve())
+    group.attrs["units"] = JOURNAL_UNITS
     group.attrs["block_elems"] = block_elems  # last: a journal without it is recreated
     return journal
 
@@ -73,35 +81,62 @@ def copied_tensors(plan: Plan) -> list[int]:
     return [i for i, t in enumerate(plan.tensors) if not t.merged]
 
 
+@dataclass(frozen=True)
+class MergedBatch:
+    """A batch's merged bytes: one staged buffer per run of blocks lying back to back in a shard."""
+
+    runs: list[tuple[Run, np.ndarray]]
+
+
 class MergeBlocks:
-    """Per block: refuse NaN/Inf inputs (unless the probe vouched), merge into a staging buffer of
-    the slot, and write it at its offset in its shard (durably)."""
+    """Per batch: refuse NaN/Inf inputs (unless the probe vouched), merge each block into its
+    place in the slot's staging buffers, and write them to their shards (durably)."""
 
     def __init__(self, job: MergeJob, writer: ShardWriter) -> None:
         self.job = job
         self.writer = writer
 
-    def _place(self, block: Block) -> tuple[str, int]:
-        """The block's tensor name and its first byte within the tensor's output data."""
-        return self.job.plan.tensors[block.tensor].name, block.start * ITEMSIZE[self.job.out_dtypes[block.tensor]]
+    def _runs(self, batch: Batch) -> tuple[list[Run], list[tuple[int, int]]]:
+        """The batch's runs, and for each block its run and byte offset within the run."""
+        plan, out_dtypes = self.job.plan, self.job.out_dtypes
+        runs: list[Run] = []
+        where: list[tuple[int, int]] = []
+        for b in batch.blocks:
+            block = plan.blocks[b]
+            itemsize = ITEMSIZE[out_dtypes[block.tensor]]
+            run = self.writer.run_of(plan.tensors[block.tensor].name, block.start * itemsize, block.size * itemsize)
+            last = runs[-1] if runs else None
+            if last is not None and last.shard == run.shard and last.offset + last.nbytes == run.offset:
+                where.append((len(runs) - 1, last.nbytes))
+                runs[-1] = Run(last.shard, last.offset, last.nbytes + run.nbytes)
+            else:
+                where.append((len(runs), 0))
+                runs.append(run)
+        return runs, where
 
-    def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> np.ndarray:
+    def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> MergedBatch:
+        runs, where = self._runs(batch)
+        staged = self.writer.staging_runs(slot, runs)
+        for b, block_arrays, (run, at) in zip(batch.blocks, arrays, where, strict=True):
+            block = self.job.plan.blocks[b]
+            out_dtype = self.job.out_dtypes[block.tensor]
+            carrier = np.dtype(RAW_CARRIER[FLOAT_CODES[out_dtype]])
+            out = staged[run][at : at + block.size * carrier.itemsize].view(carrier)
+            self._merge(block, block_arrays, backend, out, int(FLOAT_CODES[out_dtype]))
+        return MergedBatch(list(zip(runs, staged, strict=True)))
+
+    def _merge(self, block: Block, arrays: BlockArrays, backend: Backend, out: np.ndarray, code: int) -> None:
         job = self.job
-        out_dtype = job.out_dtypes[block.tensor]
-        carrier = np.dtype(RAW_CARRIER[FLOAT_CODES[out_dtype]])
-        out = self.writer.staging(slot, *self._place(block), block.size, carrier)
         if job.check_nonfinite:
             bad = backend.first_nonfinite(arrays)
             if bad >= 0:
                 raise arrays.nonfinite_error(bad)
-        code = int(FLOAT_CODES[out_dtype])
         job.merge_block(arrays, block, out, code, backend)
-        name = self._place(block)[0]
+        name = job.plan.tensors[block.tensor].name
         finite.check_block(out, code, arrays, block, name, job.check_nonfinite, job.merge_block, backend)
-        return out
 
-    def write(self, block: Block, result: np.ndarray) -> None:
-        self.writer.write(*self._place(block), result)
+    def write(self, batch: Batch, result: MergedBatch) -> None:
+        self.writer.write_runs(list(result.runs))
 
     def close(self) -> None:
         self.writer.close()
@@ -117,13 +152,13 @@ class MergeWork(MergeBlocks):
         self.journal = journal
         self.work = work
 
-    def mark(self, block: Block, done: Done) -> None:
-        self.journal.mark(block.index)
+    def mark(self, batch: Batch, done: Done) -> None:
+        self.journal.mark(batch.index)
         self.journal.record_rate(done.bytes, done.seconds, where=done.where)
 
-    def persist(self, block: Block, result: np.ndarray, done: Done) -> None:
-        self.write(block, result)
-        self.mark(block, done)
+    def persist(self, batch: Batch, result: MergedBatch, done: Done) -> None:
+        self.write(batch, result)
+        self.mark(batch, done)
 
     def remote(self) -> RemoteMerge:
         work = self.work.resolve()
@@ -145,14 +180,15 @@ class RemoteMerge:
 def run_merge(job: MergeJob, work: Path, executor: Executor, quiet: bool) -> None:
     plan = job.plan
     copies = copied_tensors(plan)
-    n_items = len(plan.blocks) + len(copies)
+    n_batches = len(plan.batches)
+    n_items = n_batches + len(copies)
     journal = open_journal(work, n_items, plan.block_elems, job.index)
     done = journal.done(n_items)
     if done.all():
         return
-    todo = [b for b in plan.blocks if not done[b.index]]
-    todo_copies = [t for k, t in enumerate(copies) if not done[len(plan.blocks) + k]]
-    total = sum(plan.block_bytes(b) for b in todo) + sum(
+    todo = [b for b in plan.batches if not done[b.index]]
+    todo_copies = [t for k, t in enumerate(copies) if not done[n_batches + k]]
+    total = sum(plan.batch_bytes(b) for b in todo) + sum(
         plan.tensors[t].numel * ITEMSIZE[plan.tensors[t].dtypes[0]] for t in todo_copies
     )
     progress = Progress.for_terminal("merge", total, quiet)
@@ -161,10 +197,10 @@ def run_merge(job: MergeJob, work: Path, executor: Executor, quiet: bool) -> Non
         executor.run(MergeWork(job, writer, journal, work), job.family, plan, todo, progress)
         with InputFiles() as files:
             for k, t in enumerate(copies):
-                if done[len(plan.blocks) + k]:
+                if done[n_batches + k]:
                     continue
                 _copy_tensor(job, files, writer, t, progress)
-                journal.mark(len(plan.blocks) + k)
+                journal.mark(n_batches + k)
                 journal.record_rate(progress.done, progress.elapsed, where=progress.where)
         writer.sync()
         journal.record_rate(progress.done, progress.elapsed, final=True, where=progress.where)

@@ -48,6 +48,7 @@ class StatsContext:
         self._block_elems = block_elems
         self._store: IndexStore | None = None
         self._overlap: OverlapCounts | None = None
+        self._partials_cache: tuple[str, int, int, np.ndarray] | None = None  # key, units lo..hi, data
 
     @property
     def store(self) -> IndexStore:
@@ -124,9 +125,17 @@ class StatsContext:
                 run_statistics(self.family, self._store, list(stats), self.executor, self.options.quiet)
 
     def partials(self, stat: BlockStatistic, blocks: range) -> np.ndarray:
-        """The partials ``(len(blocks), *shape)`` of consecutive blocks of a computed statistic."""
+        """The partials ``(len(blocks), *shape)`` of consecutive blocks of a computed statistic.
+
+        They are stored a unit (a batch of blocks) per chunk; the units last read are kept, since
+        callers walk the blocks in order, often one tensor (one block) at a time."""
         shape = stat.shape(len(self.family.agents))
         if not len(blocks):
             return np.zeros((0, *shape), stat.dtype)
-        array, _ = self.store.statistic(stat.key, shape, stat.dtype)
-        return np.asarray(array[blocks.start : blocks.stop])
+        unit_of, slot_of = self.store.statistic_positions(shape, stat.dtype)
+        lo, hi = int(unit_of[blocks.start]), int(unit_of[blocks.stop - 1]) + 1
+        cached = self._partials_cache
+        if cached is None or cached[0] != stat.key or not (cached[1] <= lo and hi <= cached[2]):
+            array, _ = self.store.statistic(stat.key, shape, stat.dtype)
+            cached = self._partials_cache = (stat.key, lo, hi, np.asarray(array[lo:hi]))
+        return cached[3][unit_of[blocks.start : blocks.stop] - cached[1], slot_of[blocks.start : blocks.stop]]

@@ -1,30 +1,32 @@
-"""The probe pass: the overlap statistic (RAM's masks and counts) for every block, into the index.
+"""The probe pass: the overlap statistic (RAM's masks and counts) for every batch, into the index.
 
-Per block the backend packs each agent's active mask and counts the overlaps; the masks and
-counts are written as the block's index chunks, then the block is marked in the index's journal.
-The pass runs on an executor, so it resumes from the journal wherever it stopped.
+Per block the backend packs each agent's active mask and counts the overlaps; a batch's blocks
+pack their masks side by side into one buffer, and the masks and counts are written as the
+batch's index chunks, then the batch is marked in the index's journal. The pass runs on an
+executor, so it resumes from the journal wherever it stopped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ramstream.backends.base import Backend, ProbeCounts
+from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
 from ramstream.execution.executor import Executor
 from ramstream.execution.progress import Done, Progress
 from ramstream.format.family import Family
-from ramstream.index.store import IndexStore, open_index_store
-from ramstream.plan import Block
+from ramstream.index.store import IndexStore, counts_width, open_index_store
+from ramstream.plan import Batch, mask_bytes
 
 
 @dataclass(frozen=True)
 class ProbeResult:
-    masks: np.ndarray  # uint8 (N, ceil(size / 8)): a view of the slot's buffer
-    counts: ProbeCounts
+    masks: np.ndarray  # uint8 (N, W): a view of the slot's buffer, the batch's blocks side by side
+    counts: np.ndarray  # int64 (blocks of the batch, N*N + N + 1): overlap, then coverage
 
 
 class ProbeWork:
@@ -34,28 +36,37 @@ class ProbeWork:
         self.index = index
         self.eps = index.header.eps
         self.allow_nonfinite = allow_nonfinite
-        self._masks: dict[int, np.ndarray] = {}  # slot -> mask buffer of a whole block
+        self._masks: dict[int, np.ndarray] = {}  # slot -> mask buffer of a whole batch
 
-    def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> ProbeResult:
+    def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> ProbeResult:
+        plan, n_agents = self.index.plan, self.index.n_agents
+        width = plan.mask_width
         masks = self._masks.get(slot)
         if masks is None:
-            masks = self._masks[slot] = np.empty((self.index.n_agents, self.index.plan.block_elems // 8), np.uint8)
-        counts = backend.probe(arrays.sources, self.eps, masks)
-        if counts.first_nonfinite >= 0 and not self.allow_nonfinite:
-            raise arrays.nonfinite_error(counts.first_nonfinite)
-        return ProbeResult(masks[:, : (block.size + 7) // 8], counts)
+            masks = self._masks[slot] = np.empty((n_agents, max(plan.block_elems // 8, width)), np.uint8)
+        counts = np.empty((len(batch), counts_width(n_agents)), np.int64)
+        at = 0
+        for k, block_arrays in enumerate(arrays):
+            used = mask_bytes(block_arrays.size)
+            found = backend.probe(block_arrays.sources, self.eps, masks[:, at : at + used])
+            if found.first_nonfinite >= 0 and not self.allow_nonfinite:
+                raise block_arrays.nonfinite_error(found.first_nonfinite)
+            counts[k] = np.concatenate([found.overlap.reshape(-1), found.coverage])
+            at += used
+        masks[:, at:width] = 0  # the chunk's padding: the same bytes whatever the slot held before
+        return ProbeResult(masks[:, :width], counts)
 
-    def write(self, block: Block, result: ProbeResult) -> None:
-        self.index.write_block(block.index, result.masks, result.counts.overlap, result.counts.coverage, mark=False)
+    def write(self, batch: Batch, result: ProbeResult) -> None:
+        self.index.write_batch(batch, result.masks, result.counts, mark=False)
 
-    def mark(self, block: Block, done: Done) -> None:
-        self.index.journal.mark(block.index)
+    def mark(self, batch: Batch, done: Done) -> None:
+        self.index.journal.mark(batch.index)
         self.index.journal.record_rate(done.bytes, done.seconds, where=done.where)
 
-    def persist(self, block: Block, result: ProbeResult, done: Done) -> None:
+    def persist(self, batch: Batch, result: ProbeResult, done: Done) -> None:
         # The chunks and the journal mark go in one round trip to zarr, data first (measured: a
         # round trip per block waits for a core on a busy machine).
-        self.index.write_block(block.index, result.masks, result.counts.overlap, result.counts.coverage)
+        self.index.write_batch(batch, result.masks, result.counts)
         self.index.journal.record_rate(done.bytes, done.seconds, where=done.where)
 
     def close(self) -> None:
@@ -84,8 +95,8 @@ def run_probe(
     """Probe the blocks the index's journal lacks; mark the pass complete at the end."""
     plan = index.plan
     done = index.done()
-    todo = [b for b in plan.blocks if not done[b.index]]
-    progress = Progress.for_terminal("probe", sum(plan.block_bytes(b) for b in todo), quiet)
+    todo = [b for b in plan.batches if not done[b.index]]
+    progress = Progress.for_terminal("probe", sum(plan.batch_bytes(b) for b in todo), quiet)
     try:
         executor.run(ProbeWork(index, allow_nonfinite), family, plan, todo, progress)
     finally:

@@ -1,12 +1,15 @@
 """A pass computing method statistics (``ramstream.statistics``) for the blocks that lack them.
 
 Every missing statistic of a block is computed from one read of that block; each statistic has
-its own journal, so several can be added to an index over time and a kill loses only the blocks
-in flight.
+its own journal, so several can be added to an index over time and a kill loses only the batches
+in flight. A statistic is stored and marked in its own units (``IndexStore.statistic_units``:
+the plan's batches, cut so a chunk of partials stays bounded); the pass runs over the coarsest
+cut, the plan's batches, and writes each statistic's units as they complete.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +23,11 @@ from ramstream.execution.progress import Done, Progress
 from ramstream.format.family import Family
 from ramstream.index.journal import Journal
 from ramstream.index.store import IndexStore, open_index_store
-from ramstream.plan import Block
+from ramstream.plan import Batch
 from ramstream.statistics.base import BlockStatistic
 
-Partials = list[tuple[int, np.ndarray]]  # (statistic's position in the pass, the block's partial)
+# Per statistic (its position in the pass): the units written, each with its blocks' partials.
+Partials = list[tuple[int, list[tuple[Batch, np.ndarray]]]]
 
 
 class StatisticsWork:
@@ -37,28 +41,49 @@ class StatisticsWork:
         self.index = index
         self.stats = stats
         self.stores = stores
-        self.done = done
+        self.done = done  # per statistic, a boolean per unit
+        self.units = [index.statistic_units(s.shape(index.n_agents), s.dtype) for s in stats]
+        self._unit_of = [index.statistic_positions(s.shape(index.n_agents), s.dtype)[0] for s in stats]
         self.label = "statistics (" + ", ".join(s.key.split("-")[0] for s in stats) + ")"
 
-    def _missing(self, block: Block) -> list[int]:
-        """The statistics (positions in the pass) that ``block`` lacks."""
-        return [k for k in range(len(self.stats)) if not self.done[k][block.index]]
+    def missing(self, batch: Batch) -> list[tuple[int, list[Batch]]]:
+        """Per statistic the batch lacks: its position in the pass and its missing units."""
+        out = []
+        for k, units in enumerate(self.units):
+            ids = np.unique(self._unit_of[k][batch.first : batch.stop])
+            missing = [units[u] for u in ids if not self.done[k][u]]
+            if missing:
+                out.append((k, missing))
+        return out
 
-    def compute(self, block: Block, arrays: BlockArrays, backend: Backend, slot: int) -> Partials:
-        tensor = self.index.plan.tensors[block.tensor]
-        return [(k, self.stats[k].compute(arrays, block, tensor, backend)) for k in self._missing(block)]
+    def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> Partials:
+        plan = self.index.plan
+        result: Partials = []
+        for k, units in self.missing(batch):
+            stat = self.stats[k]
+            written = []
+            for unit in units:
+                partials = [
+                    stat.compute(arrays[b - batch.first], plan.blocks[b], plan.tensors[plan.blocks[b].tensor], backend)
+                    for b in unit.blocks
+                ]
+                written.append((unit, np.stack(partials)))
+            result.append((k, written))
+        return result
 
-    def write(self, block: Block, result: Partials) -> None:
-        for k, partial in result:
-            self.index.write_statistic(self.stores[k][0], block.index, partial)
+    def write(self, batch: Batch, result: Partials) -> None:
+        for k, units in result:
+            for unit, partials in units:
+                self.index.write_statistic(self.stores[k][0], unit, partials)
 
-    def mark(self, block: Block, done: Done) -> None:
-        for k in self._missing(block):
-            self.stores[k][1].mark(block.index)
+    def mark(self, batch: Batch, done: Done) -> None:
+        for k, units in self.missing(batch):
+            for unit in units:
+                self.stores[k][1].mark(unit.index)
 
-    def persist(self, block: Block, result: Partials, done: Done) -> None:
-        self.write(block, result)
-        self.mark(block, done)
+    def persist(self, batch: Batch, result: Partials, done: Done) -> None:
+        self.write(batch, result)
+        self.mark(batch, done)
 
     def close(self) -> None:
         """The index store holds nothing open between writes."""
@@ -93,10 +118,10 @@ def run_statistics(
     plan = index.plan
     n_agents = len(family.agents)
     stores = [index.statistic(s.key, s.shape(n_agents), s.dtype) for s in pending]
-    done = [journal.done(len(plan.blocks)) for _, journal in stores]
-    todo = [b for b in plan.blocks if not all(d[b.index] for d in done)]
+    done = [journal.done(journal.size) for _, journal in stores]
     work = StatisticsWork(index, pending, stores, done)
-    progress = Progress.for_terminal(work.label, sum(plan.block_bytes(b) for b in todo), quiet)
+    todo = [b for b in plan.batches if work.missing(b)]
+    progress = Progress.for_terminal(work.label, sum(plan.batch_bytes(b) for b in todo), quiet)
     try:
         executor.run(work, family, plan, todo, progress)
     finally:
