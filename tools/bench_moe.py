@@ -144,7 +144,7 @@ def main() -> None:
     work.mkdir(exist_ok=True)
     measure(data, "dense", work, env)  # warm Numba's cache and the page cache
     results = {family: measure(data, family, work, env) for family in FAMILIES}
-    dense, moe, wide = results["dense"], results["moe"], results["wide"]
+    dense, moe = results["dense"], results["moe"]
     extra = moe["tensors"] - dense["tensors"]
     report = {
         "tree": str(tree),

@@ -10,9 +10,9 @@
 
 The module drops the layer prefix and a trailing ``.weight`` (a ``.bias`` stays: it is another
 role), the expert number of a mixture-of-experts' per-expert tensors (the experts of a layer
-share a role: one module, not one per expert), and container prefixes (``model.``, ``transformer.``, ...) outside the layers. A tensor
-outside the layers is its own "layer" group, keyed by its module; groups are ordered
-embeddings, layers 0..L-1, then the rest in model order.
+share a role: one module, not one per expert), and container prefixes (``model.``,
+``transformer.``, ...) outside the layers. A tensor outside the layers is its own "layer" group,
+keyed by its module; groups are ordered embeddings, layers 0..L-1, then the rest in model order.
 """
 
 from __future__ import annotations
