@@ -80,7 +80,8 @@ def _env(tree: Path | None) -> dict[str, str]:
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", _TIMED, *cmd], capture_output=True, text=True, env=env)
+    # Run outside any checkout: ``python -m`` puts the working directory first on the path.
+    out = subprocess.run([sys.executable, "-c", _TIMED, *cmd], capture_output=True, text=True, env=env, cwd="/")
     if out.returncode:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr}")
     return dict(json.loads(out.stdout))

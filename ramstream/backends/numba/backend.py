@@ -35,6 +35,7 @@ from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.errors import ConfigError
 from ramstream.io.reader import InputFiles
 
+SERIAL_BELOW = 1 << 16  # elements: smaller blocks run on the calling thread alone
 CONSENSUS = {"none": gta.CONSENSUS_NONE, "sum": gta.CONSENSUS_SUM, "count": gta.CONSENSUS_COUNT}
 
 
@@ -64,12 +65,16 @@ class NumbaBackend:
         return "cpu"
 
     @contextmanager
-    def _scoped(self) -> Iterator[int]:
-        """Run with this backend's thread count; yield it (the partial rows a kernel fills)."""
+    def _scoped(self, size: int) -> Iterator[int]:
+        """Run with this backend's thread count, or one thread for a block of fewer than
+        ``SERIAL_BELOW`` elements (an MoE's expert tensors: starting the threads cost ten times
+        the work); yield it (the partial rows a kernel fills). Partials are combined exactly,
+        so the thread count never changes a result."""
+        workers = 1 if size < SERIAL_BELOW else self.threads
         before = numba.get_num_threads()
-        numba.set_num_threads(self.threads)
+        numba.set_num_threads(workers)
         try:
-            yield self.threads
+            yield workers
         finally:
             numba.set_num_threads(before)
 
@@ -85,7 +90,7 @@ class NumbaBackend:
     def probe(self, sources: BlockSources, eps: float, masks: np.ndarray) -> ProbeCounts:
         n_agents = len(sources.files) - 1
         fds = self._descriptors(sources)
-        with self._scoped() as workers:
+        with self._scoped(sources.size) as workers:
             overlap = np.zeros((workers, n_agents, n_agents), np.int64)
             coverage = np.zeros((workers, n_agents + 1), np.int64)
             bad = np.full(workers, -1, np.int64)
@@ -98,7 +103,7 @@ class NumbaBackend:
 
     def merge_ram(self, sources: BlockSources, eps: float, lambdas: np.ndarray, out: np.ndarray, out_code: int) -> None:
         fds = self._descriptors(sources)
-        with self._scoped() as workers:
+        with self._scoped(sources.size) as workers:
             failed = np.full(workers, -1, np.int64)
             merge_ram.merge_ram_block(
                 fds, sources.offsets, sources.codes, sources.size, eps, lambdas, out.view(np.uint8), out_code, failed
@@ -116,7 +121,7 @@ class NumbaBackend:
 
     def merge_gta(self, arrays: BlockArrays, params: GtaParams, keep: Keep, out: np.ndarray, out_code: int) -> None:
         mode, keep_array, keys, density, start = self._keep_args(keep)
-        with self._scoped() as workers:
+        with self._scoped(arrays.size) as workers:
             gta.gta_merge_block(
                 arrays.base,
                 arrays.base_code,
@@ -138,7 +143,7 @@ class NumbaBackend:
             )
 
     def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> None:
-        with self._scoped() as workers:
+        with self._scoped(arrays.size) as workers:
             linear.merge_linear_block(
                 arrays.base,
                 arrays.base_code,
@@ -153,20 +158,20 @@ class NumbaBackend:
             )
 
     def first_nonfinite(self, arrays: BlockArrays) -> int:
-        with self._scoped() as workers:
+        with self._scoped(arrays.size) as workers:
             return int(
                 nonfinite.first_nonfinite(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, workers)
             )
 
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
-        with self._scoped() as workers:
+        with self._scoped(arrays.size) as workers:
             counts = np.zeros((workers, len(arrays.agents), HIGH_BINS), np.int32)
             magnitude.high_histogram(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, counts)
         return _reduce_counts(counts)
 
     def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
         targets = np.ascontiguousarray(targets, np.int32)
-        with self._scoped() as workers:
+        with self._scoped(arrays.size) as workers:
             counts = np.zeros((workers, *targets.shape, LOW_BINS), np.int32)
             if targets.max(initial=-1) >= 0:
                 magnitude.low_histogram(
@@ -176,14 +181,14 @@ class NumbaBackend:
 
     def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
         keep = np.empty((len(arrays.agents), arrays.size), np.uint8)
-        with self._scoped() as workers:
+        with self._scoped(arrays.size) as workers:
             magnitude.cut_keep(
                 arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, cuts.value, cuts.range, keep, workers
             )
         return keep
 
     def find_tie(self, arrays: BlockArrays, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
-        with self._scoped() as workers:
+        with self._scoped(arrays.size) as workers:
             return magnitude.find_tie(
                 arrays.base,
                 arrays.base_code,
@@ -198,7 +203,7 @@ class NumbaBackend:
     def abs_sums(self, arrays: BlockArrays, keep: Keep) -> ExactSums:
         mode, keep_array, keys, density, start = self._keep_args(keep)
         n_agents = len(arrays.agents)
-        with self._scoped() as workers:
+        with self._scoped(arrays.size) as workers:
             acc = np.zeros((workers, n_agents, 2, BINS + 1), np.int64)
             bad = np.empty(workers, np.int64)
             exact_stats.abs_sums_block(
@@ -220,7 +225,7 @@ class NumbaBackend:
     def gram(self, arrays: BlockArrays) -> ExactSums:
         n_agents = len(arrays.agents)
         n_pairs = n_agents * (n_agents + 1) // 2
-        with self._scoped() as workers:
+        with self._scoped(arrays.size) as workers:
             acc = np.zeros((workers, n_pairs, BINS + 1), np.int64)
             bad = np.empty(workers, np.int64)
             exact_stats.gram_block(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, acc, bad)
@@ -229,7 +234,7 @@ class NumbaBackend:
 
     def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:
         keep = np.empty((len(arrays.agents), arrays.size), np.float32)
-        with self._scoped() as workers:
+        with self._scoped(arrays.size) as workers:
             della.della_keep(
                 arrays.base,
                 arrays.base_code,
