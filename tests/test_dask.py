@@ -31,6 +31,7 @@ from ramstream.index.journal import Journal
 from ramstream.plan import Block, Plan, TensorPlan
 from tests.families import Family, build_family, with_raw_value
 from tests.test_backends import METHODS, _files, _merge
+from tests.test_moe import moe_shapes
 
 distributed = pytest.importorskip("distributed")
 
@@ -334,3 +335,14 @@ def test_a_driver_killed_mid_pass_resumes_to_the_same_bytes(
     done = subprocess.run(rerun_cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert _files(out) == expected
+
+
+@pytest.mark.parametrize(("method", "given"), [("ram+", {}), ("ties", {"density": 0.3}), ("della", {"density": 0.5})])
+def test_a_moe_family_on_the_cluster_writes_the_local_bytes(
+    cluster: Any, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, method: str, given: dict[str, Any]
+) -> None:
+    """Batches of many expert tensors as tasks: the local bytes, whatever worker wrote them."""
+    moe = build_family(tmp_path_factory.mktemp("dask-moe"), shapes=moe_shapes(2, 24), seed=4)
+    expected = _merge(moe, tmp_path / "local" / "out", method, given)
+    got = _merge(moe, tmp_path / "dask" / "out", method, given, scheduler=cluster.scheduler_address)
+    assert got == expected
