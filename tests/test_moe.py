@@ -56,6 +56,7 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> Family:
     )
 
 
+@pytest.mark.slow  # 15 methods x 3 merges: in `make test`, not in the lowest-versions run
 @pytest.mark.parametrize(("method", "given"), METHODS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(METHODS)])
 def test_every_method_writes_the_same_bytes_whatever_the_batches(
     moe: Family, tmp_path: Path, method: str, given: dict[str, Any]
@@ -159,6 +160,7 @@ KILLS = {
 }
 
 
+@pytest.mark.slow  # two CLI processes per case
 @pytest.mark.parametrize("where", list(KILLS))
 def test_killed_mid_pass_the_rerun_gives_the_same_bytes(moe_large: Family, tmp_path: Path, where: str) -> None:
     method, step = KILLS[where]
