@@ -10,6 +10,7 @@ an index or merge journal of the per-block format is refused or started over, ne
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,10 @@ from ramstream.api import probe
 from ramstream.cli import main
 from ramstream.config import RunOptions
 from ramstream.index.store import ATTR, open_index_store
+from ramstream.io.writer import ShardWriter
+from ramstream.output.shards import plan_shards
 from tests.checks import Interrupted, interrupted_after
-from tests.families import Family, build_family, read_model_dir
+from tests.families import Family, build_family, decode, encode, read_model_dir, write_safetensors
 from tests.reference import reference_merge
 from tests.test_backends import METHODS, _merge
 from tests.test_resume import cli, kill_at_step, renamed_to, run_ok
@@ -178,3 +181,51 @@ def test_killed_mid_pass_the_rerun_gives_the_same_bytes(moe_large: Family, tmp_p
 
 def _options(tmp_path: Path, block_elems: int) -> RunOptions:
     return RunOptions(cache_dir=tmp_path / "cache", quiet=True, block_elems=block_elems)
+
+
+def test_a_tensor_at_a_misaligned_output_offset_is_staged_aligned_and_merged_right(tmp_path: Path) -> None:
+    """Output tensors lie back to back: after 3 bf16 and 3 u8 values an f32 tensor starts at an
+    odd offset. Its block gets a run of its own, staged at an aligned address (written through
+    the page cache), and the merge still gives the reference bytes."""
+    layout = plan_shards([("a", "BF16", (3,), 6), ("ids", "U8", (3,), 3), ("w", "F32", (40,), 160)], 1 << 40)
+    (tmp_path / "shards").mkdir()
+    writer = ShardWriter(layout, tmp_path / "shards")
+    try:
+        run = writer.run_of("w", 0, 160)
+        assert run.offset % 4
+        (aside,) = writer.staging_runs(0, [replace(run, congruent=False)])
+        assert aside.ctypes.data % 4096 == 0
+        (congruent,) = writer.staging_runs(0, [run])
+        assert congruent.ctypes.data % 4096 == run.offset % 4096
+    finally:
+        writer.close()
+
+    rng = np.random.default_rng(2)
+    fam = Family(tmp_path / "base", [tmp_path / "agent0", tmp_path / "agent1"])
+    ids = np.array([7, 8, 9], np.uint8)
+    fam.copied["ids"] = ("U8", ids)
+    base = {"a": rng.standard_normal(3).astype(np.float32), "w": rng.standard_normal(40).astype(np.float32)}
+    fam.base_values = {"a": decode(encode(base["a"], "BF16"), "BF16"), "w": base["w"]}
+    fam.dtypes, fam.shapes = {"a": "BF16", "w": "F32"}, {"a": (3,), "w": (40,)}
+    for path in (fam.base, *fam.agents):
+        values = dict(fam.base_values)
+        if path != fam.base:
+            values = {n: v + (rng.random(v.size) < 0.5) * np.float32(0.01) for n, v in values.items()}
+            values["a"] = decode(encode(values["a"], "BF16"), "BF16")
+            fam.agent_values.append({n: v.astype(np.float32) for n, v in values.items()})
+        path.mkdir()
+        (path / "config.json").write_text("{}")
+        write_safetensors(
+            path / "model.safetensors",
+            {
+                "a": ("BF16", (3,), encode(values["a"], "BF16")),
+                "ids": ("U8", (3,), ids),
+                "w": ("F32", (40,), values["w"]),
+            },
+        )
+    out = tmp_path / "out"
+    _merge(fam, out, "ram+", {}, block_elems=1 << 16)
+    got, expected = read_model_dir(out), reference_merge(fam)
+    for name, (dtype, shape, raw) in expected.items():
+        assert got[name][:2] == (dtype, shape), name
+        np.testing.assert_array_equal(got[name][2], raw, err_msg=name)

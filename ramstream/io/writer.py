@@ -40,11 +40,16 @@ class Placement:
 
 @dataclass(frozen=True)
 class Run:
-    """Bytes ``[offset, offset + nbytes)`` of shard ``shard`` (absolute offsets)."""
+    """Bytes ``[offset, offset + nbytes)`` of shard ``shard`` (absolute offsets).
+
+    ``congruent``: staged at its file offset modulo ``ALIGN`` (its middle can go with ``O_DIRECT``);
+    False for a run whose elements would then be misaligned in memory (a file offset that is not a
+    multiple of their size): staged at an ``ALIGN`` boundary and written through the page cache."""
 
     shard: int
     offset: int
     nbytes: int
+    congruent: bool = True
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,7 @@ class ShardWriter:
         align = direct_io.ALIGN
         spans, total = [], 0
         for run in runs:
-            total += (run.offset - total) % align  # this run's bytes start at its file offset mod ALIGN
+            total += ((run.offset if run.congruent else 0) - total) % align
             spans.append((total, run.nbytes))
             total += run.nbytes
         self._staging[slot], whole = direct_io.aligned_view(self._staging.get(slot), total)

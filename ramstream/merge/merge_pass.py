@@ -105,8 +105,16 @@ class MergeBlocks:
             block = plan.blocks[b]
             itemsize = ITEMSIZE[out_dtypes[block.tensor]]
             run = self.writer.run_of(plan.tensors[block.tensor].name, block.start * itemsize, block.size * itemsize)
+            if run.offset % itemsize:  # staged where its file offset says, its elements would be misaligned
+                run = replace(run, congruent=False)
             last = runs[-1] if runs else None
-            if last is not None and last.shard == run.shard and last.offset + last.nbytes == run.offset:
+            if (
+                last is not None
+                and last.congruent
+                and run.congruent
+                and last.shard == run.shard
+                and last.offset + last.nbytes == run.offset
+            ):
                 where.append((len(runs) - 1, last.nbytes))
                 runs[-1] = Run(last.shard, last.offset, last.nbytes + run.nbytes)
             else:
