@@ -10,7 +10,6 @@ an index or merge journal of the per-block format is refused or started over, ne
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -191,11 +190,13 @@ def test_a_tensor_at_a_misaligned_output_offset_is_staged_aligned_and_merged_rig
     (tmp_path / "shards").mkdir()
     writer = ShardWriter(layout, tmp_path / "shards")
     try:
-        run = writer.run_of("w", 0, 160)
-        assert run.offset % 4
-        (aside,) = writer.staging_runs(0, [replace(run, congruent=False)])
+        run = writer.run_of("w", 0, 160, itemsize=4)
+        assert run.offset % 4 and not run.congruent
+        (aside,) = writer.staging_runs(0, [run])
         assert aside.ctypes.data % 4096 == 0
-        (congruent,) = writer.staging_runs(0, [run])
+        as_bytes = writer.run_of("w", 0, 160)
+        assert as_bytes.congruent
+        (congruent,) = writer.staging_runs(0, [as_bytes])
         assert congruent.ctypes.data % 4096 == run.offset % 4096
     finally:
         writer.close()

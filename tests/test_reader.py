@@ -48,10 +48,11 @@ def test_prefetch_skips_cached_ranges_and_hints_the_rest(tmp_path: Path) -> None
         assert os_hints.is_cached(fd, ref.entry.offset) and os_hints.is_cached(
             fd, ref.entry.offset + ref.entry.nbytes - 1
         )
-        files.prefetch(ref, 0, ref.entry.numel)  # cached: returns without a hint
-        files.prefetch(ref, 5, 5)  # empty range
+        lo, hi = ref.entry.offset, ref.entry.offset + ref.entry.nbytes
+        files.prefetch_bytes(ref.file, lo, hi)  # cached: returns without a hint
+        files.prefetch_bytes(ref.file, lo + 10, lo + 10)  # empty range
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # best effort: may stay cached
-        files.prefetch(ref, 0, ref.entry.numel)  # either way, no error
+        files.prefetch_bytes(ref.file, lo, hi)  # either way, no error
     assert not os_hints.is_cached(-1, 0)  # a read that fails counts as "not cached": read ahead
 
 
@@ -86,7 +87,7 @@ def test_without_the_linux_calls_hints_are_skipped_and_syncs_are_full(
     with InputFiles() as files:
         fd = files.descriptor(ref.file)
         assert not os_hints.is_cached(fd, ref.entry.offset)
-        files.prefetch(ref, 0, ref.entry.numel)
+        files.prefetch_bytes(ref.file, ref.entry.offset, ref.entry.offset + ref.entry.nbytes)
         os_hints.sync_data(fd)
         os_hints.drop_cached(fd)
         np.testing.assert_array_equal(files.float_view(ref, 0, 8), values[:8])

@@ -140,9 +140,10 @@ class IndexStore:
         """Persist one probed batch (``masks`` (N, W) packed side by side, ``counts`` (blocks of
         the batch, counts_width)), then (``mark``) mark it done, in that order. A process that
         does not own the journal (a cluster's worker) writes with ``mark=False``."""
-        rows = np.zeros((widest(self.plan.batches), counts.shape[1]), np.int64)
+        stored = self._array("stats/counts")
+        rows = np.zeros(stored.shape[1:], np.int64)
         rows[: len(counts)] = counts
-        writes = ((self._array("masks"), batch.index, masks), (self._array("stats/counts"), batch.index, rows))
+        writes = ((self._array("masks"), batch.index, masks), (stored, batch.index, rows))
         with store_io(self.path, f"writing batch {batch.index} of the index"):
             # The chunks at once, then the mark, in one round trip to zarr's event loop: on a
             # busy machine each round trip waits for a core.

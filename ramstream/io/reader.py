@@ -83,11 +83,6 @@ class InputFiles:
         if length > 0:
             mm.madvise(mmap.MADV_DONTNEED, lo_page, length)
 
-    def prefetch(self, ref: TensorRef, start: int, stop: int) -> None:
-        """``prefetch_bytes`` for elements ``[start, stop)`` of a tensor."""
-        size = ITEMSIZE[ref.entry.dtype]
-        self.prefetch_bytes(ref.file, ref.entry.offset + start * size, ref.entry.offset + stop * size)
-
     def prefetch_bytes(self, path: Path, lo: int, hi: int) -> None:
         """Ask the OS to read bytes ``[lo, hi)`` of ``path`` ahead (into its cache; nothing is
         mapped), unless the range's last byte is cached already: on a warm cache the hint only

@@ -95,17 +95,16 @@ class ShardWriter:
         """A reusable buffer (one per ``slot``) for ``count`` elements bound for ``tensor`` at
         ``byte_start``, placed so that :meth:`write` can send its aligned middle with ``O_DIRECT``."""
         itemsize = np.dtype(dtype).itemsize
-        nbytes = count * itemsize
-        shift = (self.layout.placements[tensor].offset + byte_start) % direct_io.ALIGN
-        if shift % itemsize:
-            shift = 0  # the elements could not be aligned in memory: this block goes buffered
-        self._staging[slot], view = direct_io.aligned_view(self._staging.get(slot), nbytes, shift)
+        (view,) = self.staging_runs(slot, [self.run_of(tensor, byte_start, count * itemsize, itemsize)])
         return view.view(dtype)
 
-    def run_of(self, tensor: str, byte_start: int, nbytes: int) -> Run:
-        """Where ``nbytes`` bytes from byte ``byte_start`` of ``tensor``'s data go."""
+    def run_of(self, tensor: str, byte_start: int, nbytes: int, itemsize: int = 1) -> Run:
+        """Where ``nbytes`` bytes from byte ``byte_start`` of ``tensor``'s data go; elements of
+        ``itemsize`` bytes at a file offset that is not a multiple of it could not be aligned in
+        memory there, so such a run is not staged congruent (it goes through the page cache)."""
         place = self.layout.placements[tensor]
-        return Run(place.shard, place.offset + byte_start, nbytes)
+        offset = place.offset + byte_start
+        return Run(place.shard, offset, nbytes, congruent=offset % itemsize == 0)
 
     def staging_runs(self, slot: int, runs: list[Run]) -> list[np.ndarray]:
         """Reusable byte buffers (one allocation per ``slot``) for ``runs``, each placed at its

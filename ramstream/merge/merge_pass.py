@@ -104,9 +104,8 @@ class MergeBlocks:
         for b in batch.blocks:
             block = plan.blocks[b]
             itemsize = ITEMSIZE[out_dtypes[block.tensor]]
-            run = self.writer.run_of(plan.tensors[block.tensor].name, block.start * itemsize, block.size * itemsize)
-            if run.offset % itemsize:  # staged where its file offset says, its elements would be misaligned
-                run = replace(run, congruent=False)
+            name = plan.tensors[block.tensor].name
+            run = self.writer.run_of(name, block.start * itemsize, block.size * itemsize, itemsize)
             last = runs[-1] if runs else None
             if (
                 last is not None
