@@ -150,11 +150,9 @@ class IndexStore:
             data = [a.async_array.setitem(where, value) for a, where, value in writes]
             sync(_gather_then(data, (lambda: self.journal.marking(batch.index)) if mark else None))
 
-    def write_statistic(self, array: zarr.Array, unit: Batch, partials: np.ndarray) -> None:
-        """Persist one unit's partials (blocks of the unit, *shape) of a method statistic, zero
-        rows after them (its journal marks it afterwards)."""
-        rows = np.zeros(array.shape[1:], partials.dtype)
-        rows[: len(partials)] = partials
+    def write_statistic(self, array: zarr.Array, unit: Batch, rows: np.ndarray) -> None:
+        """Persist one unit's chunk of a method statistic: its blocks' partials, then zero rows
+        (``array.shape[1:]``; its journal marks it afterwards)."""
         with store_io(self.path, f"writing batch {unit.index} of statistic {array.basename!r}"):
             array[unit.index] = rows
 

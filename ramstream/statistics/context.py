@@ -48,7 +48,7 @@ class StatsContext:
         self._block_elems = block_elems
         self._store: IndexStore | None = None
         self._overlap: OverlapCounts | None = None
-        self._partials_cache: tuple[str, int, int, np.ndarray] | None = None  # key, units lo..hi, data
+        self._partials_cache: tuple[str, int, np.ndarray] | None = None  # key, unit, its partials
 
     @property
     def store(self) -> IndexStore:
@@ -127,15 +127,27 @@ class StatsContext:
     def partials(self, stat: BlockStatistic, blocks: range) -> np.ndarray:
         """The partials ``(len(blocks), *shape)`` of consecutive blocks of a computed statistic.
 
-        They are stored a unit (a batch of blocks) per chunk; the units last read are kept, since
-        callers walk the blocks in order, often one tensor (one block) at a time."""
+        They are stored a unit (a batch of blocks) per chunk. A read within one unit keeps that
+        unit (at most ``STAT_CHUNK_BYTES``), since callers walk the blocks in order, often one
+        tensor (one block) at a time; a read across units is the caller's bounded batch, read
+        whole and not kept (it would stay resident through the merge pass)."""
         shape = stat.shape(len(self.family.agents))
         if not len(blocks):
             return np.zeros((0, *shape), stat.dtype)
         unit_of, slot_of = self.store.statistic_positions(shape, stat.dtype)
         lo, hi = int(unit_of[blocks.start]), int(unit_of[blocks.stop - 1]) + 1
         cached = self._partials_cache
-        if cached is None or cached[0] != stat.key or not (cached[1] <= lo and hi <= cached[2]):
+        if cached is None or cached[0] != stat.key or cached[1] != lo or hi != lo + 1:
             array, _ = self.store.statistic(stat.key, shape, stat.dtype)
-            cached = self._partials_cache = (stat.key, lo, hi, np.asarray(array[lo:hi]))
-        return cached[3][unit_of[blocks.start : blocks.stop] - cached[1], slot_of[blocks.start : blocks.stop]]
+            data = np.asarray(array[lo:hi])
+            if hi == lo + 1:
+                self._partials_cache = (stat.key, lo, data)
+        else:
+            data = cached[2]
+        # Rows of the units read, flat; the blocks' rows are a slice (no copy of what may be tens
+        # of MiB) unless a unit shorter than the longest pads them apart.
+        flat = data.reshape(-1, *shape)
+        rows = (unit_of[blocks.start : blocks.stop] - lo) * data.shape[1] + slot_of[blocks.start : blocks.stop]
+        if rows[-1] - rows[0] == len(rows) - 1:
+            return flat[rows[0] : rows[-1] + 1]
+        return flat[rows]

@@ -26,7 +26,7 @@ from ramstream.index.store import IndexStore, open_index_store
 from ramstream.plan import Batch
 from ramstream.statistics.base import BlockStatistic
 
-# Per statistic (its position in the pass): the units written, each with its blocks' partials.
+# Per statistic (its position in the pass): the units written, each with its chunk of partials.
 Partials = list[tuple[int, list[tuple[Batch, np.ndarray]]]]
 
 
@@ -63,11 +63,13 @@ class StatisticsWork:
             stat = self.stats[k]
             written = []
             for unit in units:
-                partials = [
-                    stat.compute(arrays[b - batch.first], plan.blocks[b], plan.tensors[plan.blocks[b].tensor], backend)
-                    for b in unit.blocks
-                ]
-                written.append((unit, np.stack(partials)))
+                # The chunk's rows, filled in place (zero rows after the unit's blocks): one
+                # buffer of at most STAT_CHUNK_BYTES, not a list, its stack and a padded copy.
+                rows = np.zeros(self.stores[k][0].shape[1:], stat.dtype)
+                for row, b in enumerate(unit.blocks):
+                    block = plan.blocks[b]
+                    rows[row] = stat.compute(arrays[b - batch.first], block, plan.tensors[block.tensor], backend)
+                written.append((unit, rows))
             result.append((k, written))
         return result
 
