@@ -111,8 +111,8 @@ class Plan:
     @cached_property
     def mask_width(self) -> int:
         """Bytes per agent of the widest batch's packed masks (the index's mask chunk width)."""
-        widths = [sum(mask_bytes(self.blocks[b].size) for b in batch.blocks) for batch in self.batches]
-        return max([1, *widths])
+        ends = [self.mask_offsets[g.stop - 1] + mask_bytes(self.blocks[g.stop - 1].size) for g in self.batches]
+        return int(max([1, *ends]))
 
     def batch_bytes(self, batch: Batch) -> int:
         """Input bytes a batch reads (base plus every agent)."""

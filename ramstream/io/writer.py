@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,7 +124,7 @@ class ShardWriter:
         view = memoryview(data).cast("B")  # type: ignore[arg-type]
         self.write_runs([(self.run_of(tensor, byte_start, len(view)), data)])
 
-    def write_runs(self, runs: list[tuple[Run, memoryview | bytes | np.ndarray]]) -> None:
+    def write_runs(self, runs: Sequence[tuple[Run, memoryview | bytes | np.ndarray]]) -> None:
         """Write each run's data, then make them durable: one data sync per shard touched."""
         touched: dict[int, list[Run]] = {}
         for run, data in runs:

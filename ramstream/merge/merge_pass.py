@@ -143,7 +143,7 @@ class MergeBlocks:
         finite.check_block(out, code, arrays, block, name, job.check_nonfinite, job.merge_block, backend)
 
     def write(self, batch: Batch, result: MergedBatch) -> None:
-        self.writer.write_runs(list(result.runs))
+        self.writer.write_runs(result.runs)
 
     def close(self) -> None:
         self.writer.close()
