@@ -62,14 +62,22 @@ def stored_block_elems(work: Path) -> int | None:
     return int(value) if isinstance(value, int) and attrs.get("units") == JOURNAL_UNITS else None
 
 
-def open_journal(work: Path, n_items: int, block_elems: int, index: Path | None = None) -> Journal:
+def open_journal(
+    work: Path, n_items: int, block_elems: int, index: Path | None = None, outputs: Sequence[str] | None = None
+) -> Journal:
+    """The merge journal in ``work``: resumed when it marks the same items for the same outputs
+    (``outputs``: a sweep's candidates; None for a plain merge), else started over."""
     path = _journal_path(work)
     if stored_block_elems(work) == block_elems:
-        journal = Journal.open(durable_group(path, mode="r+"), "merge")
-        if journal.size == max(n_items, 1):
+        group = durable_group(path, mode="r+")
+        journal = Journal.open(group, "merge")
+        stored = group.attrs.get("outputs")
+        if journal.size == max(n_items, 1) and stored == (None if outputs is None else list(outputs)):
             return journal
     group = durable_group(path, mode="w")  # a mark is synced, after its batch's synced bytes
     journal = Journal.create(group, "merge", n_items)
+    if outputs is not None:
+        group.attrs["outputs"] = list(outputs)
     if index is not None:
         group.attrs["index"] = str(Path(index).resolve())
     group.attrs["units"] = JOURNAL_UNITS
@@ -149,47 +157,87 @@ class MergeBlocks:
         self.writer.close()
 
 
-class MergeWork(MergeBlocks):
-    """The merge blocks, marked in the merge journal once written."""
+class Outputs:
+    """A worker's side of ``MergeWork``: compute and write every output, never mark."""
+
+    def __init__(self, parts: list[MergeBlocks]) -> None:
+        self.parts = parts
+
+    def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> list[MergedBatch]:
+        return [part.compute(batch, arrays, backend, slot) for part in self.parts]
+
+    def write(self, batch: Batch, result: list[MergedBatch]) -> None:
+        for part, merged in zip(self.parts, result, strict=True):
+            part.write(batch, merged)
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
+
+
+class MergeWork(Outputs):
+    """The merge blocks of K outputs computed from one read of each batch's inputs (a plain merge
+    is K = 1; a sweep's candidates are the others), marked in the journal once every output's
+    bytes of the batch are written."""
 
     label = "merge"
 
-    def __init__(self, job: MergeJob, writer: ShardWriter, journal: Journal, work: Path) -> None:
-        super().__init__(job, writer)
+    def __init__(
+        self, jobs: Sequence[MergeJob], writers: Sequence[ShardWriter], journal: Journal, works: Sequence[Path]
+    ) -> None:
+        super().__init__([MergeBlocks(job, writer) for job, writer in zip(jobs, writers, strict=True)])
         self.journal = journal
-        self.work = work
+        self.works = tuple(works)
 
     def mark(self, batch: Batch, done: Done) -> None:
         self.journal.mark(batch.index)
         self.journal.record_rate(done.bytes, done.seconds, where=done.where)
 
-    def persist(self, batch: Batch, result: MergedBatch, done: Done) -> None:
+    def persist(self, batch: Batch, result: list[MergedBatch], done: Done) -> None:
         self.write(batch, result)
         self.mark(batch, done)
 
     def remote(self) -> RemoteMerge:
-        work = self.work.resolve()
-        return RemoteMerge(f"merge:{work}", replace(self.job, family=with_absolute_paths(self.job.family)), work)
+        works = tuple(w.resolve() for w in self.works)
+        jobs = tuple(replace(p.job, family=with_absolute_paths(p.job.family)) for p in self.parts)
+        return RemoteMerge("merge:" + ":".join(map(str, works)), jobs, works)
 
 
 @dataclass(frozen=True)
 class RemoteMerge:
-    """The merge for a cluster's worker: it opens the partial shards by path and writes blocks."""
+    """The merge for a cluster's worker: it opens each output's partial shards by path and writes blocks."""
 
     key: str
-    job: MergeJob
-    work: Path
+    jobs: tuple[MergeJob, ...]
+    works: tuple[Path, ...]
 
-    def open(self) -> MergeBlocks:
-        return MergeBlocks(self.job, ShardWriter(self.job.layout, self.work))
+    def open(self) -> Outputs:
+        return Outputs([MergeBlocks(j, ShardWriter(j.layout, w)) for j, w in zip(self.jobs, self.works, strict=True)])
 
 
 def run_merge(job: MergeJob, work: Path, executor: Executor, quiet: bool) -> None:
-    plan = job.plan
+    """One merge's pass, its journal and partial shards in ``work``."""
+    run_merges([job], [work], work, executor, quiet)
+
+
+def run_merges(
+    jobs: Sequence[MergeJob],
+    works: Sequence[Path],
+    journal_dir: Path,
+    executor: Executor,
+    quiet: bool,
+    outputs: Sequence[str] | None = None,
+) -> None:
+    """The merge pass of K outputs of one family and plan: each batch's inputs are read once and
+    merged K times (``jobs[k]`` into the partial shards in ``works[k]``); the journal in
+    ``journal_dir`` marks a batch once all K are written (``outputs`` names them: a journal of
+    other outputs starts over). The jobs share the family, the plan and the index."""
+    first = jobs[0]
+    plan = first.plan
     copies = copied_tensors(plan)
     n_batches = len(plan.batches)
     n_items = n_batches + len(copies)
-    journal = open_journal(work, n_items, plan.block_elems, job.index)
+    journal = open_journal(journal_dir, n_items, plan.block_elems, first.index, outputs)
     done = journal.done(n_items)
     if done.all():
         return
@@ -199,31 +247,37 @@ def run_merge(job: MergeJob, work: Path, executor: Executor, quiet: bool) -> Non
         plan.tensors[t].numel * ITEMSIZE[plan.tensors[t].dtypes[0]] for t in todo_copies
     )
     progress = Progress.for_terminal("merge", total, quiet)
-    writer = ShardWriter(job.layout, work)
+    writers = [ShardWriter(job.layout, work) for job, work in zip(jobs, works, strict=True)]
     try:
-        executor.run(MergeWork(job, writer, journal, work), job.family, plan, todo, progress)
+        executor.run(MergeWork(jobs, writers, journal, works), first.family, plan, todo, progress)
         with InputFiles() as files:
             for k, t in enumerate(copies):
                 if done[n_batches + k]:
                     continue
-                _copy_tensor(job, files, writer, t, progress)
+                _copy_tensor(first, files, writers, t, progress)
                 journal.mark(n_batches + k)
                 journal.record_rate(progress.done, progress.elapsed, where=progress.where)
-        writer.sync()
+        for writer in writers:
+            writer.sync()
         journal.record_rate(progress.done, progress.elapsed, final=True, where=progress.where)
     finally:
-        writer.close()
+        for writer in writers:
+            writer.close()
         progress.close()
 
 
-def _copy_tensor(job: MergeJob, files: InputFiles, writer: ShardWriter, tensor: int, progress: Progress) -> None:
-    """Copy a non-float tensor's bytes from the base, a bounded chunk at a time."""
+def _copy_tensor(
+    job: MergeJob, files: InputFiles, writers: Sequence[ShardWriter], tensor: int, progress: Progress
+) -> None:
+    """Copy a non-float tensor's bytes from the base into every output, a bounded chunk at a time."""
     name = job.plan.tensors[tensor].name
     ref = job.family.base.tensors[name]
     nbytes = ref.entry.nbytes
     for start in range(0, nbytes, COPY_CHUNK):
         stop = min(start + COPY_CHUNK, nbytes)
-        writer.write(name, start, bytes(files.byte_range(ref, start, stop)))
+        chunk = bytes(files.byte_range(ref, start, stop))
+        for writer in writers:
+            writer.write(name, start, chunk)
         progress.advance(stop - start)
     if nbytes:
         # byte_range maps pages of the base: drop them like any block.
