@@ -1,0 +1,100 @@
+"""Candidates of a sweep, from ``--grid "METHOD[:PARAM=V1,V2,...[:PARAM=...]]"``.
+
+A grid is a method and, per parameter, a comma-separated list of values; its candidates are
+the cross product of those lists, in the order given (the last parameter varies fastest).
+Values are YAML scalars (``0.5``, ``true``, ``7``, ``paper``), as in a mergekit config; a
+per-agent list belongs in ``--config``. Each candidate gets a name derived from its method and
+parameters, stable across runs and safe as a directory name: the folder it is written to.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from ramstream.errors import ConfigError
+
+_NAME_PART = re.compile(r"[^A-Za-z0-9.+=_-]")
+_PARAM = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One merge of a sweep: the method and the settings it is given (flat, as ``merge`` takes)."""
+
+    method: str
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """``method`` then ``-param=value`` per setting, in the order given: ``ram+-r=0.05``."""
+        parts = [self.method, *(f"{k}={_text(v)}" for k, v in self.settings.items())]
+        return _NAME_PART.sub("_", "-".join(parts))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "method": self.method, "settings": dict(self.settings)}
+
+
+def parse_grid(text: str) -> list[Candidate]:
+    """The candidates of one ``--grid``; a malformed grid raises ``ConfigError`` quoting it."""
+    method, *fields = [f.strip() for f in text.split(":")]
+    if not method:
+        raise ConfigError(f"--grid {text!r}: no method; write METHOD[:PARAM=V1,V2,...]")
+    axes: dict[str, list[Any]] = {}
+    for item in fields:
+        param, sep, values = item.partition("=")
+        param = param.strip().replace("-", "_")
+        if not sep or not _PARAM.match(param):
+            raise ConfigError(f"--grid {text!r}: {item!r} is not PARAM=V1,V2,...")
+        if param in axes:
+            raise ConfigError(f"--grid {text!r}: {param} is given twice")
+        if param == "method":
+            raise ConfigError(f"--grid {text!r}: the method is the grid's first field, not a parameter")
+        axes[param] = [_scalar(text, param, v) for v in values.split(",")]
+    return [Candidate(method, dict(zip(axes, combo, strict=True))) for combo in itertools.product(*axes.values())]
+
+
+def parse_grids(grids: Iterable[str]) -> list[Candidate]:
+    """Every grid's candidates in order; none at all, or two with one name, is refused."""
+    candidates = [c for text in grids for c in parse_grid(text)]
+    if not candidates:
+        raise ConfigError("a sweep needs at least one candidate: give --grid METHOD[:PARAM=V1,V2,...] (or --config)")
+    check_unique(candidates)
+    return candidates
+
+
+def check_unique(candidates: list[Candidate]) -> None:
+    seen: dict[str, Candidate] = {}
+    for c in candidates:
+        if c.name in seen:
+            raise ConfigError(f"two candidates are both named {c.name!r} (the same method and parameters); drop one")
+        seen[c.name] = c
+
+
+def _scalar(text: str, param: str, value: str) -> Any:
+    value = value.strip()
+    if not value:
+        raise ConfigError(f"--grid {text!r}: {param} has an empty value")
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        parsed = None
+    if not isinstance(parsed, str | int | float | bool):
+        raise ConfigError(f"--grid {text!r}: {param}={value} is not a number, a word or true/false")
+    if isinstance(parsed, str):
+        try:
+            return float(parsed)  # YAML 1.1 reads 1e-1 (no dot) as a word; a user means the number
+        except ValueError:
+            return parsed
+    return parsed
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
