@@ -170,6 +170,7 @@ def merge(
         **({"allow_nonfinite": True} if allow_nonfinite else {}),
     }
     output_dir.check_output_path(out_path, [m.path for m in family.members])
+    output_dir.check_work_paths(out_path, Path(index) if index else None, options.cache_dir)
     backend = _backend(options)
     executor = make_executor(backend, options)  # a cluster is reached only when a pass runs
     try:

@@ -31,6 +31,7 @@ _DEVICE_RE = re.compile(r"^(cpu|cuda|cuda:[0-9]+)$")
 DEFAULT_MEMORY = 1024**3
 DEFAULT_SHARD_SIZE = 5 * 1000**3
 DEFAULT_EPS = 1e-5
+BLOCK_QUANTUM = 64  # a block size is a positive multiple of this many elements
 
 
 def parse_size(text: str | int) -> int:
@@ -88,7 +89,7 @@ class RunOptions:
             raise ConfigError("--memory must be at least 16MiB")
         if self.threads is not None and self.threads < 1:
             raise ConfigError("--threads must be at least 1")
-        if self.block_elems is not None and (self.block_elems < 64 or self.block_elems % 64):
+        if self.block_elems is not None and (self.block_elems < BLOCK_QUANTUM or self.block_elems % BLOCK_QUANTUM):
             raise ConfigError("block size must be a positive multiple of 64 elements")
         if self.device is not None and not _DEVICE_RE.match(self.device):
             raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from ramstream import api
 from ramstream.config import RunOptions
 from ramstream.errors import NonFiniteWeightError, RamstreamError
-from ramstream.index.store import IndexHeader
+from ramstream.index.header import IndexHeader
 from ramstream.io.lock import hold
 from tests.families import Family, build_family, read_model_dir, read_safetensors, write_safetensors
 

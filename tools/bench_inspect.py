@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ramstream.index.store import SCHEMA_VERSION, IndexHeader, IndexStore, create_index
+from ramstream.index.header import IndexHeader
+from ramstream.index.store import SCHEMA_VERSION, IndexStore, create_index
 from ramstream.merge.merge_pass import copied_tensors, open_journal
 from ramstream.output import directory as output_dir
 from ramstream.plan import TensorPlan, batch_positions, plan_from_tensors

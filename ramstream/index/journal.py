@@ -20,6 +20,7 @@ import zarr
 from zarr.codecs import Crc32cCodec
 from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
 
+from ramstream.errors import StoreCorruptError
 from ramstream.index.guard import store_io
 
 RATE_EVERY = 2.0  # seconds between two throughput records of a running pass
@@ -27,6 +28,11 @@ RATE_EVERY = 2.0  # seconds between two throughput records of a running pass
 # otherwise create a directory per block, and creating inodes was a fifth of a probe's CPU.
 FLAT_KEYS = DefaultChunkKeyEncoding(separator=".")
 RATE_ATTR = "rate"
+_ADVICE = "the store is damaged, delete it and run the command again"
+
+
+def _where(group: zarr.Group) -> object:
+    return getattr(group.store, "root", group.store)
 
 
 class Journal:
@@ -51,9 +57,16 @@ class Journal:
         return cls(array)
 
     @classmethod
-    def open(cls, group: zarr.Group, name: str) -> Journal:
-        array = group[name]
-        assert isinstance(array, zarr.Array)
+    def open(cls, group: zarr.Group, name: str, size: int | None = None) -> Journal:
+        """The journal ``name`` of ``group``; one that is missing, not a byte per item or (given
+        ``size``) of another length is damage, named as such rather than misread."""
+        array = group.get(name)
+        if not isinstance(array, zarr.Array) or array.ndim != 1 or array.dtype != np.uint8:
+            raise StoreCorruptError(f"{_where(group)}: its journal {name!r} is missing or damaged; {_ADVICE}")
+        if size is not None and array.shape[0] != max(size, 1):
+            raise StoreCorruptError(
+                f"{_where(group)}: its journal {name!r} holds {array.shape[0]} marks, not {max(size, 1)}; {_ADVICE}"
+            )
         return cls(array)
 
     @property

@@ -8,9 +8,9 @@ from pathlib import Path
 from ramstream.errors import IndexMismatchError
 from ramstream.format.family import Family
 from ramstream.format.fingerprint import content_key
+from ramstream.index.header import IndexHeader
 from ramstream.index.store import (
     SCHEMA_VERSION,
-    IndexHeader,
     IndexStore,
     create_index,
     is_unfinished_creation,

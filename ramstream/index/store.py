@@ -22,7 +22,6 @@ import asyncio
 import shutil
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +32,18 @@ from zarr.core.sync import sync
 
 from ramstream.errors import IndexMismatchError, StoreCorruptError
 from ramstream.index.guard import store_io
+from ramstream.index.header import IndexHeader
 from ramstream.index.journal import FLAT_KEYS, Journal
 from ramstream.index.local_store import open_group
 from ramstream.plan import (
     Batch,
     Plan,
-    TensorPlan,
     batch_positions,
     mask_bytes,
     plan_from_tensors,
     sum_by_tensor,
     widest,
 )
-from ramstream.version import __version__
 
 SCHEMA_VERSION = 3  # 3: one chunk per batch of blocks (2: per block, masks per tensor)
 ATTR = "ramstream_index"
@@ -63,60 +61,6 @@ def counts_width(n_agents: int) -> int:
     return n_agents * n_agents + n_agents + 1
 
 
-@dataclass(frozen=True)
-class IndexHeader:
-    """What the index was built from; compared field by field before an index is reused."""
-
-    schema_version: int
-    content_key: str
-    eps: float
-    block_elems: int
-    base: str
-    agents: tuple[str, ...]
-    inputs: tuple[dict[str, Any], ...]
-    tensors: tuple[TensorPlan, ...]
-    ramstream_version: str = __version__
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": self.schema_version,
-            "content_key": self.content_key,
-            "eps": self.eps,
-            "block_elems": self.block_elems,
-            "base": self.base,
-            "agents": list(self.agents),
-            "inputs": list(self.inputs),
-            "tensors": [{"name": t.name, "shape": list(t.shape), "dtypes": list(t.dtypes)} for t in self.tensors],
-            "ramstream_version": self.ramstream_version,
-        }
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> IndexHeader:
-        """Parse a header; anything malformed raises ``IndexMismatchError``."""
-        try:
-            return cls._from_dict(doc)
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            raise IndexMismatchError(f"the index header is damaged ({type(exc).__name__}: {exc})") from exc
-
-    @classmethod
-    def _from_dict(cls, doc: dict[str, Any]) -> IndexHeader:
-        tensors = tuple(
-            TensorPlan(t["name"], tuple(t["shape"]), int(np.prod(t["shape"], dtype=np.int64)), tuple(t["dtypes"]))
-            for t in doc["tensors"]
-        )
-        return cls(
-            int(doc["schema_version"]),
-            str(doc["content_key"]),
-            float(doc["eps"]),
-            int(doc["block_elems"]),
-            str(doc["base"]),
-            tuple(doc["agents"]),
-            tuple(doc["inputs"]),
-            tensors,
-            str(doc.get("ramstream_version", "?")),
-        )
-
-
 class IndexStore:
     """An open index: the header, the plan it was built with, its arrays and its journal."""
 
@@ -125,11 +69,13 @@ class IndexStore:
         self.group = group
         self.header = header
         self.plan = plan
-        self.journal = Journal.open(group, "progress/probe")
+        self.journal = Journal.open(group, "progress/probe", len(plan.batches))
         self._arrays: dict[str, zarr.Array] = {}  # opened once: each open reads its metadata
         self._batch_of, self._slot_of = batch_positions(plan.batches, len(plan.blocks))
         self._mask_cache: tuple[int, np.ndarray] | None = None  # the last batch of masks read
         self._unit_cache: dict[int, tuple[tuple[Batch, ...], tuple[np.ndarray, np.ndarray]]] = {}
+        for key in self._shapes():  # arrays sized otherwise than the header says are refused on open
+            self._array(key)
 
     @property
     def n_agents(self) -> int:
@@ -163,12 +109,26 @@ class IndexStore:
         node = self.group.get(key)
         if not isinstance(node, zarr.Array):
             raise IndexMismatchError(f"{self.path}: array {key!r} is missing; the index is damaged, delete it")
+        expected = self._shapes().get(key)
+        if expected is not None and (node.shape, str(node.dtype)) != expected:
+            raise IndexMismatchError(
+                f"{self.path}: array {key!r} is {node.dtype} {list(node.shape)}, where its header implies "
+                f"{expected[1]} {list(expected[0])}; the index is damaged, delete it and probe again"
+            )
         if key == "masks":
             # write_empty_chunks: skip zarr's scan of every chunk for "all fill value" (a runtime
             # setting, not stored with the array, so it is applied on every open).
             node = node.with_config({"write_empty_chunks": True})  # type: ignore[call-overload]
         self._arrays[key] = node
         return node
+
+    def _shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The shape and dtype the header implies for each array the probe writes."""
+        n_batches, n_agents = max(len(self.plan.batches), 1), self.n_agents
+        return {
+            "masks": ((n_batches, n_agents, self.plan.mask_width), "uint8"),
+            "stats/counts": ((n_batches, widest(self.plan.batches), counts_width(n_agents)), "int64"),
+        }
 
     def done(self) -> np.ndarray:
         """A boolean per batch of the plan."""
@@ -308,7 +268,7 @@ class IndexStore:
                 )
                 journal = Journal.create(self.group, f"progress/{key}", len(units))
         else:
-            journal = Journal.open(self.group, f"progress/{key}")
+            journal = Journal.open(self.group, f"progress/{key}", len(units))
         if not isinstance(node, zarr.Array) or node.shape != layout:
             raise IndexMismatchError(f"{self.path}: statistic {key!r} has an unexpected layout; delete the index")
         return node, journal
@@ -413,7 +373,14 @@ def open_index_store(path: Path, read_only: bool = False) -> IndexStore:
 
 def _open_group(path: Path, read_only: bool) -> zarr.Group:
     if not (path / "zarr.json").is_file():
+        if path.exists() and not path.is_dir():
+            raise IndexMismatchError(f"{path}: is a file, not a ramstream index; give another --index path")
         if path.is_dir() and any(path.iterdir()):
+            if not _holds_only_index_entries(path):
+                raise IndexMismatchError(
+                    f"{path}: a directory that is not a ramstream index (it holds {_first_foreign(path)!r}); "
+                    "give an --index path that does not exist yet, or an index"
+                )
             raise IndexMismatchError(
                 f"{path}: a damaged ramstream index (its zarr.json is missing: deleted or cut short during a run); "
                 "delete this directory and run the command again"
@@ -425,9 +392,17 @@ def _open_group(path: Path, read_only: bool) -> zarr.Group:
         raise IndexMismatchError(
             f"{path}: not a ramstream index ({type(exc).__name__}); give another --index path"
         ) from exc
+    if ATTR not in group.attrs and dict(group.attrs) != {"state": "creating"}:
+        raise IndexMismatchError(
+            f"{path}: a Zarr store that ramstream did not write (no ramstream index header); give another --index "
+            "path (this one is left as it is)"
+        )
     if group.attrs.get("state") != "ready" or ATTR not in group.attrs:
         raise IndexMismatchError(f"{path}: not a complete ramstream index; delete it or give another --index path")
-    version = group.attrs[ATTR].get("schema_version")  # type: ignore[union-attr]
+    header = group.attrs[ATTR]
+    if not isinstance(header, dict):
+        raise IndexMismatchError(f"{path}: the index header is damaged (not a mapping); delete it and probe again")
+    version = header.get("schema_version")
     if version != SCHEMA_VERSION:
         raise IndexMismatchError(
             f"{path}: index schema version {version}, this ramstream reads {SCHEMA_VERSION}; delete it and probe again"
@@ -443,11 +418,29 @@ def is_unfinished_creation(path: Path) -> bool:
     """
     if path.is_dir() and not (path / "zarr.json").exists():
         return all(p.name.endswith(".partial") and p.is_file() for p in path.iterdir())
+    if not _holds_only_index_entries(path):
+        return False  # whatever it is, it holds more than an index being created: never removed
     try:
         group = zarr.open_group(str(path), mode="r", zarr_format=3)
     except Exception:
         return False
-    return group.attrs.get("state") == "creating"
+    return dict(group.attrs) == {"state": "creating"}
+
+
+# What an index directory holds (``_create``), and zarr's temporary files of a write in flight.
+INDEX_ENTRIES = frozenset({"zarr.json", "masks", "stats", "progress"})
+
+
+def _holds_only_index_entries(path: Path) -> bool:
+    return path.is_dir() and _first_foreign(path) is None
+
+
+def _first_foreign(path: Path) -> str | None:
+    return next((p.name for p in sorted(path.iterdir()) if not _is_index_entry(p.name)), None)
+
+
+def _is_index_entry(name: str) -> bool:
+    return name in INDEX_ENTRIES or name.endswith(".partial")
 
 
 def remove_index(path: Path) -> None:

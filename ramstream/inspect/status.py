@@ -11,16 +11,20 @@ every agent), as in the progress line of the passes.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import numpy as np
 import zarr
 
-from ramstream.errors import IndexMismatchError, RamstreamError
+from ramstream.config import BLOCK_QUANTUM
+from ramstream.errors import IndexMismatchError, OutputError, RamstreamError
 from ramstream.format.dtypes import ITEMSIZE
+from ramstream.index.guard import store_io
+from ramstream.index.header import MAX_BLOCK_ELEMS, DamagedRecord, read_inputs
 from ramstream.index.journal import Journal
 from ramstream.index.store import IndexStore, open_index_store
 from ramstream.output import directory as output_dir
@@ -117,15 +121,27 @@ def merge_item_bytes(plan: Plan) -> np.ndarray:
     return np.concatenate([probe_batch_bytes(plan), np.array(copies, np.int64)])
 
 
+def _number(value: object) -> float | None:
+    """A finite JSON number, or None for anything else (a throughput record is advisory: a
+    damaged one means "no ETA", not a failed status)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def _rate(record: dict[str, Any] | None, source: str) -> tuple[float | None, str | None, float | None, str | None]:
     if not record:
         return None, None, None, None
-    seconds, nbytes = float(record.get("seconds") or 0.0), float(record.get("bytes") or 0.0)
-    if seconds <= 0 or nbytes <= 0:
+    seconds, nbytes = _number(record.get("seconds")), _number(record.get("bytes"))
+    if seconds is None or nbytes is None or seconds <= 0 or nbytes <= 0:
         return None, None, None, None
-    at = record.get("recorded_at", record.get("finished_at"))
     where = record.get("where")
-    return nbytes / seconds, source, float(at) if isinstance(at, int | float) else None, where or None
+    return (
+        nbytes / seconds,
+        source,
+        _number(record.get("recorded_at", record.get("finished_at"))),
+        (where if isinstance(where, str) and where else None),
+    )
 
 
 # -- an index -------------------------------------------------------------------------------
@@ -163,7 +179,8 @@ def _journal_group(out: Path) -> zarr.Group | None:
     path = output_dir.work_dir(out) / "journal"
     if not (path / "zarr.json").is_file():
         return None
-    return zarr.open_group(str(path), mode="r", zarr_format=3)
+    with store_io(path, "reading the merge's journal"):
+        return zarr.open_group(str(path), mode="r", zarr_format=3)
 
 
 def _find_index(
@@ -175,7 +192,7 @@ def _find_index(
     recorded = journal.attrs.get("index") if journal is not None else None
     if isinstance(recorded, str):
         candidates.append(Path(recorded))
-    if cache_dir is not None and key:
+    if cache_dir is not None and isinstance(key, str) and key.isalnum():  # a content key, never a path
         from ramstream.index.resolve import cache_path
 
         candidates.append(cache_path(cache_dir, key))
@@ -197,7 +214,7 @@ def _merge_pass(journal: zarr.Group | None, store: IndexStore | None, probe: Pas
     array = Journal.open(journal, "merge")
     block_elems = journal.attrs.get("block_elems")
     sizes = None
-    if store is not None and isinstance(block_elems, int):
+    if store is not None and _is_block_size(block_elems):
         sizes = merge_item_bytes(plan_from_tensors(store.header.tensors, block_elems))
         if max(len(sizes), 1) != array.size:
             sizes = None  # a journal of another plan: counts are still right, bytes are not known
@@ -216,20 +233,73 @@ def _merge_pass(journal: zarr.Group | None, store: IndexStore | None, probe: Pas
     )
 
 
-def output_status(out: Path, index: Path | None = None, cache_dir: Path | None = None) -> Status:
-    record = output_dir.finished_record(out)
-    if record is not None:
-        agents, values = record.get("agents", []), record.get("per_agent", {})
-        per_agent = {key: dict(zip(agents, v, strict=False)) for key, v in values.items()}
-        summary = {k: record.get(k) for k in ("method", "params", "eps")}
-        details = {"merge": {**summary, "per_agent": per_agent, "lambdas": per_agent.get("lambda")}}
-        passes = tuple(PassStatus(name, "done", None, None, None, None) for name in ("probe", "merge"))
-        return Status(out, "output", None, passes, tuple(record.get("inputs", ())), details)
+def _finished_status(out: Path, record: dict[str, Any]) -> Status:
+    """A finished merge, from its record alone; a record whose fields have the wrong types or
+    counts is refused in one line rather than shown wrong."""
+    try:
+        agents = _names(record)
+        inputs = read_inputs(record, len(agents) + 1) if "inputs" in record else ()
+        per_agent = _per_agent(record, agents)
+    except DamagedRecord as exc:
+        raise OutputError(
+            f"{out / output_dir.RECORD_FILE}: the merge record is damaged ({exc}); merge again with --force to "
+            "rewrite the output"
+        ) from None
+    summary = {k: record.get(k) for k in ("method", "params", "eps")}
+    details = {"merge": {**summary, "per_agent": per_agent, "lambdas": per_agent.get("lambda")}}
+    passes = tuple(PassStatus(name, "done", None, None, None, None) for name in ("probe", "merge"))
+    return Status(out, "output", None, passes, inputs, details)
+
+
+def _names(record: dict[str, Any]) -> list[str]:
+    agents = record.get("agents")
+    if not isinstance(agents, list) or not agents or not all(isinstance(a, str) for a in agents):
+        raise DamagedRecord("agents", f"{agents!r:.40}, not a list of agent names")
+    return agents
+
+
+def _per_agent(record: dict[str, Any], agents: list[str]) -> dict[str, dict[str, Any]]:
+    values = record.get("per_agent", {})
+    if not isinstance(values, dict):
+        raise DamagedRecord("per_agent", f"a {type(values).__name__}, not a mapping")
+    table = {}
+    for key, column in values.items():
+        if not isinstance(column, list) or len(column) != len(agents):
+            raise DamagedRecord(f"per_agent.{key}", f"{column!r:.40}, not a list of {len(agents)} values")
+        if not all(v is None or isinstance(v, str | int | float) for v in column):
+            raise DamagedRecord(f"per_agent.{key}", f"{column!r:.40}, not a list of numbers")
+        table[key] = dict(zip(agents, column, strict=True))
+    return table
+
+
+def _run_record(out: Path) -> dict[str, Any]:
     run_file = output_dir.work_dir(out) / output_dir.RUN_FILE
     try:
         run = json.loads(run_file.read_text())
     except (OSError, ValueError) as exc:
         raise RamstreamError(f"{out}: cannot read {run_file.name} of the unfinished merge ({exc})") from exc
+    if not isinstance(run, dict):
+        raise OutputError(
+            f"{run_file}: the unfinished merge's record is damaged (a {type(run).__name__}, not a mapping); "
+            "rerun the merge with --force to start it over"
+        )
+    return run
+
+
+def _is_block_size(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and BLOCK_QUANTUM <= value <= MAX_BLOCK_ELEMS
+
+
+def output_status(out: Path, index: Path | None = None, cache_dir: Path | None = None) -> Status:
+    record = output_dir.finished_record(out)
+    if record is not None:
+        return _finished_status(out, record)
+    if (out / output_dir.RECORD_FILE).is_file() and not output_dir.work_dir(out).exists():
+        raise OutputError(
+            f"{out / output_dir.RECORD_FILE}: the merge record is damaged (not a JSON mapping); merge again with "
+            "--force to rewrite the output"
+        )
+    run = _run_record(out)
     journal = _journal_group(out)
     found = _find_index(run.get("inputs"), index, journal, cache_dir)
     store, notes = None, []

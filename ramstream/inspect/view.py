@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from ramstream.errors import ConfigError, IndexMismatchError
-from ramstream.index.store import IndexHeader, IndexStore, open_index_store
+from ramstream.index.header import IndexHeader
+from ramstream.index.store import IndexStore, open_index_store
 from ramstream.inspect import masks
 from ramstream.inspect.grouping import Role, layer_groups, module_groups, role_of
 from ramstream.inspect.tables import By, Table

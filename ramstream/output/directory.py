@@ -54,9 +54,10 @@ def finished_record(out: Path) -> dict[str, Any] | None:
     record = out / RECORD_FILE
     if record.is_file() and not work_dir(out).exists():
         try:
-            return dict(json.loads(record.read_text()))
+            doc = json.loads(record.read_text())
         except (OSError, ValueError):
             return None
+        return doc if isinstance(doc, dict) else None
     return None
 
 
@@ -76,6 +77,26 @@ def check_output_path(out: Path, inputs: list[Path]) -> None:
         folder = source if source.is_dir() else source.parent
         if target == folder or target in folder.parents or folder in target.parents:
             raise OutputError(f"{out}: overlaps the input checkpoint {path}; choose an --out outside every input")
+
+
+def check_work_paths(out: Path, index: Path | None, cache_dir: Path) -> None:
+    """Refuse an ``--index`` inside ``--out`` (or holding it), and an ``--out`` that is, holds or lies
+    in the cache directory: an output directory holds the model alone (``--force`` clears what a
+    merge wrote there), and a cache is the tool's to fill and prune."""
+    target = out.resolve()
+    if index is not None and _nested(target, index.resolve()):
+        raise OutputError(
+            f"{out}: --index {index} lies inside --out (or holds it); keep the index outside the output directory"
+        )
+    if _nested(target, cache_dir.resolve()):
+        raise OutputError(
+            f"{out}: overlaps the cache directory {cache_dir} (--cache-dir); choose an --out outside the cache"
+        )
+
+
+def _nested(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` are the same directory, or one lies inside the other."""
+    return a == b or a in b.parents or b in a.parents
 
 
 def prepare(out: Path, run: dict[str, Any], force: bool) -> bool:
