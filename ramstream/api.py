@@ -28,6 +28,7 @@ from ramstream.methods.ram import RhoScope
 from ramstream.methods.registry import get_method
 from ramstream.methods.report import agent_reports
 from ramstream.output import directory as output_dir
+from ramstream.output.base_files import base_files
 from ramstream.output.hf_config import merged_config
 from ramstream.output.model_card import model_card
 from ramstream.output.shards import plan_shards
@@ -157,7 +158,8 @@ def merge(
     family = open_family(base, list(agents), min_agents=spec.min_agents, hf_cache=options.hf_cache)
     out_path = Path(out)
     dtypes = _out_dtypes(family, out_dtype)
-    merged_config(family, dtypes)  # a broken base config.json is refused now, not after the merge pass
+    # A broken base config.json or tokenizer file is refused now, not after the merge pass.
+    merged_config(base_files(family.base).config, family, dtypes)
     run = {
         "inputs": resolve.family_key(family, eps),
         "method": method,
@@ -215,6 +217,7 @@ def _merge_into(
     if output_dir.prepare(out_path, run, force):
         record = output_dir.finished_record(out_path) or {}
         per_agent = {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
+        _warn_missing(out_path, record)
         return MergeResult(out_path, None, method, params.to_dict(), per_agent, True)
     ctx = StatsContext(
         family, eps, Path(index) if index else None, options, _block_elems(family, options), executor, allow_nonfinite
@@ -233,6 +236,7 @@ def _merge_into(
     check = not allow_nonfinite and not ctx.checked_nonfinite
     job = MergeJob(family, plan, prepared.merge_block, dtypes, layout, index=index_path, check_nonfinite=check)
     run_merge(job, work, executor, options.quiet)
+    files = base_files(family.base)  # again: what the output holds is what is there now
     record = {
         "run": run,
         "method": method,
@@ -241,6 +245,8 @@ def _merge_into(
         "agents": list(family.agent_names),
         "eps": eps,
         "inputs": family.fingerprints(),
+        "missing": list(files.missing),
+        **({"missing_because": files.why(family.base)} if files.missing else {}),
         "ramstream_version": __version__,
     }
     reports = agent_reports(ctx.store, ctx.overlap()) if ctx.used_index and ctx.store.probe_complete() else []
@@ -248,12 +254,24 @@ def _merge_into(
         out_path,
         layout,
         {n: work / f"{n}.partial" for n in layout.names},
-        family.base.directory,
-        merged_config(family, dtypes),
+        files.copied,
+        merged_config(files.config, family, dtypes),
         model_card(family, record, reports),
         record,
     )
+    _warn_missing(out_path, record)
     return MergeResult(out_path, index_path, method, params.to_dict(), prepared.per_agent, False)
+
+
+def _warn_missing(out: Path, record: Mapping[str, Any]) -> None:
+    """Say on stderr what a finished output lacks to load with transformers (the card says it too)."""
+    missing = record.get("missing") or []
+    if missing:
+        print(
+            f"warning: {out} has no {' and no '.join(missing)} ({record.get('missing_because')}); copy them from "
+            "the base model before loading it with transformers",
+            file=sys.stderr,
+        )
 
 
 def _merge_block_elems(work: Path, family: Family, options: RunOptions, out_itemsize: int) -> int:
