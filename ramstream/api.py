@@ -234,7 +234,16 @@ def _merge_into(
     )
     index_path = ctx.store.path if ctx.used_index else None
     check = not allow_nonfinite and not ctx.checked_nonfinite
-    job = MergeJob(family, plan, prepared.merge_block, dtypes, layout, index=index_path, check_nonfinite=check)
+    job = MergeJob(
+        family,
+        plan,
+        prepared.merge_block,
+        dtypes,
+        layout,
+        index=index_path,
+        check_nonfinite=check,
+        task_vectors=spec.task_vectors,
+    )
     run_merge(job, work, executor, options.quiet)
     files = base_files(family.base)  # again: what the output holds is what is there now
     record = {

@@ -13,7 +13,7 @@ import numpy as np
 
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
-from ramstream.errors import NonFiniteOutputError
+from ramstream.errors import NonFiniteOutputError, TaskVectorOverflowError
 from ramstream.format import codecs
 from ramstream.format.dtypes import FloatCode
 from ramstream.methods.base import BlockMerger
@@ -53,9 +53,11 @@ def check_block(
     inputs_finite: bool,
     merge_block: BlockMerger,
     backend: Backend,
+    task_vectors: bool = True,
 ) -> None:
     """Raise ``NonFiniteOutputError`` when ``out``, the block ``merge_block`` just merged, holds
-    NaN/Inf where every input is finite.
+    NaN/Inf where every input is finite; ``TaskVectorOverflowError`` when the method merges task
+    vectors (``task_vectors``) and one of them overflows float32 there (finite weights too far apart).
 
     ``inputs_finite``: the inputs were checked (no NaN/Inf anywhere), so any NaN/Inf is new;
     otherwise (``--allow-nonfinite``, or the probe checked them) only positions whose inputs are
@@ -68,6 +70,10 @@ def check_block(
         bad = bad[_inputs_finite_at(arrays, bad)]
     if not bad.size:
         return
+    if task_vectors:
+        error = arrays.nonfinite_error(int(bad[0]))
+        if isinstance(error, TaskVectorOverflowError):
+            raise error
     merged = np.empty(out.size, np.float32)  # merged again in float32, for the largest value
     merge_block(arrays, block, merged, int(FloatCode.F32), backend)
     raise NonFiniteOutputError(_message(tensor, block.start + int(bad[0]), merged, out_code))
