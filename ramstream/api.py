@@ -277,8 +277,8 @@ def _warn_missing(out: Path, record: Mapping[str, Any]) -> None:
     missing = record.get("missing") or []
     if missing:
         print(
-            f"warning: {out} has no {' and no '.join(missing)} ({record.get('missing_because')}); copy them from "
-            "the base model before loading it with transformers",
+            f"warning: {out} has no {' and no '.join(missing)} ({record.get('missing_because')}); add them "
+            "before loading it with transformers",
             file=sys.stderr,
         )
 

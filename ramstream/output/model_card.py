@@ -116,7 +116,7 @@ def _missing(record: dict[str, Any]) -> list[str]:
     what = " and no ".join(missing)
     because = text(record.get("missing_because", "the base has none"))
     return [
-        f"**Not a complete model directory**: it has no {what} ({because}); copy them from the base model "
-        "before loading it with transformers.",
+        f"**Not a complete model directory**: it has no {what} ({because}); add them before loading it with "
+        "transformers.",
         "",
     ]
