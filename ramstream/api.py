@@ -310,13 +310,20 @@ def _check_rows_fit(plan: Plan, spec: MethodSpec, family: Family, options: RunOp
         if t.merged and row_elements(t) > fits:
             raise ConfigError(
                 f"tensor {t.name!r}: --method {spec.name} ranks whole rows, and its rows of {row_elements(t)} "
-                f"elements need more than --memory {_mib(options.memory)}; pass --memory "
+                f"elements need more than --memory {_size(options.memory)}; pass --memory "
                 f"{_mib(memory_for(row_elements(t), per_element))} or more"
             )
 
 
 def _mib(nbytes: int) -> str:
+    """``nbytes`` rounded up to whole MiB (a budget to suggest)."""
     return f"{-(-nbytes // (1 << 20))}MiB"
+
+
+def _size(nbytes: int) -> str:
+    """``nbytes`` in MiB, unrounded (``16.5MiB``): the budget given must not read as the
+    suggestion rounded up from it."""
+    return f"{nbytes / (1 << 20)!r}".removesuffix(".0") + "MiB"
 
 
 def _out_dtypes(family: Family, out_dtype: OutDtype) -> tuple[str, ...]:

@@ -35,6 +35,13 @@ _RANGE: dict[int, str] = {
     FloatCode.F64: "f64",
 }
 
+# Where a value that is finite in float32 overflowed the output format: the formats that hold it
+# (never the one that was just written, whatever --out-dtype said).
+_WIDER: dict[int, str] = {
+    FloatCode.BF16: "--out-dtype f32",  # bf16 rounds up to Inf just below float32's largest
+    FloatCode.F16: "--out-dtype f32 (or bf16)",
+}
+
 
 def has_nonfinite(out: np.ndarray, out_code: int) -> bool:
     """True when the raw output block ``out`` (format ``out_code``) holds a NaN or Inf."""
@@ -92,7 +99,7 @@ def _message(tensor: str, element: int, merged: np.ndarray, out_code: int) -> st
     largest = float(np.abs(finite).max()) if finite.size else 0.0
     if np.isfinite(merged).all():
         why = f"its largest merged value, {largest:.6g}, is beyond the range of {_RANGE[out_code]}"
-        fix = "write --out-dtype f32 (or bf16), or lower the method's weights or lambda"
+        fix = f"write {_WIDER.get(out_code, 'another --out-dtype')}, or lower the method's weights or lambda"
     else:
         why = f"the merge overflows float32 (its largest finite merged value is {largest:.6g})"
         fix = "lower the method's weights, lambda or r"
