@@ -5,10 +5,12 @@ output head, and many checkpoints then leave ``lm_head.weight`` out; some write 
 an explicit ``tie_word_embeddings`` counts (its default differs between model classes).
 
 A tied base's own head is dropped when it holds its embedding's values, so the output has none,
-as ``save_pretrained`` writes a tied model: merged separately, the head and the embedding would
-differ wherever a method treats two tensors differently (DARE's and DELLA's random drops, TIES'
-and breadcrumbs' ranks, RAM's per-tensor lambda), while the output's ``config.json`` says they are
-tied. Against a tied base, an agent's head is dropped when it holds its embedding's values, and
+as ``save_pretrained`` writes a tied model: merged separately, the head and the embedding came
+out different wherever a method treats two tensors apart even when their inputs are equal
+(DARE's and DELLA's drops are drawn per tensor; a cut ranked over the whole model falls between
+equal magnitudes of the two), while the output's ``config.json`` says they are tied.
+
+Against a tied base, an agent's head is dropped when it holds its embedding's values, and
 refused by name when it differs: merging it would silently lose the agent's head. Values are
 compared in chunks, never loaded whole, and by value: a float32 head equal to a bfloat16
 embedding is the same head. Against a base with its own head, an agent that lacks one and says
