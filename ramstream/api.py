@@ -18,6 +18,7 @@ from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
 from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES
 from ramstream.format.family import Family, open_family
+from ramstream.format.names import CONFIG_FILE
 from ramstream.index import resolve
 from ramstream.index.store import IndexStore
 from ramstream.inspect.view import IndexView
@@ -273,12 +274,14 @@ def _merge_into(
 
 
 def _warn_missing(out: Path, record: Mapping[str, Any]) -> None:
-    """Say on stderr what a finished output lacks to load with transformers (the card says it too)."""
+    """Say on stderr when a finished output has no config.json (it is then no model transformers
+    loads), with anything else it lacks; the card and the record say it too. Tokenizer files
+    alone are not warned about: many checkpoints are saved without them and load as models."""
     missing = record.get("missing") or []
-    if missing:
+    if CONFIG_FILE in missing:
         print(
-            f"warning: {out} has no {' and no '.join(missing)} ({record.get('missing_because')}); add them "
-            "before loading it with transformers",
+            f"warning: {out} has no {' and no '.join(missing)} ({record.get('missing_because')}); add "
+            f"{'them' if len(missing) > 1 else 'one'} before loading it with transformers",
             file=sys.stderr,
         )
 

@@ -15,7 +15,7 @@ import yaml
 
 from ramstream.methods.registry import method_names
 from tests.families import build_family, read_model_dir
-from tests.test_cli import as_process, in_process, one_line_error
+from tests.test_cli import as_process, in_process, ok, one_line_error
 from tests.test_tied_heads import EMBED, HEAD, head_is_embedding, rewrite, without_head
 
 
@@ -51,6 +51,17 @@ def test_an_output_without_config_json_says_so_on_stderr_in_the_card_and_the_rec
     assert "Not a complete model directory" in card and "no config.json" in card
     again = in_process("merge", fam.base, *fam.agents, "--out", out, "--cache-dir", tmp_path / "cache", "--quiet")
     assert again.out.startswith("already merged") and again.err == done.err  # said again, not forgotten
+
+
+def test_an_output_without_tokenizer_files_says_so_in_the_card_and_the_record(tmp_path: Path) -> None:
+    """It loads as a model, as many checkpoints saved without a tokenizer do: no warning, but the
+    card and the record do not let it pass for complete."""
+    fam = build_family(tmp_path / "fam", densities=(0.1, 0.4))
+    (fam.base / "tokenizer.json").unlink()
+    out = tmp_path / "out"
+    ok(in_process("merge", fam.base, *fam.agents, "--out", out, "--cache-dir", tmp_path / "cache", "--quiet"))
+    assert json.loads((out / "ramstream_merge.json").read_text())["missing"] == ["tokenizer files"]
+    assert (out / "config.json").is_file() and "has no tokenizer files" in (out / "README.md").read_text()
 
 
 def test_a_complete_base_gives_a_record_missing_nothing(tmp_path: Path) -> None:

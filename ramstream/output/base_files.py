@@ -5,9 +5,9 @@ Each name is a readable regular file (taken), absent (the output goes without it
 else: a dangling symbolic link, a directory, a FIFO, a file that cannot be read. That last is
 refused by name before any pass, as a ``config.json`` that is not JSON is: the user meant the
 file to be there, and an output quietly without it would look finished. Absence is legitimate (a
-base given as one weights file, a checkpoint saved without its tokenizer), but the output then
-does not load with transformers as it is: a missing ``config.json`` or tokenizer is said on
-stderr, in the model card and in ``ramstream_merge.json`` (``missing``).
+base given as one weights file, a checkpoint saved without its tokenizer): the output goes
+without, and says so in the model card and in ``ramstream_merge.json`` (``missing``); without a
+``config.json`` it is no model transformers can load, so the merge also warns on stderr.
 """
 
 from __future__ import annotations
