@@ -12,7 +12,7 @@ import numpy as np
 
 from ramstream.backends.base import Backend
 from ramstream.backends.registry import load_backend, make_backend
-from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
+from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions, show_size
 from ramstream.errors import ConfigError
 from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
@@ -313,7 +313,7 @@ def _check_rows_fit(plan: Plan, spec: MethodSpec, family: Family, options: RunOp
         if t.merged and row_elements(t) > fits:
             raise ConfigError(
                 f"tensor {t.name!r}: --method {spec.name} ranks whole rows, and its rows of {row_elements(t)} "
-                f"elements need more than --memory {_size(options.memory)}; pass --memory "
+                f"elements need more than --memory {show_size(options.memory)}; pass --memory "
                 f"{_mib(memory_for(row_elements(t), per_element))} or more"
             )
 
@@ -321,12 +321,6 @@ def _check_rows_fit(plan: Plan, spec: MethodSpec, family: Family, options: RunOp
 def _mib(nbytes: int) -> str:
     """``nbytes`` rounded up to whole MiB (a budget to suggest)."""
     return f"{-(-nbytes // (1 << 20))}MiB"
-
-
-def _size(nbytes: int) -> str:
-    """``nbytes`` in MiB, unrounded (``16.5MiB``): the budget given must not read as the
-    suggestion rounded up from it."""
-    return f"{nbytes / (1 << 20)!r}".removesuffix(".0") + "MiB"
 
 
 def _out_dtypes(family: Family, out_dtype: OutDtype) -> tuple[str, ...]:
