@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ramstream.errors import InputError
 from ramstream.methods.registry import method_names
+from ramstream.output.base_files import read_copied
 from tests.families import build_family, read_model_dir
 from tests.test_cli import as_process, in_process, ok, one_line_error
 from tests.test_tied_heads import EMBED, HEAD, head_is_embedding, rewrite, without_head
@@ -105,6 +107,15 @@ def test_a_broken_config_or_tokenizer_file_is_refused_before_the_merge(tmp_path:
     one_line_error(done, str(path), what, "fix it, or remove it")
     assert not out.exists()
     assert not (tmp_path / "cache").exists()  # refused before any pass
+
+
+def test_a_file_to_copy_that_broke_after_the_check_is_one_named_input_error(tmp_path: Path) -> None:
+    """Finalisation reads what it copies one file at a time; one gone since the check is named,
+    with what to do (the rerun finishes), not worded as a full disk."""
+    path = tmp_path / "tokenizer.json"
+    path.symlink_to(tmp_path / "gone")
+    with pytest.raises(InputError, match=rf"^{re.escape(str(path))}: cannot be read \(No such file.*rerun the same"):
+        read_copied(path)
 
 
 # -- tied heads ---------------------------------------------------------------------------------

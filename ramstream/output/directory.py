@@ -182,7 +182,6 @@ def finalize(
     and the rerun resumes; after it, ``out`` holds a finished merge and the trash is deleted.
     """
     work = work_dir(out)
-    contents = {source.name: read_copied(source) for source in copied}  # a broken source stops it here
     sharded = len(layout.names) > 1
     written = {*layout.names, *(p.name for p in copied), *ALWAYS_WRITTEN, *([SHARD_INDEX] if sharded else [])}
     files = sorted(written - (set() if config is not None else {"config.json"}))
@@ -197,8 +196,8 @@ def finalize(
             total = sum(layout.sizes) - sum(len(h) for h in layout.headers)
             index = {"metadata": {"total_size": total}, "weight_map": layout.weight_map()}
             atomic_write_text(out / SHARD_INDEX, json.dumps(index, indent=2, sort_keys=True), tmp_dir=work)
-        for name, data in contents.items():
-            atomic_write_bytes(out / name, data, tmp_dir=work)
+        for source in copied:  # one that broke since it was checked stops here, as an InputError
+            atomic_write_bytes(out / source.name, read_copied(source), tmp_dir=work)
         atomic_write_text(out / "README.md", card, tmp_dir=work)
         if config is not None:
             atomic_write_text(out / "config.json", json.dumps(config, indent=2), tmp_dir=work)
