@@ -54,14 +54,16 @@ def base_files(base: Checkpoint) -> BaseFiles:
 
 
 def read_copied(path: Path) -> bytes:
-    """The bytes of a file to copy, as ``InputError`` if it went away or broke since it was checked."""
+    """The bytes of a file to copy; ``InputError`` if it went away or broke since it was checked
+    (opened non-blocking: a FIFO swapped in meanwhile does not hang finalisation)."""
+    fix = "the output copies it from the base: fix it and rerun the same command to finish"
     try:
-        return path.read_bytes()
+        with os.fdopen(open_regular(path), "rb") as f:
+            return f.read()
+    except CorruptFileError:
+        raise InputError(f"{path}: is no longer a regular file; {fix}") from None
     except OSError as exc:
-        raise InputError(
-            f"{path}: cannot be read ({exc.strerror}); the output copies it from the base: fix it and rerun the "
-            "same command to finish"
-        ) from exc
+        raise InputError(f"{path}: cannot be read ({exc.strerror}); {fix}") from exc
 
 
 def _present(path: Path) -> bool:
