@@ -12,12 +12,13 @@ import numpy as np
 
 from ramstream.backends.base import Backend
 from ramstream.backends.registry import load_backend, make_backend
-from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
+from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions, show_size
 from ramstream.errors import ConfigError
 from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
 from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES
 from ramstream.format.family import Family, open_family
+from ramstream.format.names import CONFIG_FILE
 from ramstream.index import resolve
 from ramstream.index.store import IndexStore
 from ramstream.inspect.view import IndexView
@@ -28,6 +29,7 @@ from ramstream.methods.ram import RhoScope
 from ramstream.methods.registry import get_method
 from ramstream.methods.report import agent_reports
 from ramstream.output import directory as output_dir
+from ramstream.output.base_files import base_files
 from ramstream.output.hf_config import merged_config
 from ramstream.output.model_card import model_card
 from ramstream.output.shards import plan_shards
@@ -157,7 +159,8 @@ def merge(
     family = open_family(base, list(agents), min_agents=spec.min_agents, hf_cache=options.hf_cache)
     out_path = Path(out)
     dtypes = _out_dtypes(family, out_dtype)
-    merged_config(family, dtypes)  # a broken base config.json is refused now, not after the merge pass
+    # A broken base config.json or tokenizer file is refused now, not after the merge pass.
+    merged_config(base_files(family.base).config, family, dtypes)
     run = {
         "inputs": resolve.family_key(family, eps),
         "method": method,
@@ -216,6 +219,7 @@ def _merge_into(
     if output_dir.prepare(out_path, run, force):
         record = output_dir.finished_record(out_path) or {}
         per_agent = {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
+        _warn_missing(out_path, record)
         return MergeResult(out_path, None, method, params.to_dict(), per_agent, True)
     ctx = StatsContext(
         family, eps, Path(index) if index else None, options, _block_elems(family, options), executor, allow_nonfinite
@@ -232,8 +236,18 @@ def _merge_into(
     )
     index_path = ctx.store.path if ctx.used_index else None
     check = not allow_nonfinite and not ctx.checked_nonfinite
-    job = MergeJob(family, plan, prepared.merge_block, dtypes, layout, index=index_path, check_nonfinite=check)
+    job = MergeJob(
+        family,
+        plan,
+        prepared.merge_block,
+        dtypes,
+        layout,
+        index=index_path,
+        check_nonfinite=check,
+        task_vectors=spec.task_vectors,
+    )
     run_merge(job, work, executor, options.quiet)
+    files = base_files(family.base)  # again: what the output holds is what is there now
     record = {
         "run": run,
         "method": method,
@@ -242,6 +256,8 @@ def _merge_into(
         "agents": list(family.agent_names),
         "eps": eps,
         "inputs": family.fingerprints(),
+        "missing": list(files.missing),
+        **({"missing_because": files.why(family.base)} if files.missing else {}),
         "ramstream_version": __version__,
     }
     reports = agent_reports(ctx.store, ctx.overlap()) if ctx.used_index and ctx.store.probe_complete() else []
@@ -249,12 +265,26 @@ def _merge_into(
         out_path,
         layout,
         {n: work / f"{n}.partial" for n in layout.names},
-        family.base.directory,
-        merged_config(family, dtypes),
+        files.copied,
+        merged_config(files.config, family, dtypes),
         model_card(family, record, reports),
         record,
     )
+    _warn_missing(out_path, record)
     return MergeResult(out_path, index_path, method, params.to_dict(), prepared.per_agent, False)
+
+
+def _warn_missing(out: Path, record: Mapping[str, Any]) -> None:
+    """Say on stderr when a finished output has no config.json (it is then no model transformers
+    loads), with anything else it lacks; the card and the record say it too. Tokenizer files
+    alone are not warned about: many checkpoints are saved without them and load as models."""
+    missing = record.get("missing") or []
+    if CONFIG_FILE in missing:
+        print(
+            f"warning: {out} has no {' and no '.join(missing)} ({record.get('missing_because')}); add "
+            f"{'them' if len(missing) > 1 else 'one'} before loading it with transformers",
+            file=sys.stderr,
+        )
 
 
 def _merge_block_elems(work: Path, family: Family, options: RunOptions, out_itemsize: int) -> int:
@@ -284,12 +314,13 @@ def _check_rows_fit(plan: Plan, spec: MethodSpec, family: Family, options: RunOp
         if t.merged and row_elements(t) > fits:
             raise ConfigError(
                 f"tensor {t.name!r}: --method {spec.name} ranks whole rows, and its rows of {row_elements(t)} "
-                f"elements need more than --memory {_mib(options.memory)}; pass --memory "
+                f"elements need more than --memory {show_size(options.memory)}; pass --memory "
                 f"{_mib(memory_for(row_elements(t), per_element))} or more"
             )
 
 
 def _mib(nbytes: int) -> str:
+    """``nbytes`` rounded up to whole MiB (a budget to suggest)."""
     return f"{-(-nbytes // (1 << 20))}MiB"
 
 

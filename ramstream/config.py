@@ -49,6 +49,12 @@ def parse_size(text: str | int) -> int:
     return value
 
 
+def show_size(nbytes: int) -> str:
+    """A size as a message shows one the user gave: in MiB, unrounded (``16.5MiB``), so that a
+    budget never reads as the larger one suggested beside it."""
+    return f"{nbytes / (1 << 20)!r}".removesuffix(".0") + "MiB"
+
+
 def default_cache_dir() -> Path:
     """Where indexes live when no ``--index`` is given (the XDG cache convention)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

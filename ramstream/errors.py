@@ -31,6 +31,10 @@ class NonFiniteWeightError(InputError):
     """A NaN or Inf in a weight, which would poison every statistic."""
 
 
+class TaskVectorOverflowError(InputError):
+    """Finite weights whose difference (an agent minus the base) overflows float32."""
+
+
 class NonFiniteOutputError(RamstreamError):
     """A merge that would write NaN/Inf where its inputs are finite (overflow, out of range)."""
 

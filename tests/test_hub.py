@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ramstream.format.checkpoint import open_checkpoint
 from tests.families import Family, build_family, read_model_dir
@@ -82,8 +83,8 @@ def test_hub_ids_resolve_from_the_cache_by_branch_and_by_commit(tmp_path: Path, 
         {"repo_id": "org/agent1", "revision": sha, "commit": sha},
     ]
     card = (tmp_path / "out" / "README.md").read_text()
-    front = card.split("---")[1]
-    assert '- "org/base"\n- "org/agent0"\n- "org/agent1"\n' in front and "base_model_relation: merge" in front
+    front = yaml.safe_load(card.split("---")[1])
+    assert front["base_model"] == ["org/base", "org/agent0", "org/agent1"] and front["base_model_relation"] == "merge"
     assert f"`org/agent0` at commit `{COMMITS['org/agent0']}`" in card
     # the resolved files are fingerprinted like any others: the same merge again is recognised
     again = ok(offline(*args, hf_home=hf_home))

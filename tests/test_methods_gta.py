@@ -358,7 +358,7 @@ def test_bytes_do_not_depend_on_blocks_threads_or_resume(
 
 @pytest.mark.parametrize(("method", "opts"), [("model_stock", {}), ("dare_linear", {"density": 0.5})])
 def test_nan_in_an_agent_is_refused(tmp_path: Path, method: str, opts: dict[str, Any]) -> None:
-    """The statistics pass refuses a NaN task vector, naming the tensor and element."""
+    """The statistics pass refuses a NaN task vector, naming the file, the tensor and the element."""
     fam = build_family(tmp_path / "fam", subset_agent=True, identical_agent=True, seed=6)  # N = 5: compiled already
     path = fam.agents[1] / "model.safetensors"
     tensors = read_safetensors(path)
@@ -367,5 +367,7 @@ def test_nan_in_an_agent_is_refused(tmp_path: Path, method: str, opts: dict[str,
     raw[5] = 0x7FC0  # bf16 NaN
     tensors["model.norm.weight"] = (dtype, shape, raw)
     write_safetensors(path, tensors)
-    with pytest.raises(NonFiniteWeightError, match=r"'model.norm.weight'.* element 5"):
+    with pytest.raises(
+        NonFiniteWeightError, match=r"agent1/model.safetensors: tensor 'model.norm.weight' .* index \[5\]"
+    ):
         _merge(fam, tmp_path / "out", method, method_options=opts)

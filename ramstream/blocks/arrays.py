@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ramstream.blocks.sources import BlockSources
-from ramstream.errors import NonFiniteWeightError
+from ramstream.errors import InputError, NonFiniteWeightError, TaskVectorOverflowError
 from ramstream.format import codecs
 from ramstream.format.checkpoint import TensorRef
 from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, FloatCode
@@ -77,8 +77,24 @@ class BlockArrays:
             raise ValueError(f"span [{start}, {stop}) lies outside tensor {self.block.tensor} ({numel} elements)")
         return BlockArrays(self._reader, self.block, start, stop)
 
-    def nonfinite_error(self, position: int) -> NonFiniteWeightError:
-        """Name the first input holding a NaN/Inf at block ``position``."""
+    def first_nonfinite_tau(self, chunk: int = 1 << 20) -> int:
+        """The first position where some agent's task vector (agent minus base, in float32) is
+        NaN or Inf, or -1: a NaN/Inf weight, or finite weights too far apart. For error paths:
+        decoded with numpy, a chunk at a time."""
+        for lo in range(0, self.size, chunk):
+            hi = min(lo + chunk, self.size)
+            base = codecs.decode(self.base[lo:hi], self.base_code)
+            bad = np.zeros(hi - lo, bool)
+            for agent, code in zip(self.agents, self.agent_codes, strict=True):
+                with np.errstate(over="ignore", invalid="ignore"):
+                    bad |= ~np.isfinite(codecs.decode(agent[lo:hi], int(code)) - base)
+            if bad.any():
+                return lo + int(np.argmax(bad))
+        return -1
+
+    def nonfinite_error(self, position: int) -> InputError:
+        """Name the first input holding a NaN/Inf at ``position`` (of this span), or the agent
+        whose task vector overflows float32 there."""
         return self._reader.nonfinite_error(self.block, self.start - self.block.start + position)
 
 
@@ -146,19 +162,33 @@ class BlockReader:
             out += [(ref.file, offset + start * size, offset + stop * size) for start, stop in spans]
         return out
 
-    def nonfinite_error(self, block: Block, position: int) -> NonFiniteWeightError:
-        """Name the first input holding a NaN/Inf at ``position`` of ``block``."""
+    def nonfinite_error(self, block: Block, position: int) -> InputError:
+        """Name the first input holding a NaN/Inf at ``position`` of ``block``, or, where they are
+        all finite, the agent whose task vector (agent minus base, in float32) overflows there."""
         tensor = self.plan.tensors[block.tensor]
         element = block.start + position
-        where = np.unravel_index(element, tensor.shape) if tensor.shape else ()
+        where = list(map(int, np.unravel_index(element, tensor.shape))) if tensor.shape else []
         self._mapped.setdefault(block.index, []).append((element, element + 1))
+        values = []
         for ref, member in zip(self._refs(block), self.family.members, strict=True):
             raw = self.files.float_view(ref, element, element + 1)
             value = codecs.decode(raw, FLOAT_CODES[ref.entry.dtype])[0]
             if not np.isfinite(value):
                 return NonFiniteWeightError(
                     f"{ref.file}: tensor {tensor.name!r} of {member.name} holds {value} at index "
-                    f"{list(map(int, where))}; fix the checkpoint (NaN/Inf weights cannot be merged)"
+                    f"{where}; fix the checkpoint (NaN/Inf weights cannot be merged)"
+                )
+            values.append(value)
+        refs, members = self._refs(block), self.family.members
+        for ref, member, value in zip(refs[1:], members[1:], values[1:], strict=True):
+            with np.errstate(over="ignore"):
+                tau = np.float32(value) - np.float32(values[0])
+            if not np.isfinite(tau):
+                return TaskVectorOverflowError(
+                    f"{ref.file}: tensor {tensor.name!r} of {member.name} at index {where}: its task vector "
+                    f"overflows float32 ({value:.7g} minus the base's {values[0]:.7g}): both weights are finite, but "
+                    "too far apart to merge; fix the checkpoint (a weight near float32's limit, 3.4e38, is "
+                    "seldom a trained one)"
                 )
         return NonFiniteWeightError(f"tensor {tensor.name!r}: non-finite value at element {element}")
 

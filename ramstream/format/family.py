@@ -11,7 +11,7 @@ from ramstream.errors import ConfigError, InputError, MismatchError, Unsupported
 from ramstream.format.checkpoint import Checkpoint, open_checkpoint
 from ramstream.format.dtypes import UNDECODABLE_FLOATS, is_float
 from ramstream.format.fingerprint import checkpoint_fingerprint
-from ramstream.format.tied_heads import reconcile_head
+from ramstream.format.tied_heads import reconcile_head, untie_base
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ def open_family(
     base_ckpt = open_checkpoint(base, hf_cache)
     agent_ckpts = tuple(open_checkpoint(a, hf_cache) for a in agents)
     _refuse_shared_files(base_ckpt, agent_ckpts)
+    base_ckpt = untie_base(base_ckpt)
     names = _unique_names([c.name for c in agent_ckpts])
     agent_ckpts = tuple(reconcile_head(base_ckpt, replace(c, name=n)) for n, c in zip(names, agent_ckpts, strict=True))
     for agent in agent_ckpts:

@@ -127,9 +127,11 @@ class _Fetcher:
         if isinstance(exc, LocalEntryNotFoundError):
             cache = self.cache or Path(constants.HF_HUB_CACHE)
             offline = " (HF_HUB_OFFLINE is set)" if _offline(constants) else ""
+            # --hf-cache is suggested only to one who did not give it: the cache given is the one named.
+            other = "or pass --hf-cache DIR where it is cached" if self.cache is None else "or check --hf-cache"
             return (
                 f"{where}: no such local path, and not in the Hugging Face cache {cache} while the hub cannot be "
-                f"reached{offline}; check the path, connect to download it, or pass --hf-cache DIR where it is cached"
+                f"reached{offline}; check the path, connect to download it, {other}"
             )
         if isinstance(exc, ValueError):
             return f"{self.repo_id}: not a valid Hugging Face repo id ({_first_line(exc)}), and no such local path"

@@ -308,8 +308,10 @@ def output_status(out: Path, index: Path | None = None, cache_dir: Path | None =
         if store.header.content_key != run.get("inputs"):
             notes.append(f"{found} was built from other inputs than this merge; not used")
             store, found = None, None
-    if store is None:
+    if store is None and index is None:
         notes.append("the merge's index was not found: pass --index PATH for bytes, inputs and the probe's state")
+    elif store is None and index is not None and not (index / "zarr.json").is_file():
+        notes.append(f"{index}, given as --index, is not an index (it has no zarr.json)")
     probe = probe_status(store) if store is not None else None
     merge = _merge_pass(journal, store, probe)
     passes = (probe, merge) if probe is not None else (merge,)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
-from ramstream.errors import NonFiniteOutputError
+from ramstream.errors import NonFiniteOutputError, TaskVectorOverflowError
 from ramstream.format import codecs
 from ramstream.format.dtypes import FloatCode
 from ramstream.methods.base import BlockMerger
@@ -35,6 +35,13 @@ _RANGE: dict[int, str] = {
     FloatCode.F64: "f64",
 }
 
+# Where a value that is finite in float32 overflowed the output format: the formats that hold it
+# (never the one that was just written, whatever --out-dtype said).
+_WIDER: dict[int, str] = {
+    FloatCode.BF16: "--out-dtype f32",  # bf16 rounds up to Inf just below float32's largest
+    FloatCode.F16: "--out-dtype f32 (or bf16)",
+}
+
 
 def has_nonfinite(out: np.ndarray, out_code: int) -> bool:
     """True when the raw output block ``out`` (format ``out_code``) holds a NaN or Inf."""
@@ -53,9 +60,11 @@ def check_block(
     inputs_finite: bool,
     merge_block: BlockMerger,
     backend: Backend,
+    task_vectors: bool = True,
 ) -> None:
     """Raise ``NonFiniteOutputError`` when ``out``, the block ``merge_block`` just merged, holds
-    NaN/Inf where every input is finite.
+    NaN/Inf where every input is finite; ``TaskVectorOverflowError`` when the method merges task
+    vectors (``task_vectors``) and one of them overflows float32 there (finite weights too far apart).
 
     ``inputs_finite``: the inputs were checked (no NaN/Inf anywhere), so any NaN/Inf is new;
     otherwise (``--allow-nonfinite``, or the probe checked them) only positions whose inputs are
@@ -68,6 +77,10 @@ def check_block(
         bad = bad[_inputs_finite_at(arrays, bad)]
     if not bad.size:
         return
+    if task_vectors:
+        error = arrays.nonfinite_error(int(bad[0]))
+        if isinstance(error, TaskVectorOverflowError):
+            raise error
     merged = np.empty(out.size, np.float32)  # merged again in float32, for the largest value
     merge_block(arrays, block, merged, int(FloatCode.F32), backend)
     raise NonFiniteOutputError(_message(tensor, block.start + int(bad[0]), merged, out_code))
@@ -86,7 +99,7 @@ def _message(tensor: str, element: int, merged: np.ndarray, out_code: int) -> st
     largest = float(np.abs(finite).max()) if finite.size else 0.0
     if np.isfinite(merged).all():
         why = f"its largest merged value, {largest:.6g}, is beyond the range of {_RANGE[out_code]}"
-        fix = "write --out-dtype f32 (or bf16), or lower the method's weights or lambda"
+        fix = f"write {_WIDER.get(out_code, 'another --out-dtype')}, or lower the method's weights or lambda"
     else:
         why = f"the merge overflows float32 (its largest finite merged value is {largest:.6g})"
         fix = "lower the method's weights, lambda or r"

@@ -41,6 +41,7 @@ class MergeJob:
     layout: ShardLayout
     index: Path | None = None  # the index used, recorded in the journal for ``ramstream status``
     check_nonfinite: bool = True  # refuse NaN/Inf inputs (off when the probe pass already checked)
+    task_vectors: bool = True  # the method merges agent-minus-base differences (not linear)
 
 
 def _journal_path(work: Path) -> Path:
@@ -148,7 +149,9 @@ class MergeBlocks:
                 raise arrays.nonfinite_error(bad)
         job.merge_block(arrays, block, out, code, backend)
         name = job.plan.tensors[block.tensor].name
-        finite.check_block(out, code, arrays, block, name, job.check_nonfinite, job.merge_block, backend)
+        finite.check_block(
+            out, code, arrays, block, name, job.check_nonfinite, job.merge_block, backend, job.task_vectors
+        )
 
     def write(self, batch: Batch, result: MergedBatch) -> None:
         self.writer.write_runs(result.runs)

@@ -51,6 +51,9 @@ class MethodSpec:
     # False for methods whose statistics cannot tell a NaN/Inf task vector from a large one
     # (magnitude ranks): --allow-nonfinite is refused for them rather than half-honoured.
     accepts_nonfinite: bool = True
+    # False for methods that merge the weights themselves, not task vectors (linear): a merged
+    # NaN/Inf is then never blamed on a task vector that overflows float32.
+    task_vectors: bool = True
 
 
 def refuse_unknown(method: str, options: Mapping[str, Any], allowed: set[str]) -> None:

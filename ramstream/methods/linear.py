@@ -62,5 +62,9 @@ def prepare_linear(params: LinearParams, ctx: StatsContext) -> Prepared:
 
 
 LINEAR = MethodSpec(
-    "linear", "weighted mean of the agents' weights (and the base's, with base_weight)", parse_linear, prepare_linear
+    "linear",
+    "weighted mean of the agents' weights (and the base's, with base_weight)",
+    parse_linear,
+    prepare_linear,
+    task_vectors=False,
 )

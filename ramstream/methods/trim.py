@@ -146,7 +146,7 @@ def solve(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_t
     ctx.compute(high)
     model_hist = np.zeros((n_agents, HIGH_BINS), np.int64)
     for ti, hist in tensor_totals(ctx, high):
-        check_finite(plan.tensors[ti], hist)
+        check_finite(plan.tensors[ti], hist, ctx.family.agent_names)
         if scope == "tensor":
             _place(kind, targets, rank, [ti], hist, counts(plan.tensors[ti].numel))
         else:

@@ -22,6 +22,7 @@ from ramstream.format.names import COPIED_FILES, SHARD_INDEX
 from ramstream.io.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
 from ramstream.io.lock import hold
 from ramstream.io.writer import ShardLayout
+from ramstream.output.base_files import read_copied
 
 WORK_DIR = ".ramstream"
 RUN_FILE = "run.json"
@@ -190,7 +191,7 @@ def finalize(
     out: Path,
     layout: ShardLayout,
     partial: dict[str, Path],
-    base_dir: Path | None,
+    copied: tuple[Path, ...],
     config: dict[str, Any] | None,
     card: str,
     record: dict[str, Any],
@@ -202,7 +203,6 @@ def finalize(
     and the rerun resumes; after it, ``out`` holds a finished merge and the trash is deleted.
     """
     work = work_dir(out)
-    copied = [base_dir / n for n in COPIED_FILES if (base_dir / n).is_file()] if base_dir is not None else []
     sharded = len(layout.names) > 1
     written = {*layout.names, *(p.name for p in copied), *ALWAYS_WRITTEN, *([SHARD_INDEX] if sharded else [])}
     files = sorted(written - (set() if config is not None else {"config.json"}))
@@ -217,8 +217,8 @@ def finalize(
             total = sum(layout.sizes) - sum(len(h) for h in layout.headers)
             index = {"metadata": {"total_size": total}, "weight_map": layout.weight_map()}
             atomic_write_text(out / SHARD_INDEX, json.dumps(index, indent=2, sort_keys=True), tmp_dir=work)
-        for source in copied:
-            atomic_write_bytes(out / source.name, source.read_bytes(), tmp_dir=work)
+        for source in copied:  # one that broke since it was checked stops here, as an InputError
+            atomic_write_bytes(out / source.name, read_copied(source), tmp_dir=work)
         atomic_write_text(out / "README.md", card, tmp_dir=work)
         if config is not None:
             atomic_write_text(out / "config.json", json.dumps(config, indent=2), tmp_dir=work)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from ramstream.errors import InputError
@@ -10,16 +11,19 @@ from ramstream.format.dtypes import TORCH_NAMES
 from ramstream.format.family import Family
 
 
-def merged_config(family: Family, dtypes: tuple[str, ...]) -> dict[str, Any] | None:
-    """The output's config, or None when the base has none; a broken one is an ``InputError``
-    (the merge calls this before its first block too, so it never fails after the long pass)."""
-    directory = family.base.directory
-    if directory is None or not (directory / "config.json").is_file():
+def merged_config(path: Path | None, family: Family, dtypes: tuple[str, ...]) -> dict[str, Any] | None:
+    """The output's config from the base's (``path``; None: the base has none); a broken one is
+    an ``InputError`` (the merge calls this before its first block too, so it never fails after
+    the long pass)."""
+    if path is None:
         return None
-    path = directory / "config.json"
     try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror}); fix or remove the base's config.json") from exc
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
         raise InputError(f"{path}: not valid JSON ({exc}); fix or remove the base's config.json") from exc
     if not isinstance(config, dict):
         raise InputError(

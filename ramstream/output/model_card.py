@@ -1,27 +1,39 @@
 """The output's README.md: a Hugging Face model card recording the method, its parameters, the
 agents (with their overlap statistics when the merge used the index) and the inputs.
 
-Its front matter names the base and the agents under ``base_model`` (by hub repo id where one is
-known, else by name) with ``base_model_relation: merge``, as mergekit's cards do, so the hub
-draws the model tree."""
+Its front matter lists the members known by a hub repo id under ``base_model`` with
+``base_model_relation: merge``, as mergekit's cards do, so the hub draws the model tree; a local
+directory's name means nothing on the hub and is left out (a merge of local checkpoints only has
+no ``base_model``). The front matter is dumped by ``yaml.safe_dump``. Names are the user's
+(directory and file names, repo ids): in the text they are written on one line with Markdown's
+special characters escaped, so a ``|`` or a newline cannot split a table row, and characters a
+UTF-8 file cannot hold (a file name's undecodable bytes) are written as escapes.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+import yaml
 
 from ramstream.format.family import Family
 from ramstream.methods.report import AgentReport
 from ramstream.version import __version__
 
+# ASCII punctuation that Markdown (and a table's cell borders) would read as syntax.
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>|~&#!])")
+
 
 def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport]) -> str:
     lines = [
         *front_matter(family),
-        f"# Merge of {len(family.agents)} agents into {family.base.name}",
+        f"# Merge of {len(family.agents)} agents into {text(family.base.name)}",
         "",
-        f"Made with ramstream {__version__}, method `{record['method']}`.",
+        f"Made with ramstream {__version__}, method {code(record['method'])}.",
         "",
+        *_missing(record),
         "## Parameters",
         "",
         "```json",
@@ -30,39 +42,81 @@ def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport
         "",
         "## Agents",
         "",
+        *_agents_table(record, reports),
+        "",
+        "## Inputs",
+        "",
     ]
-    values = record["per_agent"]
-    if reports:
-        lines += ["| agent | active | density | unique | shared | rho | " + " | ".join(values) + " |"]
-        lines += ["|---|---:|---:|---:|---:|---:|" + "---:|" * len(values)]
-        for t, rep in enumerate(reports):
-            cells = [rep.name, rep.active, f"{rep.density:.4f}", rep.unique, rep.shared, f"{rep.rho:.4g}"]
-            cells += [f"{v[t]:.6g}" for v in values.values()]
-            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    else:
-        lines += ["| agent | " + " | ".join(values) + " |", "|---|" + "---:|" * len(values)]
-        for t, name in enumerate(record["agents"]):
-            lines.append("| " + " | ".join([name, *(f"{v[t]:.6g}" for v in values.values())]) + " |")
-    lines += ["", "## Inputs", ""]
     for fp in record["inputs"]:
+        name = code(fp["name"])
         if "hub" in fp:
-            lines.append(f"- `{fp['name']}`: Hugging Face `{fp['hub']['repo_id']}` at commit `{fp['hub']['commit']}`")
+            hub = fp["hub"]
+            lines.append(f"- {name}: Hugging Face {code(hub['repo_id'])} at commit {code(hub['commit'])}")
         for f in fp["files"]:
-            lines.append(f"- `{fp['name']}`: `{f['file']}`, {f['size']} bytes, header sha256 `{f['header_sha256']}`")
+            lines.append(f"- {name}: {code(f['file'])}, {f['size']} bytes, header sha256 `{f['header_sha256']}`")
     return "\n".join(lines) + "\n"
 
 
 def front_matter(family: Family) -> list[str]:
-    """The card's YAML header; names are written as JSON strings (valid YAML, whatever they hold)."""
-    names = [m.hub.repo_id if m.hub is not None else m.name for m in family.members]
+    """The card's YAML header: the members' hub repo ids (only those) and the tags."""
+    repos = list(dict.fromkeys(m.hub.repo_id for m in family.members if m.hub is not None))
+    header: dict[str, Any] = {"base_model": repos, "base_model_relation": "merge"} if repos else {}
+    header |= {"library_name": "transformers", "tags": ["merge", "ramstream"]}
+    return ["---", *yaml.safe_dump(header, sort_keys=False, allow_unicode=False).splitlines(), "---"]
+
+
+def text(name: object) -> str:
+    """``name`` as Markdown text on one line, its special characters escaped."""
+    return _one_line(_MARKDOWN.sub(r"\\\1", str(name)))
+
+
+def code(name: object) -> str:
+    """``name`` as a Markdown code span on one line (fenced by more backticks than it holds)."""
+    content = _one_line(str(name))
+    fence = "`" * (max((len(run) for run in re.findall("`+", content)), default=0) + 1)
+    pad = " " if content.startswith("`") or content.endswith("`") else ""
+    return f"{fence}{pad}{content}{pad}{fence}"
+
+
+def _one_line(value: str) -> str:
+    """Line breaks shown as ``\\n``, and lone surrogates (undecodable bytes of a file name) as
+    escapes a UTF-8 file can hold (``\\xe9``)."""
+    value = value.replace("\r", "\\r").replace("\n", "\\n")
+    try:
+        raw = value.encode("utf-8", "surrogateescape")  # a file name's undecodable bytes, as they were
+    except UnicodeEncodeError:
+        raw = value.encode("utf-8", "backslashreplace")  # other lone surrogates (from a JSON header)
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _row(cells: list[object]) -> str:
+    return "| " + " | ".join(text(c) for c in cells) + " |"
+
+
+def _agents_table(record: dict[str, Any], reports: list[AgentReport]) -> list[str]:
+    values = record["per_agent"]
+    if reports:
+        lines = [_row(["agent", "active", "density", "unique", "shared", "rho", *values])]
+        lines.append("|---|---:|---:|---:|---:|---:|" + "---:|" * len(values))
+        for t, rep in enumerate(reports):
+            cells = [rep.name, rep.active, f"{rep.density:.4f}", rep.unique, rep.shared, f"{rep.rho:.4g}"]
+            lines.append(_row([*cells, *(f"{v[t]:.6g}" for v in values.values())]))
+        return lines
+    lines = [_row(["agent", *values]), "|---|" + "---:|" * len(values)]
+    for t, name in enumerate(record["agents"]):
+        lines.append(_row([name, *(f"{v[t]:.6g}" for v in values.values())]))
+    return lines
+
+
+def _missing(record: dict[str, Any]) -> list[str]:
+    """A note on what the directory lacks to load with transformers, when it lacks something."""
+    missing = record.get("missing") or []
+    if not missing:
+        return []
+    what = " and no ".join(missing)
+    because = text(record.get("missing_because", "the base has none"))
     return [
-        "---",
-        "base_model:",
-        *(f"- {json.dumps(n)}" for n in dict.fromkeys(names)),
-        "base_model_relation: merge",
-        "library_name: transformers",
-        "tags:",
-        "- merge",
-        "- ramstream",
-        "---",
+        f"**Not a complete model directory**: it has no {what} ({because}); add them before loading it with "
+        "transformers.",
+        "",
     ]

@@ -17,20 +17,16 @@ from ramstream.backends.base import Backend, KeepRandom
 from ramstream.backends.exact_sum import BINS, finish
 from ramstream.backends.rng import random_keys
 from ramstream.blocks import BlockArrays
-from ramstream.errors import NonFiniteWeightError
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 
 
-def _check_finite(first_nonfinite: int, block: Block, tensor: TensorPlan, allow: bool) -> None:
-    """Refuse a NaN/Inf task vector element (with ``allow``, the kernels counted it as 0)."""
+def _check_finite(first_nonfinite: int, arrays: BlockArrays, allow: bool) -> None:
+    """Refuse a NaN/Inf task vector element, naming the weight or the overflowing difference
+    (with ``allow``, the kernels counted it as 0)."""
     if first_nonfinite >= 0 and not allow:
-        element = block.start + first_nonfinite
-        raise NonFiniteWeightError(
-            f"tensor {tensor.name!r}: a task vector is NaN or Inf at element {element}; "
-            "fix the checkpoint (NaN/Inf weights cannot be merged)"
-        )
+        raise arrays.nonfinite_error(first_nonfinite)
 
 
 @dataclass(frozen=True)
@@ -60,7 +56,7 @@ class DareL1Sums:
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
         keys = random_keys(self.seed, arrays.n_agents, tensor.name)
         result = backend.abs_sums(arrays, KeepRandom(keys, np.array(self.density, np.float32), block.start))
-        _check_finite(result.first_nonfinite, block, tensor, self.allow_nonfinite)
+        _check_finite(result.first_nonfinite, arrays, self.allow_nonfinite)
         return result.sums
 
 
@@ -83,7 +79,7 @@ class TaskVectorGram:
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
         result = backend.gram(arrays)
-        _check_finite(result.first_nonfinite, block, tensor, self.allow_nonfinite)
+        _check_finite(result.first_nonfinite, arrays, self.allow_nonfinite)
         return result.sums
 
 

@@ -60,7 +60,12 @@ class AbsHighHistogram:
         return "int32"
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
-        return backend.abs_high_histogram(arrays)
+        histogram = backend.abs_high_histogram(arrays)
+        if histogram[:, NONFINITE_BIN:].any():  # a NaN/Inf |tau|: name the weight, or the difference
+            bad = arrays.first_nonfinite_tau()
+            if bad >= 0:
+                raise arrays.nonfinite_error(bad)
+        return histogram
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,11 +111,7 @@ class KeptL1:
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
         result = backend.abs_sums(arrays, KeepArray(self.selector(arrays, block, tensor, backend)))
         if result.first_nonfinite >= 0:
-            element = block.start + result.first_nonfinite
-            raise NonFiniteWeightError(
-                f"tensor {tensor.name!r}: a task vector is NaN or Inf at element {element}; "
-                "fix the checkpoint (NaN/Inf weights cannot be merged)"
-            )
+            raise arrays.nonfinite_error(result.first_nonfinite)
         return result.sums
 
 
@@ -145,11 +146,13 @@ def block_values(ctx: StatsContext, stat: BlockStatistic, pick: Callable[[int, n
     return np.array(out)
 
 
-def check_finite(tensor: TensorPlan, high: np.ndarray) -> None:
-    """Refuse a tensor whose |tau| high-half histogram (N, HIGH_BINS) counts an Inf or a NaN."""
+def check_finite(tensor: TensorPlan, high: np.ndarray, agents: tuple[str, ...]) -> None:
+    """Refuse a tensor whose |tau| high-half histogram (N, HIGH_BINS) counts an Inf or a NaN (the
+    histogram's blocks refuse one by name as they are computed; this catches partials stored
+    before they did)."""
     bad = np.flatnonzero(high[:, NONFINITE_BIN:].sum(axis=1))
     if len(bad):
         raise NonFiniteWeightError(
-            f"tensor {tensor.name!r}: the task vector of agent {int(bad[0])} holds NaN or Inf; "
-            "fix the checkpoint (NaN/Inf weights cannot be merged)"
+            f"tensor {tensor.name!r}: the task vector of agent {agents[int(bad[0])]} holds NaN or Inf (a NaN/Inf "
+            "weight, or finite weights whose difference overflows float32); fix the checkpoint"
         )

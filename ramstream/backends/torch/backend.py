@@ -39,6 +39,7 @@ from ramstream.backends.torch.rng import uniform
 from ramstream.backends.torch.staging import ALIGN, InputRing, OutputRing, Part, Staging, array_part, file_part
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
 from ramstream.blocks import BlockArrays, BlockSources
+from ramstream.config import show_size
 from ramstream.errors import ConfigError
 from ramstream.format.dtypes import FloatCode
 from ramstream.io.reader import InputFiles
@@ -130,7 +131,7 @@ class TorchBackend:
         if self._streamed and nbytes > self._gpu_budget // 2:
             need = 2 * nbytes + DEPTH * self._slot
             raise ConfigError(
-                f"--gpu-memory {self._gpu_budget / 2**20:.0f}MiB cannot hold {what} ({nbytes / 2**20:.0f} MiB on "
+                f"--gpu-memory {show_size(self._gpu_budget)} cannot hold {what} ({nbytes / 2**20:.0f} MiB on "
                 f"the device) beside the tiles; give --gpu-memory {-(-need // 2**20)}MiB or more"
             )
         return nbytes
