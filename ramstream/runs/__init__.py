@@ -1,0 +1,1 @@
+"""Running merges to finished outputs: what ``merge`` (one output) and ``sweep`` (K) share."""

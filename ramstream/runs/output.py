@@ -1,0 +1,233 @@
+"""One merge output from its settings to its finished directory, shared by ``merge`` and ``sweep``.
+
+An output is a method, its validated parameters, the output dtypes and the run record that says
+which merge the directory holds (``.ramstream/run.json`` while it runs, ``run`` in
+``ramstream_merge.json`` after): built by ``plan_output``, checked against ``--out`` by
+``output_dir.prepare``, and finished by ``finish_output`` (record, card, config, copied files).
+A sweep's candidate runs exactly these steps, so its directory holds the bytes ``ramstream
+merge`` writes with the same arguments.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ramstream.config import RunOptions, show_size
+from ramstream.errors import ConfigError
+from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES
+from ramstream.format.family import Family
+from ramstream.format.names import CONFIG_FILE
+from ramstream.index import resolve
+from ramstream.io.writer import ShardLayout
+from ramstream.merge.merge_pass import MergeJob, stored_block_elems
+from ramstream.methods.base import MethodSpec, Prepared
+from ramstream.methods.registry import get_method
+from ramstream.methods.report import agent_reports
+from ramstream.output import directory as output_dir
+from ramstream.output.base_files import base_files
+from ramstream.output.hf_config import merged_config
+from ramstream.output.model_card import model_card
+from ramstream.output.shards import plan_shards
+from ramstream.plan import (
+    Plan,
+    block_elems_for,
+    bytes_per_element,
+    elements_within,
+    memory_for,
+    row_elements,
+)
+from ramstream.statistics.context import StatsContext
+from ramstream.version import __version__
+
+OutDtype = Literal["auto", "bf16", "f16", "f32"]
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """One output to merge: where, with which method and parameters, and the run record."""
+
+    out: Path
+    spec: MethodSpec
+    params: Any
+    dtypes: tuple[str, ...]  # per tensor, the dtype written
+    run: dict[str, Any]
+
+    @property
+    def out_itemsize(self) -> int:
+        return max((ITEMSIZE[d] for d in self.dtypes), default=2)
+
+
+def parse_method(
+    method: str, settings: Mapping[str, Any], n_agents: int, allow_nonfinite: bool
+) -> tuple[MethodSpec, Any]:
+    """The method's spec and validated parameters (``ConfigError`` naming the option otherwise)."""
+    spec = get_method(method)
+    params = spec.parse({k: v for k, v in settings.items() if v is not None}, n_agents)
+    if allow_nonfinite and not spec.accepts_nonfinite:
+        raise ConfigError(
+            f"--allow-nonfinite is not supported by --method {method} (its magnitude ranks would treat "
+            "NaN/Inf as the largest updates); fix the checkpoint or use another method"
+        )
+    return spec, params
+
+
+def plan_output(
+    out: Path,
+    family: Family,
+    spec: MethodSpec,
+    params: Any,
+    *,
+    eps: float,
+    out_dtype: OutDtype,
+    shard_size: int,
+    allow_nonfinite: bool,
+) -> OutputPlan:
+    """The output's dtypes and run record; a broken base config.json or tokenizer file is refused
+    now, not after the merge pass."""
+    dtypes = out_dtypes(family, out_dtype)
+    merged_config(base_files(family.base).config, family, dtypes)
+    run = {
+        "inputs": resolve.family_key(family, eps),
+        "method": spec.name,
+        "params": params.to_dict(),
+        "eps": eps,
+        "out_dtype": out_dtype,
+        "shard_size": shard_size,
+        "output_layout": 2,  # one shard is model.safetensors: an older unfinished merge named it otherwise
+        "ramstream_version": __version__,
+        **({"allow_nonfinite": True} if allow_nonfinite else {}),
+    }
+    return OutputPlan(out, spec, params, dtypes, run)
+
+
+def shard_layout(output: OutputPlan, plan: Plan) -> ShardLayout:
+    dtypes = output.dtypes
+    return plan_shards(
+        [(t.name, dtypes[i], t.shape, t.numel * ITEMSIZE[dtypes[i]]) for i, t in enumerate(plan.tensors)],
+        int(output.run["shard_size"]),
+    )
+
+
+def merge_job(output: OutputPlan, plan: Plan, prepared: Prepared, ctx: StatsContext, allow_nonfinite: bool) -> MergeJob:
+    """What the merge pass computes and writes for this output."""
+    index_path = ctx.store.path if ctx.used_index else None
+    return MergeJob(
+        ctx.family,
+        plan,
+        prepared.merge_block,
+        output.dtypes,
+        shard_layout(output, plan),
+        index=index_path,
+        check_nonfinite=not allow_nonfinite and not ctx.checked_nonfinite,
+        task_vectors=output.spec.task_vectors,
+    )
+
+
+def finish_output(output: OutputPlan, job: MergeJob, prepared: Prepared, ctx: StatsContext, work: Path) -> None:
+    """Write the finished directory from the merged partial shards in ``work``: the record, the
+    card, the config and the base's copied files, then say what it lacks."""
+    family = ctx.family
+    files = base_files(family.base)  # again: what the output holds is what is there now
+    record = {
+        "run": output.run,
+        "method": output.spec.name,
+        "params": output.params.to_dict(),
+        "per_agent": {k: list(v) for k, v in prepared.per_agent.items()},
+        "agents": list(family.agent_names),
+        "eps": output.run["eps"],
+        "inputs": family.fingerprints(),
+        "missing": list(files.missing),
+        **({"missing_because": files.why(family.base)} if files.missing else {}),
+        "ramstream_version": __version__,
+    }
+    reports = agent_reports(ctx.store, ctx.overlap()) if ctx.used_index and ctx.store.probe_complete() else []
+    output_dir.finalize(
+        output.out,
+        job.layout,
+        {n: work / f"{n}.partial" for n in job.layout.names},
+        files.copied,
+        merged_config(files.config, family, output.dtypes),
+        model_card(family, record, reports),
+        record,
+    )
+    warn_missing(output.out, record)
+
+
+def warn_missing(out: Path, record: Mapping[str, Any]) -> None:
+    """Say on stderr when a finished output has no config.json (it is then no model transformers
+    loads), with anything else it lacks; the card and the record say it too. Tokenizer files
+    alone are not warned about: many checkpoints are saved without them and load as models."""
+    missing = record.get("missing") or []
+    if CONFIG_FILE in missing:
+        print(
+            f"warning: {out} has no {' and no '.join(missing)} ({record.get('missing_because')}); add "
+            f"{'them' if len(missing) > 1 else 'one'} before loading it with transformers",
+            file=sys.stderr,
+        )
+
+
+def merge_block_elems(work: Path, family: Family, options: RunOptions, out_itemsize: int) -> int:
+    """The merge's block size: what the budget allows, or an unfinished merge's own when it is no
+    larger (its journal marks blocks of that size). A larger one would break the budget (the
+    rerun after an out-of-memory kill, with a smaller --memory): its blocks start over, saying so."""
+    budget = budget_block_elems(family, options, out_itemsize)
+    stored = stored_block_elems(work)
+    if stored is None or stored <= budget:
+        return stored or budget
+    print(
+        f"note: the unfinished merge in {work.parent} used blocks of {stored} elements, more than --memory "
+        f"allows now ({budget}); its blocks start over at the smaller size",
+        file=sys.stderr,
+    )
+    return budget
+
+
+def check_rows_fit(plan: Plan, spec: MethodSpec, family: Family, options: RunOptions, out_itemsize: int) -> None:
+    """A method that ranks whole rows (della) holds a row per block: refuse a row the budget
+    cannot hold, naming the tensor and the --memory that would do."""
+    if not spec.row_aligned or options.block_elems is not None:
+        return
+    per_element = bytes_per_element(family, out_itemsize)
+    fits = elements_within(options.memory, per_element)
+    for t in plan.tensors:
+        if t.merged and row_elements(t) > fits:
+            raise ConfigError(
+                f"tensor {t.name!r}: --method {spec.name} ranks whole rows, and its rows of {row_elements(t)} "
+                f"elements need more than --memory {show_size(options.memory)}; pass --memory "
+                f"{_mib(memory_for(row_elements(t), per_element))} or more"
+            )
+
+
+def _mib(nbytes: int) -> str:
+    """``nbytes`` rounded up to whole MiB (a budget to suggest)."""
+    return f"{-(-nbytes // (1 << 20))}MiB"
+
+
+def out_dtypes(family: Family, out_dtype: OutDtype) -> tuple[str, ...]:
+    if out_dtype != "auto" and out_dtype not in OUT_DTYPES:
+        raise ConfigError(f"--out-dtype must be one of auto, {', '.join(OUT_DTYPES)}; got {out_dtype!r}")
+    chosen = OUT_DTYPES.get(out_dtype)
+    result = []
+    for ref in family.base.tensors.values():
+        dtype = ref.entry.dtype
+        result.append(chosen if chosen and dtype in ("BF16", "F16", "F32", "F64") else dtype)
+    return tuple(result)
+
+
+def budget_block_elems(family: Family, options: RunOptions, out_itemsize: int = 0) -> int:
+    """The block size ``--memory`` allows (or ``options.block_elems`` when set)."""
+    if options.block_elems is not None:
+        return options.block_elems
+    return block_elems_for(options.memory, bytes_per_element(family, out_itemsize))
+
+
+def checked_eps(eps: float) -> float:
+    if not np.isfinite(eps) or eps < 0:
+        raise ConfigError(f"--eps must be a finite number >= 0, got {eps}")
+    return float(eps)
