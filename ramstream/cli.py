@@ -14,7 +14,14 @@ from typing import Any, TypeVar
 
 import click
 
-from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions, default_cache_dir, parse_size
+from ramstream.config import (
+    DEFAULT_EPS,
+    DEFAULT_SCHEDULER_TIMEOUT,
+    DEFAULT_SHARD_SIZE,
+    RunOptions,
+    default_cache_dir,
+    parse_size,
+)
 from ramstream.errors import RamstreamError
 from ramstream.version import __version__
 
@@ -120,6 +127,14 @@ def _run_options(f: F) -> F:
         type=click.IntRange(min=1),
         default=None,
         help="Run the blocks on a Dask LocalCluster of N worker processes on this machine (extra 'ramstream[dask]').",
+    )(f)
+    f = click.option(
+        "--scheduler-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=DEFAULT_SCHEDULER_TIMEOUT,
+        show_default=True,
+        help="How long --scheduler's address may take to answer as a Dask scheduler before the run stops.",
     )(f)
     f = click.option(
         "--scheduler",

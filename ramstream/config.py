@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ _DEVICE_RE = re.compile(r"^(cpu|cuda|cuda:[0-9]+)$")
 DEFAULT_MEMORY = 1024**3
 DEFAULT_SHARD_SIZE = 5 * 1000**3
 DEFAULT_EPS = 1e-5
+DEFAULT_SCHEDULER_TIMEOUT = 10.0  # seconds: distributed's own default connect timeout
 
 
 def parse_size(text: str | int) -> int:
@@ -69,6 +71,7 @@ class RunOptions:
     cache_dir: Path = field(default_factory=default_cache_dir)
     hf_cache: Path | None = None  # the Hugging Face cache for hub ids (None: huggingface_hub's, HF_HUB_CACHE/HF_HOME)
     scheduler: str | None = None  # a running Dask scheduler's address: the blocks run on its workers
+    scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT  # seconds for the scheduler to answer, connecting
     dask_workers: int | None = None  # a Dask LocalCluster of this many worker processes, started here
     device: str | None = None  # cpu, cuda or cuda:N (None: the backend's default; torch: cuda if it has one)
     gpu_memory: int | None = None  # bytes of GPU memory the backend may hold (None: its default)
@@ -84,6 +87,8 @@ class RunOptions:
             object.__setattr__(self, "executor", "dask")  # naming a cluster is choosing to run on it
         elif self.executor == "dask":
             raise ConfigError("the dask executor needs --scheduler ADDRESS or --dask-workers N")
+        if not 0 < self.scheduler_timeout < math.inf:
+            raise ConfigError(f"--scheduler-timeout must be a positive number of seconds, got {self.scheduler_timeout}")
         if self.memory < 16 * 1024**2:
             raise ConfigError("--memory must be at least 16MiB")
         if self.threads is not None and self.threads < 1:

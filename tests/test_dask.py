@@ -244,7 +244,9 @@ def test_cluster_flags_refuse_each_other_and_a_dead_scheduler(tmp_path: Path) ->
         main, ["probe", *members, "--scheduler", "tcp://127.0.0.1:1", "--dask-workers", "1", "--quiet"]
     )
     assert both.exit_code == 1 and "either --scheduler or --dask-workers" in both.output
-    dead = runner.invoke(main, ["probe", *members, "--scheduler", "tcp://127.0.0.1:1", "--quiet"])
+    dead = runner.invoke(
+        main, ["probe", *members, "--scheduler", "tcp://127.0.0.1:1", "--scheduler-timeout", "1", "--quiet"]
+    )
     assert dead.exit_code == 1 and "cannot reach the Dask scheduler at tcp://127.0.0.1:1" in dead.output, dead.output
     assert len(dead.output.strip().splitlines()) == 1
 
