@@ -99,7 +99,7 @@ def probe(
     element then counts as inactive).
     """
     options = options or RunOptions()
-    family = open_family(base, list(agents), hf_cache=options.hf_cache)
+    family = open_family(base, list(agents), hf_cache=options.hf_cache, hub_timeout=options.hub_timeout)
     backend = _backend(options)
     executor = make_executor(backend, options)
     try:
@@ -154,7 +154,9 @@ def merge(
             "NaN/Inf as the largest updates); fix the checkpoint or use another method"
         )
     eps = _eps(eps)
-    family = open_family(base, list(agents), min_agents=spec.min_agents, hf_cache=options.hf_cache)
+    family = open_family(
+        base, list(agents), min_agents=spec.min_agents, hf_cache=options.hf_cache, hub_timeout=options.hub_timeout
+    )
     out_path = Path(out)
     dtypes = _out_dtypes(family, out_dtype)
     merged_config(family, dtypes)  # a broken base config.json is refused now, not after the merge pass

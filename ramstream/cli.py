@@ -16,6 +16,7 @@ import click
 
 from ramstream.config import (
     DEFAULT_EPS,
+    DEFAULT_HUB_TIMEOUT,
     DEFAULT_SCHEDULER_TIMEOUT,
     DEFAULT_SHARD_SIZE,
     RunOptions,
@@ -179,6 +180,14 @@ def _run_options(f: F) -> F:
 
 def _checkpoint_options(f: F) -> F:
     """The run options of the commands that open checkpoints (probe, merge)."""
+    f = click.option(
+        "--hub-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=DEFAULT_HUB_TIMEOUT,
+        show_default=True,
+        help="How long the Hugging Face hub may take to answer a request; then the cache is used, or the run stops.",
+    )(f)
     f = click.option(
         "--hf-cache",
         type=click.Path(path_type=Path, file_okay=False),

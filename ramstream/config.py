@@ -32,6 +32,7 @@ _DEVICE_RE = re.compile(r"^(cpu|cuda|cuda:[0-9]+)$")
 DEFAULT_MEMORY = 1024**3
 DEFAULT_SHARD_SIZE = 5 * 1000**3
 DEFAULT_EPS = 1e-5
+DEFAULT_HUB_TIMEOUT = 10.0  # seconds: huggingface_hub's own default for a request
 DEFAULT_SCHEDULER_TIMEOUT = 10.0  # seconds: distributed's own default connect timeout
 
 
@@ -70,6 +71,7 @@ class RunOptions:
     quiet: bool = False
     cache_dir: Path = field(default_factory=default_cache_dir)
     hf_cache: Path | None = None  # the Hugging Face cache for hub ids (None: huggingface_hub's, HF_HUB_CACHE/HF_HOME)
+    hub_timeout: float = DEFAULT_HUB_TIMEOUT  # seconds the hub may take to answer a request
     scheduler: str | None = None  # a running Dask scheduler's address: the blocks run on its workers
     scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT  # seconds for the scheduler to answer, connecting
     dask_workers: int | None = None  # a Dask LocalCluster of this many worker processes, started here
@@ -87,8 +89,9 @@ class RunOptions:
             object.__setattr__(self, "executor", "dask")  # naming a cluster is choosing to run on it
         elif self.executor == "dask":
             raise ConfigError("the dask executor needs --scheduler ADDRESS or --dask-workers N")
-        if not 0 < self.scheduler_timeout < math.inf:
-            raise ConfigError(f"--scheduler-timeout must be a positive number of seconds, got {self.scheduler_timeout}")
+        for name, value in (("--hub-timeout", self.hub_timeout), ("--scheduler-timeout", self.scheduler_timeout)):
+            if not 0 < value < math.inf:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value}")
         if self.memory < 16 * 1024**2:
             raise ConfigError("--memory must be at least 16MiB")
         if self.threads is not None and self.threads < 1:

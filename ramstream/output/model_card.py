@@ -45,10 +45,15 @@ def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport
             lines.append("| " + " | ".join([name, *(f"{v[t]:.6g}" for v in values.values())]) + " |")
     lines += ["", "## Inputs", ""]
     for fp in record["inputs"]:
-        if "hub" in fp:
-            lines.append(f"- `{fp['name']}`: Hugging Face `{fp['hub']['repo_id']}` at commit `{fp['hub']['commit']}`")
+        hub = fp.get("hub", {})
+        if hub:
+            lines.append(f"- `{fp['name']}`: Hugging Face `{hub['repo_id']}` at commit `{hub['commit']}`")
+        blobs = hub.get("blobs", {})
         for f in fp["files"]:
-            lines.append(f"- `{fp['name']}`: `{f['file']}`, {f['size']} bytes, header sha256 `{f['header_sha256']}`")
+            blob = f", cached blob `{blobs[f['file']]}`" if f["file"] in blobs else ""
+            lines.append(
+                f"- `{fp['name']}`: `{f['file']}`, {f['size']} bytes, header sha256 `{f['header_sha256']}`{blob}"
+            )
     return "\n".join(lines) + "\n"
 
 
