@@ -26,37 +26,13 @@ from ramstream.config import RunOptions
 from ramstream.errors import ClusterError
 from ramstream.io.lock import hold
 from tests.families import Family, build_family
+from tests.loopback import silent_listener
 from tests.test_cli import Outcome, one_line_error
 
 pytest.importorskip("distributed")
 
 TIMEOUT = 0.5  # --scheduler-timeout of these runs, seconds
 SLACK = 10.0  # the process's own start-up and shutdown, on a loaded CI machine
-
-
-@contextmanager
-def silent_listener() -> Iterator[int]:
-    """A port that accepts connections and never sends a byte."""
-    server = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                accepted.append(server.accept()[0])
-            except OSError:  # closed: the test is over
-                return
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        server.shutdown(socket.SHUT_RDWR)
-        server.close()
-        thread.join(timeout=5)
-        for conn in accepted:
-            conn.close()
 
 
 class _QuietHandler(http.server.BaseHTTPRequestHandler):
