@@ -79,7 +79,7 @@ def probe(
     element then counts as inactive).
     """
     options = options or RunOptions()
-    family = open_family(base, list(agents), hf_cache=options.hf_cache)
+    family = open_family(base, list(agents), hf_cache=options.hf_cache, hub_timeout=options.hub_timeout)
     backend = _backend(options)
     executor = make_executor(backend, options)
     try:
@@ -128,7 +128,9 @@ def merge(
     given = {"r": r, "alpha": alpha, "rho_scope": rho_scope, "lambda_rule": lambda_rule, **(method_options or {})}
     spec, params = parse_method(method, given, len(agents), allow_nonfinite)
     eps = checked_eps(eps)
-    family = open_family(base, list(agents), min_agents=spec.min_agents, hf_cache=options.hf_cache)
+    family = open_family(
+        base, list(agents), min_agents=spec.min_agents, hf_cache=options.hf_cache, hub_timeout=options.hub_timeout
+    )
     output = plan_output(
         Path(out),
         family,

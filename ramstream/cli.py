@@ -14,7 +14,15 @@ from typing import Any, TypeVar
 
 import click
 
-from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions, default_cache_dir, parse_size
+from ramstream.config import (
+    DEFAULT_EPS,
+    DEFAULT_HUB_TIMEOUT,
+    DEFAULT_SCHEDULER_TIMEOUT,
+    DEFAULT_SHARD_SIZE,
+    RunOptions,
+    default_cache_dir,
+    parse_size,
+)
 from ramstream.errors import RamstreamError
 from ramstream.version import __version__
 
@@ -122,6 +130,14 @@ def _run_options(f: F) -> F:
         help="Run the blocks on a Dask LocalCluster of N worker processes on this machine (extra 'ramstream[dask]').",
     )(f)
     f = click.option(
+        "--scheduler-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=DEFAULT_SCHEDULER_TIMEOUT,
+        show_default=True,
+        help="How long --scheduler's address may take to answer as a Dask scheduler before the run stops.",
+    )(f)
+    f = click.option(
         "--scheduler",
         metavar="ADDRESS",
         default=None,
@@ -164,6 +180,14 @@ def _run_options(f: F) -> F:
 
 def _checkpoint_options(f: F) -> F:
     """The run options of the commands that open checkpoints (probe, merge)."""
+    f = click.option(
+        "--hub-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=DEFAULT_HUB_TIMEOUT,
+        show_default=True,
+        help="How long the Hugging Face hub may take to answer a request; then the cache is used, or the run stops.",
+    )(f)
     f = click.option(
         "--hf-cache",
         type=click.Path(path_type=Path, file_okay=False),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ DEFAULT_MEMORY = 1024**3
 DEFAULT_SHARD_SIZE = 5 * 1000**3
 DEFAULT_EPS = 1e-5
 BLOCK_QUANTUM = 64  # a block size is a positive multiple of this many elements
+DEFAULT_HUB_TIMEOUT = 10.0  # seconds: huggingface_hub's own default for a request
+DEFAULT_SCHEDULER_TIMEOUT = 10.0  # seconds: distributed's own default connect timeout
 
 
 def parse_size(text: str | int) -> int:
@@ -75,7 +78,9 @@ class RunOptions:
     quiet: bool = False
     cache_dir: Path = field(default_factory=default_cache_dir)
     hf_cache: Path | None = None  # the Hugging Face cache for hub ids (None: huggingface_hub's, HF_HUB_CACHE/HF_HOME)
+    hub_timeout: float = DEFAULT_HUB_TIMEOUT  # seconds the hub may take to answer a request
     scheduler: str | None = None  # a running Dask scheduler's address: the blocks run on its workers
+    scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT  # seconds for the scheduler to answer, connecting
     dask_workers: int | None = None  # a Dask LocalCluster of this many worker processes, started here
     device: str | None = None  # cpu, cuda or cuda:N (None: the backend's default; torch: cuda if it has one)
     gpu_memory: int | None = None  # bytes of GPU memory the backend may hold (None: its default)
@@ -91,6 +96,9 @@ class RunOptions:
             object.__setattr__(self, "executor", "dask")  # naming a cluster is choosing to run on it
         elif self.executor == "dask":
             raise ConfigError("the dask executor needs --scheduler ADDRESS or --dask-workers N")
+        for name, value in (("--hub-timeout", self.hub_timeout), ("--scheduler-timeout", self.scheduler_timeout)):
+            if not 0 < value < math.inf:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value}")
         if self.memory < 16 * 1024**2:
             raise ConfigError("--memory must be at least 16MiB")
         if self.threads is not None and self.threads < 1:

@@ -26,6 +26,7 @@ from click.testing import CliRunner
 from ramstream.api import probe
 from ramstream.cli import main
 from ramstream.config import RunOptions
+from ramstream.errors import ClusterError
 from ramstream.execution.dask_executor import group_batches, task_bytes
 from ramstream.index.journal import Journal
 from ramstream.plan import Block, Plan, TensorPlan
@@ -123,6 +124,16 @@ def test_probe_on_the_cluster_writes_the_local_index(family: Family, cluster: An
     assert np.array_equal(local.block_stats()[1], on_cluster.block_stats()[1])
     for t in (t for t, tensor in enumerate(local.plan.tensors) if tensor.merged):
         assert np.array_equal(local.tensor_mask(t), on_cluster.tensor_mask(t))
+
+
+def test_a_worker_address_given_as_the_scheduler_is_refused_by_name(
+    family: Family, cluster: Any, tmp_path: Path
+) -> None:
+    with distributed.Client(cluster, set_as_default=False) as client:
+        worker = next(iter(client.scheduler_info()["workers"]))
+    options = RunOptions(quiet=True, scheduler=worker, scheduler_timeout=5)
+    with pytest.raises(ClusterError, match="is a Dask worker, not the scheduler"):
+        probe(family.base, [str(a) for a in family.agents], index=tmp_path / "index.zarr", options=options)
 
 
 class _KillOnce(distributed.WorkerPlugin):
@@ -244,7 +255,9 @@ def test_cluster_flags_refuse_each_other_and_a_dead_scheduler(tmp_path: Path) ->
         main, ["probe", *members, "--scheduler", "tcp://127.0.0.1:1", "--dask-workers", "1", "--quiet"]
     )
     assert both.exit_code == 1 and "either --scheduler or --dask-workers" in both.output
-    dead = runner.invoke(main, ["probe", *members, "--scheduler", "tcp://127.0.0.1:1", "--quiet"])
+    dead = runner.invoke(
+        main, ["probe", *members, "--scheduler", "tcp://127.0.0.1:1", "--scheduler-timeout", "1", "--quiet"]
+    )
     assert dead.exit_code == 1 and "cannot reach the Dask scheduler at tcp://127.0.0.1:1" in dead.output, dead.output
     assert len(dead.output.strip().splitlines()) == 1
 

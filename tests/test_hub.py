@@ -25,6 +25,11 @@ from tests.test_cli import Outcome, in_process, ok, one_line_error
 COMMITS = {"org/base": "1" * 40, "org/agent0": "a0" * 20, "org/agent1": "b1" * 20}
 
 
+def blob_of(file: Path) -> str:
+    """The blob a file is stored as in the cache (its sha256, as the hub names an LFS file's blob)."""
+    return hashlib.sha256(file.read_bytes()).hexdigest()
+
+
 def cache_repo(cache: Path, repo_id: str, source: Path, commit: str, refs: tuple[str, ...] = ("main",)) -> Path:
     """``source``'s files as the snapshot ``commit`` of ``repo_id`` in the cache ``cache``."""
     repo = cache / f"models--{repo_id.replace('/', '--')}"
@@ -77,15 +82,17 @@ def test_hub_ids_resolve_from_the_cache_by_branch_and_by_commit(tmp_path: Path, 
     assert weights(tmp_path / "out") == weights(tmp_path / "local")
     assert (tmp_path / "out" / "tokenizer.json").is_file()  # copied from the base's snapshot
     record = json.loads((tmp_path / "out" / "ramstream_merge.json").read_text())
+    blobs = [{"model.safetensors": blob_of(p / "model.safetensors")} for p in (fam.base, *fam.agents)]
     assert [i["hub"] for i in record["inputs"]] == [
-        {"repo_id": "org/base", "revision": "main", "commit": COMMITS["org/base"]},
-        {"repo_id": "org/agent0", "revision": "dev", "commit": COMMITS["org/agent0"]},
-        {"repo_id": "org/agent1", "revision": sha, "commit": sha},
+        {"repo_id": "org/base", "revision": "main", "commit": COMMITS["org/base"], "blobs": blobs[0]},
+        {"repo_id": "org/agent0", "revision": "dev", "commit": COMMITS["org/agent0"], "blobs": blobs[1]},
+        {"repo_id": "org/agent1", "revision": sha, "commit": sha, "blobs": blobs[2]},
     ]
     card = (tmp_path / "out" / "README.md").read_text()
     front = yaml.safe_load(card.split("---")[1])
     assert front["base_model"] == ["org/base", "org/agent0", "org/agent1"] and front["base_model_relation"] == "merge"
     assert f"`org/agent0` at commit `{COMMITS['org/agent0']}`" in card
+    assert f"cached blob `{blobs[1]['model.safetensors']}`" in card
     # the resolved files are fingerprinted like any others: the same merge again is recognised
     again = ok(offline(*args, hf_home=hf_home))
     assert again.out.startswith("already merged")

@@ -61,7 +61,7 @@ class DaskExecutor:
         """The cluster, reached (or started) on first use and kept for the run's later passes."""
         if self._cluster is None:
             if self.options.scheduler is not None:
-                self._cluster = connect(self.options.scheduler, self.options.threads)
+                self._cluster = connect(self.options.scheduler, self.options.threads, self.options.scheduler_timeout)
             else:
                 self._cluster = start_local(self.options.dask_workers or 1, self.options.threads)
         return self._cluster

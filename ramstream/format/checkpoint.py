@@ -15,8 +15,16 @@ from pathlib import Path
 
 from ramstream.errors import CorruptFileError, InputError
 from ramstream.format import torch_zip
-from ramstream.format.hub import HubSource, is_repo_id, resolve_repo, snapshot_source
-from ramstream.format.names import BIN_FILE, BIN_INDEX, SHARD_INDEX, SINGLE_FILE, shard_names
+from ramstream.format.hub import HubAccess, HubSource, Snapshot, is_repo_id, resolve_repo, snapshot_at
+from ramstream.format.names import (
+    BIN_FILE,
+    BIN_INDEX,
+    CONFIG_FILE,
+    COPIED_FILES,
+    SHARD_INDEX,
+    SINGLE_FILE,
+    shard_names,
+)
 from ramstream.format.regular import kind_of, open_regular
 from ramstream.format.safetensors_header import SafetensorsHeader, TensorEntry, read_header
 from ramstream.format.torch_zip import TorchZipHeader
@@ -57,25 +65,34 @@ class Checkpoint:
         return tuple(h.path for h in self.headers)
 
 
-def open_checkpoint(path: str | Path, hf_cache: Path | None = None) -> Checkpoint:
+def open_checkpoint(path: str | Path, hub: HubAccess | None = None) -> Checkpoint:
     """Read the headers of the checkpoint at ``path``; the data stays on disk. A ``path`` that
-    does not exist but reads as ``org/name[@revision]`` is a hub id, resolved in ``hf_cache``
-    (None: huggingface_hub's own, ``HF_HUB_CACHE`` / ``HF_HOME``)."""
+    does not exist but reads as ``org/name[@revision]`` is a hub id, resolved as ``hub`` says
+    (default: huggingface_hub's cache, ``HF_HUB_CACHE`` / ``HF_HOME``). A path inside a Hugging
+    Face cache is read as a snapshot: every file must lead inside its repo's cache folder."""
     text = str(path)
+    snapshot: Snapshot | None
     if not os.path.lexists(text) and is_repo_id(text):
-        resolved = resolve_repo(text, hf_cache)
-        return replace(_open_path(resolved.directory), name=text, hub=resolved.source)
-    checkpoint = _open_path(Path(path))
-    source = snapshot_source(checkpoint.directory or Path(path).parent)
-    return checkpoint if source is None else replace(checkpoint, hub=source)
+        snapshot = resolve_repo(text, hub or HubAccess())
+        target, name = snapshot.folder, text
+    else:
+        target = Path(path)
+        snapshot = snapshot_at(target if target.is_dir() else target.parent)
+        name = None
+    checkpoint = _open_path(target, snapshot)
+    if snapshot is not None:
+        checkpoint = replace(checkpoint, hub=snapshot.with_blobs(checkpoint.files))
+    return checkpoint if name is None else replace(checkpoint, name=name)
 
 
-def _open_path(path: Path) -> Checkpoint:
+def _open_path(path: Path, snapshot: Snapshot | None) -> Checkpoint:
+    if snapshot is not None:
+        snapshot.file(path)  # the file or the snapshot folder given leads inside the repo's folder
     mode = _mode(path)
     if stat.S_ISREG(mode):
         files, directory, name = [path], None, path.stem
     elif stat.S_ISDIR(mode):
-        files, directory, name = _files_of_directory(path), path, path.name
+        files, directory, name = _files_of_directory(path, snapshot), path, path.name
     else:
         raise InputError(f"{path}: is {kind_of(mode)}, not a weights file or a model directory; check the path")
     headers = tuple(read_weights_file(f) for f in files)
@@ -125,38 +142,60 @@ def _mode(path: Path) -> int:
         raise InputError(f"{path}: cannot be used ({exc.strerror}); check the path") from exc
 
 
-def _files_of_directory(path: Path) -> list[Path]:
+def _files_of_directory(path: Path, snapshot: Snapshot | None) -> list[Path]:
     try:
-        return _find_files(path)
+        return _Directory(path, snapshot).weights_files()
     except OSError as exc:  # a shard name too long for the file system, a symlink loop...
         raise InputError(f"{exc.filename or path}: cannot be used ({exc.strerror}); check the path") from exc
 
 
-def _find_files(path: Path) -> list[Path]:
-    """The weights files of a model directory, in ``from_pretrained``'s order of preference:
-    safetensors (index, single file, the one ``.safetensors``), then ``.bin`` (index, single file)."""
-    if (path / SHARD_INDEX).is_file():
-        return _shards(path, path / SHARD_INDEX)
-    if (path / SINGLE_FILE).is_file():
-        return [path / SINGLE_FILE]
-    candidates = sorted(path.glob("*.safetensors"))
-    if len(candidates) > 1:
-        raise InputError(f"{path}: several .safetensors files but no {SHARD_INDEX}; point at one file instead")
-    if candidates:
-        return candidates
-    if (path / BIN_INDEX).is_file():
-        return _shards(path, path / BIN_INDEX)
-    if (path / BIN_FILE).is_file():
-        return [path / BIN_FILE]
-    raise InputError(f"{path}: no model.safetensors, {BIN_FILE}, shard index or .safetensors file in this directory")
+@dataclass(frozen=True)
+class _Directory:
+    """A model directory; a cache snapshot's files must also lead inside its repo's folder."""
 
+    path: Path
+    snapshot: Snapshot | None
 
-def _shards(path: Path, index: Path) -> list[Path]:
-    shards = shard_names(index)
-    missing = [s for s in shards if not (path / s).is_file()]
-    if missing:
-        raise InputError(f"{index}: lists shard {missing[0]} which is missing from {path}")
-    return _distinct_files(path / s for s in shards)
+    def has(self, name: str) -> bool:
+        """Whether the directory holds the file ``name`` (in a snapshot: as a link that leads
+        inside the repo's folder to a file, or it is refused)."""
+        if self.snapshot is None:
+            return (self.path / name).is_file()
+        return os.path.lexists(self.path / name) and self.snapshot.file(self.path / name).is_file()
+
+    def weights_files(self) -> list[Path]:
+        """The weights files, in ``from_pretrained``'s order of preference: safetensors (index,
+        single file, the one ``.safetensors``), then ``.bin`` (index, single file). In a snapshot,
+        the config and the files copied to the output are checked too: they are read later."""
+        if self.snapshot is not None:  # read later (tied heads, the output's config and copies): checked now
+            for name in (CONFIG_FILE, *COPIED_FILES):
+                self.has(name)
+        if self.has(SHARD_INDEX):
+            return self.shards(SHARD_INDEX)
+        if self.has(SINGLE_FILE):
+            return [self.path / SINGLE_FILE]
+        candidates = sorted(p for p in self.path.glob("*.safetensors") if self.has(p.name))
+        if len(candidates) > 1:
+            raise InputError(f"{self.path}: several .safetensors files but no {SHARD_INDEX}; point at one file instead")
+        if candidates:
+            return candidates
+        if self.has(BIN_INDEX):
+            return self.shards(BIN_INDEX)
+        if self.has(BIN_FILE):
+            return [self.path / BIN_FILE]
+        raise InputError(
+            f"{self.path}: no model.safetensors, {BIN_FILE}, shard index or .safetensors file in this directory"
+        )
+
+    def shards(self, index_name: str) -> list[Path]:
+        index = self.path / index_name
+        shards = shard_names(index)
+        if self.snapshot is not None:
+            return _distinct_files(self.snapshot.file(self.path / s) for s in shards)
+        missing = [s for s in shards if not (self.path / s).is_file()]
+        if missing:
+            raise InputError(f"{index}: lists shard {missing[0]} which is missing from {self.path}")
+        return _distinct_files(self.path / s for s in shards)
 
 
 def _distinct_files(paths: Iterable[Path]) -> list[Path]:

@@ -7,10 +7,12 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
+from ramstream.config import DEFAULT_HUB_TIMEOUT
 from ramstream.errors import ConfigError, InputError, MismatchError, UnsupportedDtypeError
 from ramstream.format.checkpoint import Checkpoint, open_checkpoint
 from ramstream.format.dtypes import UNDECODABLE_FLOATS, is_float
 from ramstream.format.fingerprint import checkpoint_fingerprint
+from ramstream.format.hub import HubAccess
 from ramstream.format.tied_heads import reconcile_head, untie_base
 
 
@@ -41,13 +43,16 @@ def open_family(
     agents: list[str] | tuple[str | Path, ...],
     min_agents: int = 1,
     hf_cache: Path | None = None,
+    hub_timeout: float = DEFAULT_HUB_TIMEOUT,
 ) -> Family:
-    """Open and cross-check the checkpoints (paths, or hub ids resolved in ``hf_cache``); raise
-    naming the agent and tensor on any mismatch."""
+    """Open and cross-check the checkpoints (paths, or hub ids resolved in ``hf_cache``, the hub
+    answering each request within ``hub_timeout`` seconds); raise naming the agent and tensor on
+    any mismatch."""
     if len(agents) < min_agents:
         raise ConfigError(f"need at least {min_agents} agent checkpoint(s), got {len(agents)}")
-    base_ckpt = open_checkpoint(base, hf_cache)
-    agent_ckpts = tuple(open_checkpoint(a, hf_cache) for a in agents)
+    hub = HubAccess(hf_cache, hub_timeout)
+    base_ckpt = open_checkpoint(base, hub)
+    agent_ckpts = tuple(open_checkpoint(a, hub) for a in agents)
     _refuse_shared_files(base_ckpt, agent_ckpts)
     base_ckpt = untie_base(base_ckpt)
     names = _unique_names([c.name for c in agent_ckpts])

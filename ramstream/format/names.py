@@ -4,6 +4,7 @@ the shard list of its ``*.index.json``."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ramstream.errors import CorruptFileError
@@ -30,7 +31,10 @@ COPIED_FILES = (
 
 
 def shard_names(index: Path) -> list[str]:
-    """The shard files a ``*.index.json`` lists, each once, in order."""
+    """The shard files a ``*.index.json`` lists, each once, in order: names relative to its own
+    directory (``sub/../a`` is ``a``); an absolute path or one that climbs out of the directory is
+    refused, as transformers' hub download would refuse it (the index travels with the model, and
+    the merge records a shard by its name in the directory)."""
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
         shards = list(dict.fromkeys(weight_map.values()))
@@ -38,4 +42,10 @@ def shard_names(index: Path) -> list[str]:
         raise CorruptFileError(f"{index}: not a valid shard index ({exc})") from exc
     if not all(isinstance(s, str) and s for s in shards):
         raise CorruptFileError(f"{index}: not a valid shard index (a shard name that is not a file name)")
+    for shard in shards:
+        if os.path.isabs(shard) or os.path.normpath(shard).split(os.sep)[0] == os.pardir:
+            raise CorruptFileError(
+                f"{index}: lists the shard {shard!r}, outside its directory {index.parent}; a shard index names "
+                "files beside it: move the shard there and list it by its name"
+            )
     return shards

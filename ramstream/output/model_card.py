@@ -49,11 +49,13 @@ def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport
     ]
     for fp in record["inputs"]:
         name = code(fp["name"])
-        if "hub" in fp:
-            hub = fp["hub"]
+        hub = fp.get("hub", {})
+        if hub:
             lines.append(f"- {name}: Hugging Face {code(hub['repo_id'])} at commit {code(hub['commit'])}")
+        blobs = hub.get("blobs", {})
         for f in fp["files"]:
-            lines.append(f"- {name}: {code(f['file'])}, {f['size']} bytes, header sha256 `{f['header_sha256']}`")
+            blob = f", cached blob {code(blobs[f['file']])}" if f["file"] in blobs else ""
+            lines.append(f"- {name}: {code(f['file'])}, {f['size']} bytes, header sha256 `{f['header_sha256']}`{blob}")
     return "\n".join(lines) + "\n"
 
 
