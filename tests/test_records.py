@@ -269,7 +269,7 @@ def test_output_index_and_cache_never_nest(made: tuple[Family, Path, Path], tmp_
         "out-inside-index": ("--out", index / "out", "--index", index, "--cache-dir", cache),
         "out-is-the-cache": ("--out", cache, "--cache-dir", cache),
         "cache-inside-out": ("--out", out, "--cache-dir", out / "cache"),
-        "out-inside-the-cache": ("--out", cache / "merged", "--cache-dir", cache),
+        "out-among-the-cached-indexes": ("--out", cache / "index" / "merged", "--cache-dir", cache),
     }
     for case, options in refused.items():
         line = assert_one_line(invoke("merge", *_args(family), *options), "--out" if "index" in case else "cache")

@@ -81,15 +81,17 @@ def check_output_path(out: Path, inputs: list[Path]) -> None:
 
 
 def check_work_paths(out: Path, index: Path | None, cache_dir: Path) -> None:
-    """Refuse an ``--index`` inside ``--out`` (or holding it), and an ``--out`` that is, holds or lies
-    in the cache directory: an output directory holds the model alone (``--force`` clears what a
-    merge wrote there), and a cache is the tool's to fill and prune."""
+    """Refuse an ``--index`` inside ``--out`` (or holding it), and an ``--out`` that is or holds the
+    cache directory, or lies among its indexes: an output directory holds the model alone
+    (``--force`` clears what a merge wrote there), and the cached indexes are the tool's to fill
+    and prune. An ``--out`` beside them in the cache directory (a demo's scratch folder) is fine."""
     target = out.resolve()
     if index is not None and _nested(target, index.resolve()):
         raise OutputError(
             f"{out}: --index {index} lies inside --out (or holds it); keep the index outside the output directory"
         )
-    if _nested(target, cache_dir.resolve()):
+    cache = cache_dir.resolve()
+    if target == cache or target in cache.parents or _nested(target, cache / "index"):
         raise OutputError(
             f"{out}: overlaps the cache directory {cache_dir} (--cache-dir); choose an --out outside the cache"
         )
