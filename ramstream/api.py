@@ -1,4 +1,4 @@
-"""The Python API: the verbs of the CLI (probe, merge, inspect) over plain arguments."""
+"""The Python API: the verbs of the CLI (probe, merge, sweep, inspect) over plain arguments."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ from ramstream.runs.output import (
     warn_missing,
 )
 from ramstream.statistics.context import StatsContext
+from ramstream.sweep.run import SweepResult, sweep
+
+__all__ = ["MergeResult", "OutDtype", "SweepResult", "merge", "open_index", "preload", "probe", "sweep"]
 
 
 @dataclass(frozen=True)

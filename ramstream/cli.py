@@ -470,6 +470,73 @@ def inspect(
 
 
 @main.command()
+@click.argument("base", type=str)
+@click.argument("agents", nargs=-1, required=True, type=str)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="The sweep's directory: a model directory per candidate (DIR/<name>/) and sweep.json.",
+)
+@click.option(
+    "--grid",
+    "grids",
+    multiple=True,
+    metavar='"METHOD[:PARAM=V1,V2,...]"',
+    help="Candidates: the cross product of the values, e.g. 'ram+:r=0.05,0.1' (repeatable; docs/sweep.md).",
+)
+@click.option("--eps", type=float, default=DEFAULT_EPS, show_default=True, help="|tau| > eps marks an element active.")
+@click.option("--index", "index", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--out-dtype",
+    type=click.Choice(["auto", "bf16", "f16", "f32"]),
+    default="auto",
+    show_default=True,
+    help="auto keeps each tensor's base dtype.",
+)
+@click.option("--shard-size", type=Size(), default=str(DEFAULT_SHARD_SIZE), show_default=True)
+@click.option("--force", is_flag=True, help="Replace what earlier merges left in a candidate's directory.")
+@click.option("--allow-nonfinite", is_flag=True, help="Let NaN/Inf weights through (see merge --help).")
+@_checkpoint_options
+@_friendly
+def sweep(
+    base: str,
+    agents: tuple[str, ...],
+    out: Path,
+    grids: tuple[str, ...],
+    eps: float,
+    index: Path | None,
+    out_dtype: Any,
+    shard_size: int,
+    force: bool,
+    allow_nonfinite: bool,
+    **values: Any,
+) -> None:
+    """Merge AGENTS into BASE once per candidate of --grid, reading the inputs once, into
+    --out/<name>/ (each what `ramstream merge` writes with those arguments); resumable."""
+    from ramstream.sweep.grid import parse_grids
+
+    candidates = parse_grids(grids)
+    api = _load_api(values["backend"])
+    result = api.sweep(
+        base,
+        list(agents),
+        out=out,
+        candidates=candidates,
+        eps=eps,
+        index=index,
+        out_dtype=out_dtype,
+        shard_size=shard_size,
+        force=force,
+        allow_nonfinite=allow_nonfinite,
+        options=_options(**values),
+    )
+    for c in result.candidates:
+        click.echo(f"{c.status}: {c.out} ({_summary(c.method, c.per_agent)})")
+    click.echo(f"sweep: {len(result.candidates)} candidates in {result.out} (sweep.json)")
+
+
+@main.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema: docs/inspect.md).")
 @click.option(

@@ -1,0 +1,244 @@
+"""``ramstream sweep``: K candidate merges of one family, from one read of its inputs, resumably.
+
+Every candidate is an ordinary merge output in ``DIR/<name>/`` (``runs.output``: the same run
+record, bytes, card and ``ramstream_merge.json`` as ``ramstream merge --out DIR/<name>`` with
+the same arguments). What is shared is the reading: the probe and the statistics the
+candidates need run on one ``StatsContext`` (each pass once, its result in the index), and
+the merge pass reads every batch of the inputs once and merges it K times (``run_merges``),
+within ``--memory``: the block size accounts for the K outputs' buffers. The sweep's journal is
+``DIR/.ramstream/journal`` (it names the candidates it marks for); a candidate already finished
+is left as it is, so a rerun, or a rerun with a candidate added, merges only what is missing.
+``DIR/sweep.json`` lists the candidates, their parameters, per-agent values and status.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ramstream.backends.registry import make_backend
+from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
+from ramstream.errors import OutputError
+from ramstream.execution.executor import Executor
+from ramstream.execution.registry import make_executor
+from ramstream.format.family import Family, open_family
+from ramstream.io.atomic import atomic_write_text
+from ramstream.merge.merge_pass import run_merges
+from ramstream.methods.base import Prepared
+from ramstream.output import directory as output_dir
+from ramstream.plan import make_plan
+from ramstream.runs.output import (
+    OutDtype,
+    OutputPlan,
+    budget_block_elems,
+    check_rows_fit,
+    checked_eps,
+    finish_output,
+    merge_block_elems,
+    merge_job,
+    parse_method,
+    plan_output,
+    warn_missing,
+)
+from ramstream.statistics.context import StatsContext
+from ramstream.sweep.grid import Candidate, check_unique
+from ramstream.version import __version__
+
+SWEEP_FILE = "sweep.json"
+SWEEP_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    name: str
+    out: Path
+    method: str
+    params: dict[str, Any]
+    per_agent: dict[str, tuple[float, ...]]
+    status: str  # "merged" (by this run) or "already merged"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "method": self.method,
+            "params": self.params,
+            "per_agent": {k: list(v) for k, v in self.per_agent.items()},
+            "status": self.status,
+        }
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    out: Path
+    candidates: tuple[CandidateResult, ...]
+
+
+def sweep(
+    base: str | Path,
+    agents: list[str] | tuple[str, ...],
+    *,
+    out: str | Path,
+    candidates: Sequence[Candidate],
+    eps: float = DEFAULT_EPS,
+    index: str | Path | None = None,
+    out_dtype: OutDtype = "auto",
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    force: bool = False,
+    allow_nonfinite: bool = False,
+    options: RunOptions | None = None,
+) -> SweepResult:
+    """Merge every candidate into ``out/<name>/``; rerunning the same call resumes the sweep."""
+    options = options or RunOptions()
+    check_unique(list(candidates))
+    if not candidates:
+        raise OutputError(f"{out}: a sweep needs at least one candidate")
+    eps = checked_eps(eps)
+    parsed = [parse_method(c.method, c.settings, len(agents), allow_nonfinite) for c in candidates]
+    min_agents = max(spec.min_agents for spec, _ in parsed)
+    family = open_family(
+        base, list(agents), min_agents=min_agents, hf_cache=options.hf_cache, hub_timeout=options.hub_timeout
+    )
+    root = Path(out)
+    outputs = [
+        plan_output(
+            root / c.name,
+            family,
+            spec,
+            params,
+            eps=eps,
+            out_dtype=out_dtype,
+            shard_size=shard_size,
+            allow_nonfinite=allow_nonfinite,
+        )
+        for c, (spec, params) in zip(candidates, parsed, strict=True)
+    ]
+    output_dir.check_output_path(root, [m.path for m in family.members])
+    output_dir.check_work_paths(root, Path(index) if index else None, options.cache_dir)
+    _check_sweep_dir(root, {c.name for c in candidates})
+    backend = make_backend(options.backend, options.threads, options.device, options.gpu_memory, options.memory)
+    executor = make_executor(backend, options)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with ExitStack() as locks:
+            locks.enter_context(output_dir.lock(root))
+            for output in outputs:
+                output.out.mkdir(exist_ok=True)
+                locks.enter_context(output_dir.lock(output.out))
+            results = _sweep_into(root, outputs, family, index, force, allow_nonfinite, options, executor)
+            _write_sweep_file(root, family, candidates, results)
+            return SweepResult(root, tuple(results))
+    finally:
+        executor.close()
+        backend.close()
+
+
+def _sweep_into(
+    root: Path,
+    outputs: list[OutputPlan],
+    family: Family,
+    index: str | Path | None,
+    force: bool,
+    allow_nonfinite: bool,
+    options: RunOptions,
+    executor: Executor,
+) -> list[CandidateResult]:
+    """The passes, with the sweep and its candidates locked; finished candidates are left alone."""
+    finished = {o.out.name for o in outputs if output_dir.prepare(o.out, o.run, force)}
+    pending = [o for o in outputs if o.out.name not in finished]
+    merged: dict[str, Prepared] = {}
+    if pending:
+        merged = _merge_pending(root, pending, family, index, allow_nonfinite, options, executor)
+    work = output_dir.work_dir(root)
+    if work.exists():
+        shutil.rmtree(work)
+    results = []
+    for o in outputs:
+        if o.out.name in merged:
+            per_agent = merged[o.out.name].per_agent
+            status = "merged"
+        else:
+            record = output_dir.finished_record(o.out) or {}
+            per_agent = {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
+            status = "already merged"
+            warn_missing(o.out, record)
+        results.append(CandidateResult(o.out.name, o.out, o.spec.name, o.params.to_dict(), per_agent, status))
+    return results
+
+
+def _merge_pending(
+    root: Path,
+    pending: list[OutputPlan],
+    family: Family,
+    index: str | Path | None,
+    allow_nonfinite: bool,
+    options: RunOptions,
+    executor: Executor,
+) -> dict[str, Prepared]:
+    eps = float(pending[0].run["eps"])
+    # A context per candidate, as its own merge would have: whether it used the index decides
+    # its card and its input checks. The statistics are shared all the same: each is computed
+    # once, kept in the index, and read back by every later candidate that asks for it.
+    contexts = [
+        StatsContext(
+            family,
+            eps,
+            Path(index) if index else None,
+            options,
+            budget_block_elems(family, options),
+            executor,
+            allow_nonfinite,
+        )
+        for _ in pending
+    ]
+    work = output_dir.work_dir(root)
+    work.mkdir(exist_ok=True)
+    itemsize = sum(o.out_itemsize for o in pending)  # K outputs' buffers share the budget
+    block_elems = merge_block_elems(work, family, options, itemsize)
+    plan = make_plan(family, block_elems, row_aligned=any(o.spec.row_aligned for o in pending))
+    for o in pending:
+        check_rows_fit(plan, o.spec, family, options, itemsize)
+    prepared = [o.spec.prepare(o.params, ctx) for o, ctx in zip(pending, contexts, strict=True)]
+    jobs = [merge_job(o, plan, p, ctx, allow_nonfinite) for o, p, ctx in zip(pending, prepared, contexts, strict=True)]
+    works = [output_dir.work_dir(o.out) for o in pending]
+    run_merges(jobs, works, work, executor, options.quiet, outputs=[o.out.name for o in pending])
+    for o, job, p, ctx, w in zip(pending, jobs, prepared, contexts, works, strict=True):
+        finish_output(o, job, p, ctx, w)
+    return {o.out.name: p for o, p in zip(pending, prepared, strict=True)}
+
+
+def _check_sweep_dir(root: Path, names: set[str]) -> None:
+    """``root`` is new, empty, or a sweep's: only candidates (this run's or earlier ones'), the
+    sweep's record and its work area; anything else is the user's, and is refused, untouched."""
+    if not root.is_dir():
+        return
+    ours = {SWEEP_FILE, output_dir.WORK_DIR, output_dir.LOCK_FILE}
+    for entry in sorted(root.iterdir()):
+        if entry.name in ours or entry.name in names or _is_candidate(entry):
+            continue
+        raise OutputError(
+            f"{root}: holds {entry.name!r}, which is not part of a sweep; choose another (or an empty) --out"
+        )
+
+
+def _is_candidate(entry: Path) -> bool:
+    return entry.is_dir() and (
+        (entry / output_dir.RECORD_FILE).is_file() or output_dir.work_dir(entry).is_dir() or not any(entry.iterdir())
+    )
+
+
+def _write_sweep_file(
+    root: Path, family: Family, candidates: Sequence[Candidate], results: list[CandidateResult]
+) -> None:
+    doc = {
+        "schema": SWEEP_SCHEMA,
+        "base": family.base.name,
+        "agents": list(family.agent_names),
+        "candidates": [{**r.to_dict(), "settings": dict(c.settings)} for c, r in zip(candidates, results, strict=True)],
+        "ramstream_version": __version__,
+    }
+    atomic_write_text(root / SWEEP_FILE, json.dumps(doc, indent=1, sort_keys=False) + "\n")

@@ -1,0 +1,128 @@
+"""``ramstream sweep``: K candidates from one read, each the bytes of its own ``ramstream merge``.
+
+Real checkpoints written by the test, the real CLI through click's runner; the reference for
+every candidate is ``ramstream merge`` run with the same arguments (itself checked against the
+dense references in test_merge_reference.py and test_methods_*.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from ramstream.cli import main
+from tests.families import Family, build_family
+
+# Mixed methods in one sweep: RAM+ for two r, TIES with a model-wide cut, DARE-TIES with two
+# seeds, model stock and task arithmetic; the flags each takes in ``ramstream merge``.
+GRIDS = (
+    "ram+:r=0.05,0.5",
+    "ties:density=0.3:trim_scope=model",
+    "dare_ties:density=0.5:seed=1,2",
+    "model_stock",
+    "task_arithmetic:lambda=0.75",
+)
+MERGE_FLAGS = {
+    "ram+-r=0.05": ("--method", "ram+", "--r", "0.05"),
+    "ram+-r=0.5": ("--method", "ram+", "--r", "0.5"),
+    "ties-density=0.3-trim_scope=model": ("--method", "ties", "--density", "0.3", "--trim-scope", "model"),
+    "dare_ties-density=0.5-seed=1": ("--method", "dare_ties", "--density", "0.5", "--seed", "1"),
+    "dare_ties-density=0.5-seed=2": ("--method", "dare_ties", "--density", "0.5", "--seed", "2"),
+    "model_stock": ("--method", "model_stock"),
+    "task_arithmetic-lambda=0.75": ("--method", "task_arithmetic", "--lambda", "0.75"),
+}
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory: pytest.TempPathFactory) -> Family:
+    return build_family(tmp_path_factory.mktemp("sweep"), seed=21, shards=2)
+
+
+def invoke(*args: object) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def inputs(family: Family) -> list[str]:
+    return [str(family.base), *map(str, family.agents)]
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def mtimes(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.stat().st_mtime_ns for p in directory.rglob("*") if p.is_file()}
+
+
+def run_sweep(family: Family, out: Path, grids: tuple[str, ...], *extra: object) -> Result:
+    grid_args = [x for g in grids for x in ("--grid", g)]
+    return invoke("sweep", *inputs(family), "--out", out, *grid_args, "--quiet", *extra)
+
+
+def test_every_candidate_is_the_bytes_of_its_own_merge(family: Family, tmp_path: Path) -> None:
+    cache = ("--cache-dir", tmp_path / "cache", "--shard-size", "20KB", "--memory", "16MiB")
+    done = run_sweep(family, tmp_path / "sweep", GRIDS, *cache)
+    assert done.exit_code == 0, done.output + done.stderr
+    swept = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert swept == sorted(MERGE_FLAGS)
+    for name, flags in MERGE_FLAGS.items():
+        reference = tmp_path / "merge" / name
+        merged = invoke("merge", *inputs(family), "--out", reference, *flags, "--quiet", *cache)
+        assert merged.exit_code == 0, merged.output + merged.stderr
+        assert tree(tmp_path / "sweep" / name) == tree(reference), name
+    doc = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert [c["name"] for c in doc["candidates"]] == list(MERGE_FLAGS)
+    assert {c["status"] for c in doc["candidates"]} == {"merged"}
+    ram = doc["candidates"][0]
+    assert ram["settings"] == {"r": 0.05} and len(ram["per_agent"]["lambda"]) == len(family.agents)
+    assert not (tmp_path / "sweep" / ".ramstream").exists()
+
+
+def test_a_rerun_leaves_finished_candidates_alone_and_merges_only_a_new_one(family: Family, tmp_path: Path) -> None:
+    out, cache = tmp_path / "sweep", ("--cache-dir", tmp_path / "cache")
+    assert run_sweep(family, out, ("ram+:r=0.1", "linear"), *cache).exit_code == 0
+    before = mtimes(out / "ram+-r=0.1")
+    again = run_sweep(family, out, ("ram+:r=0.1", "linear"), *cache)
+    assert again.exit_code == 0 and again.output.count("already merged") == 2, again.output
+    added = run_sweep(family, out, ("ram+:r=0.1", "linear", "task_arithmetic:lambda=0.5"), *cache)
+    assert added.exit_code == 0, added.output + added.stderr
+    assert added.output.count("already merged") == 2 and "merged: " in added.output
+    assert mtimes(out / "ram+-r=0.1") == before
+    statuses = [c["status"] for c in json.loads((out / "sweep.json").read_text())["candidates"]]
+    assert statuses == ["already merged", "already merged", "merged"]
+
+
+@pytest.mark.parametrize(
+    ("grids", "words"),
+    [
+        (("nonsense:r=1",), "nonsense"),
+        (("ram+:density=0.5",), "--density has no effect with --method ram+"),
+        (("task_arithmetic:lambda=big",), "--lambda must be a number"),
+        (("ties:density=2",), "--density must lie in"),
+        ((), "at least one candidate"),
+        (("ram+:r=0.1", "ram+:r=0.10"), "both named"),
+    ],
+)
+def test_a_bad_grid_is_one_line_and_writes_nothing(
+    family: Family, tmp_path: Path, grids: tuple[str, ...], words: str
+) -> None:
+    out = tmp_path / "sweep"
+    done = run_sweep(family, out, grids, "--cache-dir", tmp_path / "cache")
+    assert done.exit_code != 0 and isinstance(done.exception, SystemExit), done.output
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], done.stderr
+    assert not out.exists()
+
+
+def test_a_directory_holding_something_else_is_refused_untouched(family: Family, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    done = run_sweep(family, out, ("linear",), "--cache-dir", tmp_path / "cache")
+    assert done.exit_code != 0 and "'notes.txt', which is not part of a sweep" in done.stderr, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    shutil.rmtree(out)
