@@ -16,6 +16,7 @@ from click.testing import CliRunner, Result
 
 from ramstream.cli import main
 from tests.families import Family, build_family
+from tests.test_resume import SMALL, cli, kill_at_step, run_ok, tree_bytes
 
 # Mixed methods in one sweep: RAM+ for two r, TIES with a model-wide cut, DARE-TIES with two
 # seeds, model stock and task arithmetic; the flags each takes in ``ramstream merge``.
@@ -55,7 +56,12 @@ def tree(directory: Path) -> dict[str, bytes]:
 
 
 def mtimes(directory: Path) -> dict[str, int]:
-    return {str(p.relative_to(directory)): p.stat().st_mtime_ns for p in directory.rglob("*") if p.is_file()}
+    """The modification times of an output's files (not of a lock a killed run left behind)."""
+    return {
+        str(p.relative_to(directory)): p.stat().st_mtime_ns
+        for p in directory.rglob("*")
+        if p.is_file() and not p.name.startswith(".ramstream")
+    }
 
 
 def run_sweep(family: Family, out: Path, grids: tuple[str, ...], *extra: object) -> Result:
@@ -126,3 +132,44 @@ def test_a_directory_holding_something_else_is_refused_untouched(family: Family,
     assert done.exit_code != 0 and "'notes.txt', which is not part of a sweep" in done.stderr, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     shutil.rmtree(out)
+
+
+KILL_GRIDS = ("ram+:r=0.1", "task_arithmetic:lambda=0.5", "dare_ties:density=0.5:seed=3")
+KILL_STEPS = {
+    # the sweep's journal mark of its third batch (DIR/.ramstream/journal/merge/c.2)
+    "merge-pass": {"event": "os.rename", "arg": 1, "suffix": "merge/c.2", "n": 1},
+    # the second candidate's record moved into place: one candidate finished, the others not
+    "finalisation": {"event": "os.rename", "arg": 1, "suffix": "ramstream_merge.json", "n": 2},
+    # the probe's batch marks, before any statistic or merge
+    "probe": {"event": "os.rename", "arg": 1, "suffix": "probe/c.1", "n": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def killable(tmp_path_factory: pytest.TempPathFactory) -> tuple[Family, Path]:
+    """A family of some batches under --memory 16MiB, and its uninterrupted sweep."""
+    root = tmp_path_factory.mktemp("sweep-kill")
+    family = build_family(root / "family", shapes=SMALL, int_tensor=True, shards=2, seed=13)
+    out = root / "reference"
+    args = ["sweep", *inputs(family), "--out", out, *[x for g in KILL_GRIDS for x in ("--grid", g)]]
+    run_ok(cli(*args, "--cache-dir", root / "cache", "--memory", "16MiB", "--quiet"))
+    return family, out
+
+
+@pytest.mark.parametrize("step", sorted(KILL_STEPS))
+def test_a_sweep_killed_anywhere_resumes_to_the_same_bytes(
+    killable: tuple[Family, Path], tmp_path: Path, step: str
+) -> None:
+    family, reference = killable
+    out = tmp_path / "sweep"
+    args: list[str | Path] = ["sweep", *inputs(family), "--out", out]
+    args += [x for g in KILL_GRIDS for x in ("--grid", g)]
+    args += ["--cache-dir", tmp_path / "cache", "--memory", "16MiB", "--quiet"]
+    kill_at_step(args, KILL_STEPS[step])
+    finished = [p for p in out.iterdir() if (p / "ramstream_merge.json").is_file() and not (p / ".ramstream").exists()]
+    before = {p.name: mtimes(p) for p in finished}
+    run_ok(cli(*args))
+    for name in (p.name for p in reference.iterdir() if p.is_dir()):
+        assert tree_bytes(out / name) == tree_bytes(reference / name), name
+    assert {p.name: mtimes(out / p.name) for p in finished} == before  # finished candidates untouched
+    assert step != "finalisation" or len(finished) == 1

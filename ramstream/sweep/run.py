@@ -127,8 +127,9 @@ def sweep(
         with ExitStack() as locks:
             locks.enter_context(output_dir.lock(root))
             for output in outputs:
-                output.out.mkdir(exist_ok=True)
-                locks.enter_context(output_dir.lock(output.out))
+                if force or not _finished(output):  # a finished candidate is not touched, not even by a lock
+                    output.out.mkdir(exist_ok=True)
+                    locks.enter_context(output_dir.lock(output.out))
             results = _sweep_into(root, outputs, family, index, force, allow_nonfinite, options, executor)
             _write_sweep_file(root, family, candidates, results)
             return SweepResult(root, tuple(results))
@@ -209,6 +210,12 @@ def _merge_pending(
     for o, job, p, ctx, w in zip(pending, jobs, prepared, contexts, works, strict=True):
         finish_output(o, job, p, ctx, w)
     return {o.out.name: p for o, p in zip(pending, prepared, strict=True)}
+
+
+def _finished(output: OutputPlan) -> bool:
+    """The candidate's directory holds its finished merge (the same run record)."""
+    record = output_dir.finished_record(output.out)
+    return record is not None and record.get("run") == output.run
 
 
 def _check_sweep_dir(root: Path, names: set[str]) -> None:
