@@ -166,6 +166,15 @@ def test_a_sweep_killed_anywhere_resumes_to_the_same_bytes(
     args += [x for g in KILL_GRIDS for x in ("--grid", g)]
     args += ["--cache-dir", tmp_path / "cache", "--memory", "16MiB", "--quiet"]
     kill_at_step(args, KILL_STEPS[step])
+    shown = json.loads(invoke("status", out, "--json").output)
+    assert shown["kind"] == "sweep" and [c["name"] for c in shown["sweep"]["candidates"]] == [
+        "ram+-r=0.1",
+        "task_arithmetic-lambda=0.5",
+        "dare_ties-density=0.5-seed=3",
+    ]
+    if step == "merge-pass":
+        merge = shown["passes"]["merge"]  # write-behind threads may mark batches out of order
+        assert merge["state"] in ("partial", "not started") and merge["blocks_done"] < merge["blocks_total"]
     finished = [p for p in out.iterdir() if (p / "ramstream_merge.json").is_file() and not (p / ".ramstream").exists()]
     before = {p.name: mtimes(p) for p in finished}
     run_ok(cli(*args))
@@ -173,3 +182,6 @@ def test_a_sweep_killed_anywhere_resumes_to_the_same_bytes(
         assert tree_bytes(out / name) == tree_bytes(reference / name), name
     assert {p.name: mtimes(out / p.name) for p in finished} == before  # finished candidates untouched
     assert step != "finalisation" or len(finished) == 1
+    states = [c["state"] for c in json.loads(invoke("status", out, "--json").output)["sweep"]["candidates"]]
+    assert states == ["done"] * 3
+    assert "done         ram+-r=0.1" in invoke("status", out).output

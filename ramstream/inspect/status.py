@@ -73,7 +73,7 @@ class PassStatus:
 @dataclass(frozen=True)
 class Status:
     path: Path
-    kind: Literal["index", "output"]
+    kind: Literal["index", "output", "sweep"]
     index: Path | None
     passes: tuple[PassStatus, ...]
     inputs: tuple[dict[str, Any], ...]
@@ -320,9 +320,47 @@ def output_status(out: Path, index: Path | None = None, cache_dir: Path | None =
     return Status(out, "output", found, passes, tuple(inputs), details, tuple(notes))
 
 
+# -- a sweep ----------------------------------------------------------------------------------
+SWEEP_FILE = "sweep.json"
+
+
+def _sweep_names(path: Path, journal: zarr.Group | None) -> list[str]:
+    """The candidates of a sweep: those ``sweep.json`` lists, then those its journal merges."""
+    names: list[str] = []
+    try:
+        doc = json.loads((path / SWEEP_FILE).read_text()) if (path / SWEEP_FILE).is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise OutputError(f"{path / SWEEP_FILE}: cannot be read ({exc}); rerun the sweep to rewrite it") from exc
+    listed = doc.get("candidates", []) if isinstance(doc, dict) else None
+    if not isinstance(listed, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in listed):
+        raise OutputError(f"{path / SWEEP_FILE}: the sweep record is damaged; rerun the sweep to rewrite it")
+    names += [c["name"] for c in listed]
+    pending = journal.attrs.get("outputs") if journal is not None else None
+    if isinstance(pending, list):
+        names += [n for n in pending if isinstance(n, str) and n not in names]
+    return [n for n in names if n and Path(n).name == n]
+
+
+def sweep_status(path: Path) -> Status:
+    """A sweep's candidates (finished, started or not) and its merge pass over the unfinished ones."""
+    journal = _journal_group(path)
+    candidates = []
+    for name in _sweep_names(path, journal):
+        out = path / name
+        if output_dir.finished_record(out) is not None:
+            state = "done"
+        else:
+            state = "partial" if output_dir.work_dir(out).is_dir() else "not started"
+        candidates.append({"name": name, "state": state})
+    passes = (_merge_pass(journal, None, None),) if journal is not None else ()
+    return Status(path, "sweep", None, passes, (), {"sweep": {"candidates": candidates}})
+
+
 def status(path: str | Path, index: str | Path | None = None, cache_dir: Path | None = None) -> Status:
-    """The status of an index or of a merge's output directory."""
+    """The status of an index, of a merge's output directory or of a sweep's."""
     path = Path(path)
+    if (path / SWEEP_FILE).is_file() or "outputs" in getattr(_journal_group(path), "attrs", {}):
+        return sweep_status(path)
     if (path / "zarr.json").is_file():
         return index_status(path)
     if (path / output_dir.RECORD_FILE).is_file() or (output_dir.work_dir(path) / output_dir.RUN_FILE).is_file():
@@ -390,6 +428,8 @@ def render(status: Status) -> str:
             role = "base" if k == 0 else "agent"
             files = f"{fp['files']} file{'s' if fp['files'] != 1 else ''}"
             lines.append(f"  {role:<6} {fp['name']!s:<16} {_size(fp['bytes']):>10}  {files:<8} {fp['path']}")
+    if "sweep" in doc:
+        lines += [f"  {c['state']:<12} {c['name']}" for c in doc["sweep"]["candidates"]]
     now = time.time()
     lines += [_pass_line(p, now) for p in status.passes]
     if any(p.state == "partial" for p in status.passes):

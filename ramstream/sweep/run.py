@@ -130,8 +130,10 @@ def sweep(
                 if force or not _finished(output):  # a finished candidate is not touched, not even by a lock
                     output.out.mkdir(exist_ok=True)
                     locks.enter_context(output_dir.lock(output.out))
+            _write_sweep_file(root, family, [{**c.to_dict(), "status": "pending"} for c in candidates])
             results = _sweep_into(root, outputs, family, index, force, allow_nonfinite, options, executor)
-            _write_sweep_file(root, family, candidates, results)
+            entries = [{**r.to_dict(), "settings": dict(c.settings)} for c, r in zip(candidates, results, strict=True)]
+            _write_sweep_file(root, family, entries)
             return SweepResult(root, tuple(results))
     finally:
         executor.close()
@@ -238,14 +240,14 @@ def _is_candidate(entry: Path) -> bool:
     )
 
 
-def _write_sweep_file(
-    root: Path, family: Family, candidates: Sequence[Candidate], results: list[CandidateResult]
-) -> None:
+def _write_sweep_file(root: Path, family: Family, entries: list[dict[str, Any]]) -> None:
+    """``sweep.json``: the candidates in order, written when the sweep starts (all "pending", so
+    that ``ramstream status`` finds it) and again when it ends."""
     doc = {
         "schema": SWEEP_SCHEMA,
         "base": family.base.name,
         "agents": list(family.agent_names),
-        "candidates": [{**r.to_dict(), "settings": dict(c.settings)} for c, r in zip(candidates, results, strict=True)],
+        "candidates": entries,
         "ramstream_version": __version__,
     }
-    atomic_write_text(root / SWEEP_FILE, json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    atomic_write_text(root / SWEEP_FILE, json.dumps(doc, indent=1) + "\n")
