@@ -171,3 +171,27 @@ def test_every_method_family_stays_within_budget(tmp_path_factory: pytest.TempPa
     assert done.returncode == 0, done.stderr
     peak = int(done.stdout.strip().splitlines()[-1]) * 1024
     assert peak < BUDGET + OVERHEAD, f"{method}: peak RSS {peak / MiB:.0f} MiB for a {BUDGET // MiB} MiB budget"
+
+
+# A sweep of K = 6 (ram+ for three r, task arithmetic for two lambda, ties): one read of the
+# inputs, six outputs' buffers in each block, the same budget.
+SWEEP_GRIDS = ("ram+:r=0.05,0.1,0.2", "task_arithmetic:lambda=0.5,1.0", "ties:density=0.3")
+
+
+@pytest.mark.slow
+def test_a_sweep_of_six_candidates_stays_within_budget(tmp_path_factory: pytest.TempPathFactory) -> None:
+    root = tmp_path_factory.getbasetemp() / "memory-family"
+    if not (root / "done").exists():
+        root.mkdir(exist_ok=True)
+        write_family(root / "family")
+        (root / "done").write_text("ok\n")
+    base, agents = root / "family" / "base", [root / "family" / f"agent{t}" for t in range(N_AGENTS)]
+    out = tmp_path_factory.mktemp("sweep") / "out"
+    sweep = [sys.executable, "-m", "ramstream.cli", "sweep", str(base), *map(str, agents), "--out", str(out)]
+    sweep += [x for grid in SWEEP_GRIDS for x in ("--grid", grid)]
+    sweep += ["--memory", "64MiB", "--cache-dir", str(root / "cache"), "--quiet"]
+    done = subprocess.run([sys.executable, "-c", MEASURE, *sweep], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("merged: ") == 6, done.stdout
+    peak = int(done.stdout.strip().splitlines()[-1]) * 1024
+    assert peak < BUDGET + OVERHEAD, f"sweep: peak RSS {peak / MiB:.0f} MiB for a {BUDGET // MiB} MiB budget"
