@@ -391,6 +391,31 @@ def test_dtypes_without_a_legacy_storage_are_read_where_torch_saved_them(tmp_pat
         assert got[key] == (name, tuple(value.shape), value.contiguous().view(torch.uint8).numpy().tobytes())
 
 
+# -- a safetensors file named .bin / .pt ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["model.bin", "model.pt", "dir/pytorch_model.bin", "header-starts-0x80.bin"])
+def test_a_safetensors_file_named_like_torch_is_read_as_safetensors(tmp_path: Path, name: str) -> None:
+    from safetensors.numpy import save_file
+
+    tensors = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, dtype=np.float16)}
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    metadata = None
+    if name.startswith("header"):  # a header length whose first byte is 0x80 once looked like a legacy pickle
+        for pad in range(256):
+            save_file(tensors, path, metadata={"pad": "x" * pad})
+            if path.read_bytes()[0] == 0x80:
+                break
+        metadata = {"pad": "x" * pad}
+        assert path.read_bytes()[0] == 0x80
+    save_file(tensors, path, metadata=metadata)
+    checkpoint = open_checkpoint(path.parent if name.startswith("dir") else path)
+    assert checkpoint.files == (path,)
+    got = read(path)
+    assert got == {k: (("F32" if v.dtype == np.float32 else "F16"), v.shape, v.tobytes()) for k, v in tensors.items()}
+
+
 # -- the legacy format's conversion command ----------------------------------------------------
 
 
