@@ -9,6 +9,7 @@ reading compared with it. Ordinary content that ramstream does not read is writt
 
 from __future__ import annotations
 
+import re
 import shlex
 import struct
 import subprocess
@@ -51,12 +52,12 @@ def installed_torch() -> ModuleType | None:
 
 
 def torch_read(torch: ModuleType, path: Path) -> Read | Exception:
-    """What ``torch.load(weights_only=True)`` gives for ``path`` (or its exception), as ``read`` gives it."""
+    """What ``torch.load`` gives for ``path`` (or its exception), as ``read`` gives it."""
     names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64"}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            state = torch.load(path, weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # anything torch refuses
         return exc
     return {
@@ -197,7 +198,7 @@ def test_a_tensor_never_reads_bytes_outside_its_own_member(tmp_path: Path, case:
         (b"big", InputError, r"holds big-endian tensors; re-save it on a little-endian machine"),
         (b"middle", CorruptFileError, r"its byteorder record says b'middle', neither 'little' nor 'big'"),
         (b"little\n", CorruptFileError, r"says b'little\\n', neither"),  # torch.load refuses it too
-        (b"\x00" * 100_000, CorruptFileError, r"its byteorder record is 100000 bytes, neither"),
+        (b"\x00" * 100_000, CorruptFileError, r"its byteorder record is 100000 bytes, too long"),
     ],
 )
 def test_a_byteorder_other_than_little_is_named_as_it_is(
@@ -212,6 +213,38 @@ def test_a_byteorder_other_than_little_is_named_as_it_is(
     }
 
 
+RECORDS: dict[str, tuple[bytes | None, list[tuple[str, bytes]], str | None]] = {
+    "no-version": (None, [], r"has no version record"),
+    "version-not-a-number": (b"v3", [], r"its version record says b'v3', not a number"),
+    "version-too-new": (
+        b"11\n",
+        [],
+        r"its archive format version is 11; ramstream, like torch\.load, reads versions 1 to 10",
+    ),
+    "version-zero": (b"0", [], r"its archive format version is 0"),
+    "version-too-long": (b"3" + b" " * 80, [], r"its version record is 81 bytes, too long"),
+    "version-with-spaces": (b" 3 \n", [], None),
+    "alignment-not-a-number": (b"3\n", [(".storage_alignment", b"sixty-four")], r"\.storage_alignment record says"),
+    "alignment": (b"3\n", [(".storage_alignment", b"64")], None),
+    "serialization-id-not-text": (b"3\n", [(".data/serialization_id", b"\xb1" * 40)], r"serialization_id record says"),
+}
+
+
+@pytest.mark.parametrize("case", list(RECORDS))
+def test_the_small_records_are_checked_as_torch_load_checks_them(tmp_path: Path, case: str) -> None:
+    version, records, message = RECORDS[case]
+    state = dumps({"a": tensor("0", 4, (4,))})
+    path = write_archive(tmp_path / "x.bin", state, [("data/0", F32), *records], version=version)
+    got = outcome(path)
+    if message is None:
+        assert got == {"a": ("F32", (4,), F32)}
+    else:
+        assert isinstance(got, InputError) and re.search(message, str(got)), got
+    torch = installed_torch()
+    if torch is not None and case != "version-too-long":  # torch reads a version of any length
+        assert isinstance(torch_read(torch, path), Exception) == (message is not None)
+
+
 # -- the pickle -------------------------------------------------------------------------------
 
 HOSTILE_PICKLES: dict[str, tuple[bytes, type[Exception], str]] = {
@@ -222,6 +255,11 @@ HOSTILE_PICKLES: dict[str, tuple[bytes, type[Exception], str]] = {
         b"\x80\x02ctorch\nFloatStorage\n(X\x04\x00\x00\x00BF16tb}.",
         CorruptFileError,
         r"sets the state of a torch object",
+    ),
+    "an-integer-beyond-64-bits": (  # 2**64, as the first of many keys with one hash
+        b"\x80\x02}(\x8a\x09" + bytes(8) + b"\x01K\x00u.",
+        CorruptFileError,
+        r"an integer of 65 bits at byte 4, beyond 64",
     ),
     "a-foreign-global": (b"\x80\x02cos\nsystem\n.", UnsafePickleError, r"asks for os\.system.*may be malicious"),
 }

@@ -95,6 +95,7 @@ def write_archive(
     members: Iterable[tuple[str, bytes]] = (),
     *,
     byteorder: bytes | None = b"little",
+    version: bytes | None = b"3\n",
     folder: str = "archive",
 ) -> Path:
     """A zip laid out as ``torch.save``'s: ``members`` are ``(name in the folder, bytes)``, in order,
@@ -107,7 +108,8 @@ def write_archive(
                 archive.writestr(f"{folder}/byteorder", byteorder)
             for name, data in members:
                 archive.writestr(f"{folder}/{name}", data)
-            archive.writestr(f"{folder}/version", b"3\n")
+            if version is not None:
+                archive.writestr(f"{folder}/version", version)
     return path
 
 

@@ -6,10 +6,11 @@ storage named by key (a persistent id), an offset, a size and a stride. It is re
 
 1. ``check_opcodes`` walks the opcodes with ``pickletools.genops`` (which reads no argument past
    the bytes that hold it) and refuses what ``torch.save`` never writes: an opcode outside
-   ``OPCODES`` (sets, 8-byte lengths, huge integers, buffers), a memo index beyond the number
-   of values memoised so far (the C unpickler sizes its memo table by the index: five bytes
-   could ask for gigabytes), a frame longer than the pickle. What remains builds at most a few
-   dozen bytes of objects per byte of pickle, so a small file cannot cost much memory.
+   ``OPCODES`` (sets, 8-byte lengths, buffers), a memo index beyond the number of values
+   memoised so far (the C unpickler sizes its memo table by the index: five bytes could ask
+   for gigabytes), a frame longer than the pickle, an integer beyond 64 bits (thousands of
+   ints with one hash, multiples of 2**61 - 1, would make a dict quadratic). What remains
+   builds at most about 80 bytes of objects per byte of pickle (300 KB of empty dicts: 23 MiB).
 2. ``load_state`` runs the C unpickler with ``find_class`` resolving only the globals that
    ``torch.load(weights_only=True)`` allows, each to an inert stand-in: the rebuild functions
    that ramstream reads record a ``Tensor``; storage types and dtypes become ``DType`` records;
@@ -40,6 +41,7 @@ from ramstream.errors import CorruptFileError, InputError
 MAX_PICKLE_BYTES = 32 * 2**20
 MAX_DIMS = 64
 _INT64 = 2**63
+_UINT64 = 2**64
 
 # What torch.save writes with pickle protocols 1 to 5, and a few plain opcodes of the same kind.
 OPCODES = frozenset(
@@ -263,6 +265,8 @@ def check_opcodes(raw: bytes) -> None:
             puts += 1
         elif opcode.name == "FRAME" and isinstance(arg, int) and arg > len(raw) - (pos or 0):
             raise pickle.UnpicklingError(f"a frame of {arg} bytes at byte {pos}, past the end")
+        elif opcode.name == "LONG1" and isinstance(arg, int) and not -_UINT64 < arg < _UINT64:
+            raise pickle.UnpicklingError(f"an integer of {arg.bit_length()} bits at byte {pos}, beyond 64")
 
 
 def load_state(path: Path, raw: bytes) -> dict[str, Tensor | Unsupported]:

@@ -17,8 +17,10 @@ anywhere but its own member:
   same); a key that later tensors reuse is that first storage, whatever they declare (as in
   ``torch.load``), and every tensor lies within it;
 - what is read whole is capped: ``byteorder`` (``little``; ``big`` and anything else are named
-  as they are) and the pickle (``MAX_PICKLE_BYTES``, stored as ``torch.save`` stores it, so it
-  is never inflated from a smaller file);
+  as they are), ``version``, ``.storage_alignment`` and ``.data/serialization_id`` (checked as
+  ``torch.load`` checks them) at ``MAX_RECORD_BYTES``, and the pickle at ``MAX_PICKLE_BYTES``,
+  stored as ``torch.save`` stores it, so it is never inflated from a smaller file. A file
+  ramstream reads is one that ``torch.load(map_location="cpu")`` reads, to the same tensors;
 - a compressed storage member, a non-contiguous tensor, big-endian data, dtypes and tensor kinds
   ramstream does not read, and the legacy (pre-1.6, non-zip) format are refused by name.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import struct
 import zipfile
@@ -44,7 +47,8 @@ __all__ = ["MAX_PICKLE_BYTES", "ZIP_MAGIC", "TorchZipHeader", "UnsafePickleError
 
 ZIP_MAGIC = b"PK\x03\x04"
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (fields we skip), name length, extra length
-MAX_BYTEORDER_BYTES = 16
+MAX_RECORD_BYTES = 64  # byteorder, version, .storage_alignment, .data/serialization_id (40 digits)
+_VERSIONS = range(1, 11)  # the archive format versions torch.load reads (caffe2/serialize/versions.h)
 _UTF8_NAME = 0x800
 
 
@@ -123,6 +127,7 @@ def _read(path: Path, fd: int, archive: zipfile.ZipFile, size: int) -> TorchZipH
     _check_byteorder(path, archive, members.get(folder + "byteorder"))
     raw = _read_pickle(path, archive, members[folder + "data.pkl"])
     state = load_state(path, raw)
+    _check_records(path, archive, members, folder)
     entries = tuple(_entry(path, name, value, folder, members) for name, value in state.items())
     return TorchZipHeader(Path(path), entries, raw, size)
 
@@ -175,21 +180,60 @@ def _members(path: Path, fd: int, infos: list[zipfile.ZipInfo], directory: int) 
 
 def _check_byteorder(path: Path, archive: zipfile.ZipFile, member: _Member | None) -> None:
     """``little`` (or no record: torch then reads little-endian); ``big`` and anything else refused."""
-    if member is None:
-        return
-    if member.info.file_size > MAX_BYTEORDER_BYTES:
-        raise CorruptFileError(
-            f"{path}: its byteorder record is {member.info.file_size} bytes, neither 'little' nor 'big'; "
-            "re-download or re-save it"
-        )
-    with archive.open(member.info) as record:
-        value = record.read(MAX_BYTEORDER_BYTES + 1)
+    value = _record(path, archive, member, "byteorder")
     if value == b"big":
         raise InputError(f"{path}: holds big-endian tensors; re-save it on a little-endian machine")
-    if value != b"little":
+    if value not in (None, b"little"):
         raise CorruptFileError(
             f"{path}: its byteorder record says {value!r}, neither 'little' nor 'big'; re-download or re-save it"
         )
+
+
+def _check_records(path: Path, archive: zipfile.ZipFile, members: dict[str, _Member], folder: str) -> None:
+    """The records ``torch.load`` checks besides the pickle and the byteorder, checked as it checks
+    them, used or not: the archive format version (1 to 10, read as C++ ``stoull`` reads it), the
+    storage alignment (a Python integer) and the serialization id (UTF-8 text)."""
+    member = members.get(folder + ".data/version") or members.get(folder + "version")
+    version = _record(path, archive, member, "version")
+    if version is None:
+        raise CorruptFileError(
+            f"{path}: has no version record, which torch.save always writes; re-download or re-save it"
+        )
+    number = re.match(rb"\s*\+?(\d+)", version)
+    if number is None:
+        raise CorruptFileError(f"{path}: its version record says {version!r}, not a number; re-download or re-save it")
+    if int(number[1]) not in _VERSIONS:
+        raise InputError(
+            f"{path}: its archive format version is {int(number[1])}; ramstream, like torch.load, reads versions "
+            f"{_VERSIONS.start} to {_VERSIONS.stop - 1}: re-save it with torch.save"
+        )
+    alignment = _record(path, archive, members.get(folder + ".storage_alignment"), ".storage_alignment")
+    try:
+        int(alignment or b"0")
+    except ValueError:
+        raise CorruptFileError(
+            f"{path}: its .storage_alignment record says {alignment!r}, not a number; re-download or re-save it"
+        ) from None
+    identity = _record(path, archive, members.get(folder + ".data/serialization_id"), ".data/serialization_id")
+    try:
+        (identity or b"").decode()
+    except UnicodeDecodeError:
+        raise CorruptFileError(
+            f"{path}: its .data/serialization_id record says {identity!r}, not text; re-download or re-save it"
+        ) from None
+
+
+def _record(path: Path, archive: zipfile.ZipFile, member: _Member | None, what: str) -> bytes | None:
+    """A small record read whole (None when absent); one longer than ``MAX_RECORD_BYTES`` is refused unread."""
+    if member is None:
+        return None
+    if member.info.file_size > MAX_RECORD_BYTES:
+        raise CorruptFileError(
+            f"{path}: its {what} record is {member.info.file_size} bytes, too long for a {what}; "
+            "re-download or re-save it"
+        )
+    with archive.open(member.info) as record:
+        return record.read(MAX_RECORD_BYTES + 1)
 
 
 def _read_pickle(path: Path, archive: zipfile.ZipFile, member: _Member) -> bytes:
