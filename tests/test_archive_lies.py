@@ -189,6 +189,21 @@ def test_a_tensor_never_reads_bytes_outside_its_own_member(tmp_path: Path, case:
         read(path)
 
 
+def test_names_read_from_the_file_cannot_break_the_message_line(tmp_path: Path) -> None:
+    """A member or a global named with a newline is shown as its repr: the error stays one line."""
+    members = [("data/0", F32), ("x\nerror: forged", b"")]
+    path = write_archive(tmp_path / "x.bin", dumps({"a": tensor("0", 4, (4,))}), members)
+    patch_central(path, "archive/data/0", size=17)
+    with pytest.raises(CorruptFileError, match=r"overlaps member 'archive/x\\nerror: forged'") as info:
+        read(path)
+    assert "\n" not in str(info.value)
+    stack_global = b"\x80\x04\x8c\x0bos\nerror: x\x94\x8c\x06system\x94\x93."
+    path = write_archive(tmp_path / "y.bin", stack_global, [("data/0", F32)])
+    with pytest.raises(UnsafePickleError, match=r"asks for 'os\\nerror: x\.system'") as info:
+        read(path)
+    assert "\n" not in str(info.value)
+
+
 # -- byteorder --------------------------------------------------------------------------------
 
 
@@ -225,6 +240,7 @@ RECORDS: dict[str, tuple[bytes | None, list[tuple[str, bytes]], str | None]] = {
     "version-too-long": (b"3" + b" " * 80, [], r"its version record is 81 bytes, too long"),
     "version-with-spaces": (b" 3 \n", [], None),
     "alignment-not-a-number": (b"3\n", [(".storage_alignment", b"sixty-four")], r"\.storage_alignment record says"),
+    "alignment-empty": (b"3\n", [(".storage_alignment", b"")], r"\.storage_alignment record says b''"),
     "alignment": (b"3\n", [(".storage_alignment", b"64")], None),
     "serialization-id-not-text": (b"3\n", [(".data/serialization_id", b"\xb1" * 40)], r"serialization_id record says"),
 }
@@ -243,6 +259,14 @@ def test_the_small_records_are_checked_as_torch_load_checks_them(tmp_path: Path,
     torch = installed_torch()
     if torch is not None and case != "version-too-long":  # torch reads a version of any length
         assert isinstance(torch_read(torch, path), Exception) == (message is not None)
+
+
+@pytest.mark.parametrize("record", ["byteorder", "version"])
+def test_an_encrypted_record_is_refused_by_name(tmp_path: Path, record: str) -> None:
+    path = write_archive(tmp_path / "x.bin", dumps({"a": tensor("0", 4, (4,))}), [("data/0", F32)])
+    patch_central(path, f"archive/{record}", flags=0x1)
+    with pytest.raises(CorruptFileError, match=rf"x\.bin: its {record} record is encrypted"):
+        read(path)
 
 
 # -- the pickle -------------------------------------------------------------------------------

@@ -139,9 +139,12 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def patch_central(path: Path, name: str, *, size: int | None = None, offset: int | None = None) -> None:
+def patch_central(
+    path: Path, name: str, *, size: int | None = None, offset: int | None = None, flags: int | None = None
+) -> None:
     """Rewrite the central directory entries named ``name`` of the zip at ``path``, in place: their
-    sizes (compressed and not) or the offset of their local header. The CRC is left as it was."""
+    sizes (compressed and not), the offset of their local header or their flag bits. The CRC is
+    left as it was."""
     data = bytearray(path.read_bytes())
     with zipfile.ZipFile(path) as archive:
         pos = archive.start_dir
@@ -152,5 +155,7 @@ def patch_central(path: Path, name: str, *, size: int | None = None, offset: int
                 struct.pack_into("<II", data, pos + 20, size, size)
             if offset is not None:
                 struct.pack_into("<I", data, pos + 42, offset)
+            if flags is not None:
+                struct.pack_into("<H", data, pos + 8, flags)
         pos += 46 + name_len + extra_len + comment_len
     path.write_bytes(data)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from ramstream.errors import CorruptFileError, InputError
+from ramstream.errors import CorruptFileError, InputError, shown
 
 # A state dict pickle takes about 130 bytes per tensor (names of 60 characters), so 32 MiB is
 # some 250 000 tensors in one file; unpickled, it costs about seven times its size.
@@ -228,7 +228,7 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         found = GLOBALS.get((module, name))
         if found is None:
-            raise _Refused(f"{module}.{name}")
+            raise _Refused(shown(f"{module}.{name}"))
         return found
 
     def persistent_load(self, pid: Any) -> Storage:

@@ -37,7 +37,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ramstream.errors import CorruptFileError, InputError, UnsupportedDtypeError
+from ramstream.errors import CorruptFileError, InputError, UnsupportedDtypeError, shown
 from ramstream.format.dtypes import ITEMSIZE
 from ramstream.format.regular import open_regular
 from ramstream.format.safetensors_header import TensorEntry
@@ -159,22 +159,26 @@ def _members(path: Path, fd: int, infos: list[zipfile.ZipInfo], directory: int) 
     for info in infos:
         local = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
         if len(local) < _LOCAL_HEADER.size:
-            raise CorruptFileError(f"{path}: member {info.filename} lies past the end; re-download or re-save it")
+            raise CorruptFileError(
+                f"{path}: member {shown(info.filename)} lies past the end; re-download or re-save it"
+            )
         signature, name_len, extra_len = _LOCAL_HEADER.unpack(local)
         name = os.pread(fd, name_len, info.header_offset + _LOCAL_HEADER.size)
         if signature != ZIP_MAGIC or name.decode("utf-8" if info.flag_bits & _UTF8_NAME else "cp437") != (
             info.orig_filename
         ):
             raise CorruptFileError(
-                f"{path}: member {info.filename} has a damaged local header; re-download or re-save it"
+                f"{path}: member {shown(info.filename)} has a damaged local header; re-download or re-save it"
             )
         members[info.filename] = _Member(info, info.header_offset + _LOCAL_HEADER.size + name_len + extra_len)
     ordered = sorted(members.values(), key=lambda m: m.info.header_offset)
     for member, after in zip(ordered, [*ordered[1:], None], strict=True):
         limit = directory if after is None else after.info.header_offset
         if member.start + member.length > limit:
-            other = "the central directory" if after is None else f"member {after.info.filename}"
-            raise CorruptFileError(f"{path}: member {member.info.filename} overlaps {other}; re-download or re-save it")
+            other = "the central directory" if after is None else f"member {shown(after.info.filename)}"
+            raise CorruptFileError(
+                f"{path}: member {shown(member.info.filename)} overlaps {other}; re-download or re-save it"
+            )
     return members
 
 
@@ -208,25 +212,39 @@ def _check_records(path: Path, archive: zipfile.ZipFile, members: dict[str, _Mem
             f"{_VERSIONS.start} to {_VERSIONS.stop - 1}: re-save it with torch.save"
         )
     alignment = _record(path, archive, members.get(folder + ".storage_alignment"), ".storage_alignment")
-    try:
-        int(alignment or b"0")
-    except ValueError:
+    if alignment is not None and not _is_integer(alignment):
         raise CorruptFileError(
             f"{path}: its .storage_alignment record says {alignment!r}, not a number; re-download or re-save it"
-        ) from None
+        )
     identity = _record(path, archive, members.get(folder + ".data/serialization_id"), ".data/serialization_id")
-    try:
-        (identity or b"").decode()
-    except UnicodeDecodeError:
+    if identity is not None and not _is_text(identity):
         raise CorruptFileError(
             f"{path}: its .data/serialization_id record says {identity!r}, not text; re-download or re-save it"
-        ) from None
+        )
+
+
+def _is_integer(raw: bytes) -> bool:
+    try:
+        int(raw)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_text(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _record(path: Path, archive: zipfile.ZipFile, member: _Member | None, what: str) -> bytes | None:
     """A small record read whole (None when absent); one longer than ``MAX_RECORD_BYTES`` is refused unread."""
     if member is None:
         return None
+    if member.info.flag_bits & 0x1:
+        raise CorruptFileError(f"{path}: its {what} record is encrypted; re-download or re-save it")
     if member.info.file_size > MAX_RECORD_BYTES:
         raise CorruptFileError(
             f"{path}: its {what} record is {member.info.file_size} bytes, too long for a {what}; "
@@ -240,7 +258,7 @@ def _read_pickle(path: Path, archive: zipfile.ZipFile, member: _Member) -> bytes
     info = member.info
     if not member.stored:
         raise InputError(
-            f"{path}: its pickle {info.filename} is compressed or encrypted, which torch.save never writes; "
+            f"{path}: its pickle {shown(info.filename)} is compressed or encrypted, which torch.save never writes; "
             "re-save the checkpoint with torch.save"
         )
     if info.file_size > MAX_PICKLE_BYTES or info.file_size != info.compress_size:
@@ -296,7 +314,7 @@ def _storage_member(path: Path, name: str, tensor: Tensor, member: _Member | Non
         )
     if not member.stored:
         raise InputError(
-            f"{path}: storage member {member.info.filename} is compressed or encrypted, so it cannot be read in "
+            f"{path}: storage member {shown(member.info.filename)} is compressed or encrypted, so it cannot be read in "
             "place; re-save the checkpoint with torch.save (which stores members uncompressed)"
         )
     return member
