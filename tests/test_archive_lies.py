@@ -25,22 +25,14 @@ import numpy as np
 import pytest
 
 from ramstream.errors import CorruptFileError, InputError, RamstreamError, UnsupportedDtypeError
-from ramstream.format.checkpoint import open_checkpoint, read_weights_file
+from ramstream.format.checkpoint import open_checkpoint
 from ramstream.format.torch_zip import MAX_PICKLE_BYTES, UnsafePickleError
+from tests.reader_fuzz import Read, read, torch_reference
 from tests.test_cli import in_process, one_line_error
 from tests.torch_archives import Call, dumps, members_of, patch_central, rezip, tensor, write_archive
 
 F32 = np.arange(4, dtype=np.float32).tobytes()  # storage '0': 16 bytes
 F32_100 = np.arange(100, dtype=np.float32).tobytes()
-
-Read = dict[str, tuple[str, tuple[int, ...], bytes]]
-
-
-def read(path: Path) -> Read:
-    """Every tensor ramstream finds in ``path``: dtype, shape and the bytes at its offset."""
-    header = read_weights_file(path)
-    data = path.read_bytes()
-    return {e.name: (e.dtype, e.shape, data[e.offset : e.offset + e.nbytes]) for e in header.tensors}
 
 
 def installed_torch() -> ModuleType | None:
@@ -53,21 +45,7 @@ def installed_torch() -> ModuleType | None:
 
 def torch_read(torch: ModuleType, path: Path) -> Read | Exception:
     """What ``torch.load`` gives for ``path`` (or its exception), as ``read`` gives it."""
-    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64"}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # anything torch refuses
-        return exc
-    return {
-        k: (
-            names.get(v.dtype, str(v.dtype)),
-            tuple(v.shape),
-            v.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(),
-        )
-        for k, v in state.items()
-    }
+    return torch_reference(torch)(path)
 
 
 def outcome(path: Path) -> Read | RamstreamError:
@@ -160,6 +138,12 @@ def _pointed_at_data_0(tmp_path: Path) -> Path:
     return path
 
 
+def _past_the_end(tmp_path: Path) -> Path:
+    path = _two_storages(tmp_path)
+    patch_central(path, "archive/data/1", offset=path.stat().st_size + 100)
+    return path
+
+
 def _into_the_directory(tmp_path: Path) -> Path:
     path = _two_storages(tmp_path)
     patch_central(path, "archive/version", size=200)
@@ -178,6 +162,7 @@ OUTSIDE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "member-grown-into-the-next": (_grown, r"member archive/data/1 overlaps member archive/version"),
     "member-pointed-at-another": (_pointed_at_data_0, r"member archive/data/1 has a damaged local header"),
     "member-grown-into-the-directory": (_into_the_directory, r"member archive/version overlaps the central directory"),
+    "member-past-the-end": (_past_the_end, r"member archive/data/1 lies outside the archive"),
 }
 
 
@@ -190,18 +175,18 @@ def test_a_tensor_never_reads_bytes_outside_its_own_member(tmp_path: Path, case:
 
 
 def test_names_read_from_the_file_cannot_break_the_message_line(tmp_path: Path) -> None:
-    """A member or a global named with a newline is shown as its repr: the error stays one line."""
+    """A member named with a newline, a global with a terminal escape: shown as their repr, the
+    error stays one line and prints no control character."""
     members = [("data/0", F32), ("x\nerror: forged", b"")]
     path = write_archive(tmp_path / "x.bin", dumps({"a": tensor("0", 4, (4,))}), members)
     patch_central(path, "archive/data/0", size=17)
     with pytest.raises(CorruptFileError, match=r"overlaps member 'archive/x\\nerror: forged'") as info:
         read(path)
     assert "\n" not in str(info.value)
-    stack_global = b"\x80\x04\x8c\x0bos\nerror: x\x94\x8c\x06system\x94\x93."
-    path = write_archive(tmp_path / "y.bin", stack_global, [("data/0", F32)])
-    with pytest.raises(UnsafePickleError, match=r"asks for 'os\\nerror: x\.system'") as info:
+    path = write_archive(tmp_path / "y.bin", b"\x80\x02cos\x1b[2K\nsystem\n.", [("data/0", F32)])
+    with pytest.raises(UnsafePickleError, match=r"asks for 'os\\x1b\[2K\.system'") as info:
         read(path)
-    assert "\n" not in str(info.value)
+    assert str(info.value).isprintable()
 
 
 # -- byteorder --------------------------------------------------------------------------------
@@ -272,7 +257,8 @@ def test_an_encrypted_record_is_refused_by_name(tmp_path: Path, record: str) -> 
 # -- the pickle -------------------------------------------------------------------------------
 
 HOSTILE_PICKLES: dict[str, tuple[bytes, type[Exception], str]] = {
-    "set-opcode": (b"\x80\x04\x8f.", CorruptFileError, r"opcode EMPTY_SET at byte 2, which torch.save never writes"),
+    "set-opcode": (b"\x80\x02\x8f.", CorruptFileError, r"opcode EMPTY_SET at byte 2, which torch.save's default"),
+    "frame-opcode": (b"\x80\x04\x95" + struct.pack("<Q", 2**40) + b".", CorruptFileError, r"opcode FRAME at byte 2"),
     "memo-index-far-ahead": (b"\x80\x02}r\x00\x00\x00\x02.", CorruptFileError, r"memo index 33554432 at byte 3"),
     "length-beyond-the-pickle": (b"\x80\x02T\xff\xff\xff\x7fabc.", CorruptFileError, r"its pickle cannot be read"),
     "sets-the-state-of-a-storage-type": (
@@ -298,6 +284,16 @@ def test_a_pickle_torch_save_never_writes_is_refused_before_it_costs_anything(tm
     # A later load is untouched (the stand-ins are shared by every load).
     good = write_archive(tmp_path / "y.bin", dumps({"a": tensor("0", 4, (4,))}), [("data/0", F32)])
     assert read(good) == {"a": ("F32", (4,), F32)}
+
+
+@pytest.mark.parametrize("protocol", [1, 4, 5])
+def test_a_pickle_protocol_torch_load_does_not_read_is_refused_by_name(tmp_path: Path, protocol: int) -> None:
+    """torch.load(weights_only=True), its default since 2.6, reads what the default protocol 2 writes."""
+    torch = pytest.importorskip("torch")
+    torch.save({"w": torch.ones(2)}, tmp_path / "x.bin", pickle_protocol=protocol)
+    with pytest.raises(CorruptFileError, match=r"x\.bin: its pickle cannot be read \(opcode \w+ at byte \d+, which"):
+        read(tmp_path / "x.bin")
+    assert isinstance(torch_read(torch, tmp_path / "x.bin"), Exception)
 
 
 def test_a_compressed_or_oversized_pickle_is_refused_before_it_is_read(tmp_path: Path) -> None:
@@ -353,11 +349,11 @@ def _length_claim() -> bytes:  # a 1 TiB bytes object claimed in 9 bytes (the C 
 
 
 def _lists() -> bytes:  # 5 M empty lists, 5 MB that deflate to 5 KB: 400 MiB unpickled
-    return b"\x80\x02(" + b"]" * 5_000_000 + b"l."
+    return b"\x80\x02](" + b"]" * 5_000_000 + b"e."
 
 
 def _dicts() -> bytes:  # 300 KB of empty dicts: the most memory per byte that an allowed opcode builds
-    return b"\x80\x02(" + b"}" * 300_000 + b"l."
+    return b"\x80\x02](" + b"}" * 300_000 + b"e."
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,13 @@ The pickle is the state dict; each tensor is a call of one of torch's rebuild fu
 storage named by key (a persistent id), an offset, a size and a stride. It is read in two steps:
 
 1. ``check_opcodes`` walks the opcodes with ``pickletools.genops`` (which reads no argument past
-   the bytes that hold it) and refuses what ``torch.save`` never writes: an opcode outside
-   ``OPCODES`` (sets, 8-byte lengths, buffers), a memo index beyond the number of values
-   memoised so far (the C unpickler sizes its memo table by the index: five bytes could ask
-   for gigabytes), a frame longer than the pickle, an integer beyond 64 bits (thousands of
-   ints with one hash, multiples of 2**61 - 1, would make a dict quadratic). What remains
-   builds at most about 80 bytes of objects per byte of pickle (300 KB of empty dicts: 23 MiB).
+   the bytes that hold it) and refuses an opcode that ``torch.load(weights_only=True)`` does not
+   read (``OPCODES``: what ``torch.save`` writes with its default protocol; no sets, 8-byte
+   lengths, frames, buffers), a memo index beyond the number of values memoised so far (the C
+   unpickler sizes its memo table by the index: five bytes could ask for gigabytes) and an
+   integer beyond 64 bits (thousands of ints with one hash, multiples of 2**61 - 1, would make
+   a dict quadratic). What remains builds at most about 80 bytes of objects per byte of pickle
+   (300 KB of empty dicts: 23 MiB).
 2. ``load_state`` runs the C unpickler with ``find_class`` resolving only the globals that
    ``torch.load(weights_only=True)`` allows, each to an inert stand-in: the rebuild functions
    that ramstream reads record a ``Tensor``; storage types and dtypes become ``DType`` records;
@@ -43,16 +44,14 @@ MAX_DIMS = 64
 _INT64 = 2**63
 _UINT64 = 2**64
 
-# What torch.save writes with pickle protocols 1 to 5, and a few plain opcodes of the same kind.
+# What torch.load(weights_only=True) reads (torch/_weights_only_unpickler.py), which is what torch.save
+# writes with its default pickle protocol (2), less EMPTY_SET (a set of 216 bytes for each byte).
 OPCODES = frozenset(
     {
-        "PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "DUP",
-        "NONE", "NEWTRUE", "NEWFALSE", "INT", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT",
-        "BINUNICODE", "SHORT_BINUNICODE", "BINSTRING", "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES",
-        "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
-        "EMPTY_LIST", "LIST", "APPEND", "APPENDS", "EMPTY_DICT", "DICT", "SETITEM", "SETITEMS",
-        "BINPUT", "LONG_BINPUT", "MEMOIZE", "BINGET", "LONG_BINGET",
-        "GLOBAL", "STACK_GLOBAL", "REDUCE", "NEWOBJ", "BUILD", "BINPERSID",
+        "PROTO", "STOP", "MARK", "NONE", "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1",
+        "BINFLOAT", "BINUNICODE", "SHORT_BINSTRING", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
+        "EMPTY_LIST", "APPEND", "APPENDS", "EMPTY_DICT", "SETITEM", "SETITEMS",
+        "BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET", "GLOBAL", "REDUCE", "NEWOBJ", "BUILD", "BINPERSID",
     }
 )  # fmt: skip
 _PUTS = frozenset({"BINPUT", "LONG_BINPUT"})
@@ -90,6 +89,8 @@ class StorageType(_Inert):
 
 @dataclass(frozen=True)
 class Storage(_Inert):
+    """A storage as its first reference declares it: the key of its member, its dtype and length."""
+
     key: str
     dtype: DType
     numel: int
@@ -251,20 +252,18 @@ class _Unpickler(pickle.Unpickler):
 
 
 def check_opcodes(raw: bytes) -> None:
-    """Refuse, with ``pickle.UnpicklingError``, a pickle whose opcodes ``torch.save`` never writes
-    or whose memo or frame claims could make the C unpickler allocate more than its size."""
+    """Refuse, with ``pickle.UnpicklingError``, a pickle with an opcode outside ``OPCODES`` or
+    claims that could make the C unpickler allocate far more than its size."""
     puts = 0
     for opcode, arg, pos in pickletools.genops(raw):
         if opcode.name not in OPCODES:
-            raise pickle.UnpicklingError(f"opcode {opcode.name} at byte {pos}, which torch.save never writes")
+            raise pickle.UnpicklingError(
+                f"opcode {opcode.name} at byte {pos}, which torch.save's default pickle protocol never writes"
+            )
         if opcode.name in _PUTS:
             if not isinstance(arg, int) or arg > puts:
                 raise pickle.UnpicklingError(f"memo index {arg} at byte {pos} after {puts} memoised values")
             puts += 1
-        elif opcode.name == "MEMOIZE":
-            puts += 1
-        elif opcode.name == "FRAME" and isinstance(arg, int) and arg > len(raw) - (pos or 0):
-            raise pickle.UnpicklingError(f"a frame of {arg} bytes at byte {pos}, past the end")
         elif opcode.name == "LONG1" and isinstance(arg, int) and not -_UINT64 < arg < _UINT64:
             raise pickle.UnpicklingError(f"an integer of {arg.bit_length()} bits at byte {pos}, beyond 64")
 

@@ -157,12 +157,11 @@ def _members(path: Path, fd: int, infos: list[zipfile.ZipInfo], directory: int) 
     apart from each other and before the central directory (which starts at ``directory``)."""
     members = {}
     for info in infos:
-        local = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
-        if len(local) < _LOCAL_HEADER.size:
+        if not 0 <= info.header_offset <= directory - _LOCAL_HEADER.size:
             raise CorruptFileError(
-                f"{path}: member {shown(info.filename)} lies past the end; re-download or re-save it"
+                f"{path}: member {shown(info.filename)} lies outside the archive; re-download or re-save it"
             )
-        signature, name_len, extra_len = _LOCAL_HEADER.unpack(local)
+        signature, name_len, extra_len = _LOCAL_HEADER.unpack(os.pread(fd, _LOCAL_HEADER.size, info.header_offset))
         name = os.pread(fd, name_len, info.header_offset + _LOCAL_HEADER.size)
         if signature != ZIP_MAGIC or name.decode("utf-8" if info.flag_bits & _UTF8_NAME else "cp437") != (
             info.orig_filename
