@@ -69,3 +69,9 @@ class ConcurrentRunError(RamstreamError):
 
 class ClusterError(RamstreamError):
     """A Dask cluster that cannot be reached, or could not finish a pass (its workers kept dying)."""
+
+
+def shown(text: str) -> str:
+    """``text`` (a name read from a file) as a one-line message shows it: as it is when printable,
+    else its ``repr``, so a newline or a control character in it cannot break or forge the line."""
+    return text if text.isprintable() else repr(text)

@@ -2,7 +2,8 @@
 Hugging Face hub id resolved to its snapshot in the local cache.
 
 Weights are safetensors or PyTorch ``.bin`` files (``torch.save``'s zip format, read in place by
-``torch_zip``); a directory holding both is read as safetensors, as ``from_pretrained`` does.
+``torch_zip``), told apart by their first bytes (a safetensors file named ``.bin`` is read as
+safetensors); a directory holding both is read as safetensors, as ``from_pretrained`` does.
 """
 
 from __future__ import annotations
@@ -110,23 +111,28 @@ def _open_path(path: Path, snapshot: Snapshot | None) -> Checkpoint:
 
 
 def read_weights_file(path: Path) -> WeightsFile:
-    """The header of a safetensors file or the tensor table of a PyTorch zip checkpoint (told
-    apart by the zip signature, or a ``.bin``/``.pt``/``.pth`` name for the legacy format)."""
-    if path.suffix in TORCH_SUFFIXES or _starts_with(path, torch_zip.ZIP_MAGIC):
+    """The header of a safetensors file or the tensor table of a PyTorch zip checkpoint, told
+    apart by their first bytes whatever the name: the zip signature, or a safetensors header
+    (an 8-byte length, then ``{``). Other files named ``.bin``/``.pt``/``.pth`` go to the torch
+    reader, which names the legacy format; the rest to the safetensors reader."""
+    start = _first_bytes(path, 9)
+    if start.startswith(torch_zip.ZIP_MAGIC):
+        return torch_zip.read_archive(path)
+    if path.suffix in TORCH_SUFFIXES and start[8:] != b"{":
         return torch_zip.read_archive(path)
     return read_header(path)
 
 
-def _starts_with(path: Path, magic: bytes) -> bool:
-    """Whether a regular file starts with ``magic`` (a FIFO or device is refused here, at once)."""
+def _first_bytes(path: Path, count: int) -> bytes:
+    """The first ``count`` bytes of a regular file (a FIFO or device is refused here, at once)."""
     try:
         fd = open_regular(path)
     except OSError:
-        return False  # the safetensors reader words the failure
+        return b""  # the readers word the failure
     try:
-        return os.pread(fd, len(magic), 0) == magic
+        return os.pread(fd, count, 0)
     except OSError:
-        return False
+        return b""
     finally:
         os.close(fd)
 

@@ -1,58 +1,55 @@
 """Read a PyTorch checkpoint (``torch.save``'s zip format) without torch and without loading it.
 
-The archive holds ``<prefix>/data.pkl``, a pickle of the state dict whose tensors point at
-storages by key, and one member ``<prefix>/data/<key>`` per storage, stored uncompressed. The
-pickle is read by an unpickler that admits only torch's tensor-rebuild functions, its storage
-types and ``OrderedDict``, each replaced by a stand-in that records what it was given: nothing
-in the file runs, and a pickle that asks for anything else (``os.system``, ``builtins.eval``)
-is refused. Each tensor becomes a ``TensorEntry`` whose offset is the absolute position of its
-first element in the archive (member data start + storage offset × item size), so the block
-readers stream it like a safetensors tensor. Tensors may share a storage (their entries then
-overlap, read-only); a compressed member, a non-contiguous tensor, big-endian data and the
-legacy (pre-1.6, non-zip) format are refused by name.
+The archive holds one folder: ``<folder>/data.pkl``, a pickle of the state dict whose tensors
+point at storages by key (read by ``torch_pickle``), and one member ``<folder>/data/<key>`` per
+storage, stored uncompressed. Each tensor becomes a ``TensorEntry`` whose offset is the absolute
+position of its first element in the archive (member data start + offset × item size), so the
+block readers stream it like a safetensors tensor; tensors may share a storage (their entries
+then overlap, read-only).
+
+An archive is read as ``torch.load`` reads it, or refused by name; no tensor's bytes come from
+anywhere but its own member:
+
+- a member name held twice, members whose data overlap each other or the central directory, a
+  local header that names another member: refused (zipfile, torch and ramstream could each read
+  other bytes);
+- a storage's member holds exactly the bytes its first reference declares (torch checks the
+  same); a key that later tensors reuse is that first storage, whatever they declare (as in
+  ``torch.load``), and every tensor lies within it;
+- what is read whole is capped: ``byteorder`` (``little``; ``big`` and anything else are named
+  as they are), ``version``, ``.storage_alignment`` and ``.data/serialization_id`` (checked as
+  ``torch.load`` checks them) at ``MAX_RECORD_BYTES``, and the pickle at ``MAX_PICKLE_BYTES``,
+  stored as ``torch.save`` stores it, so it is never inflated from a smaller file. A file
+  ramstream reads is one that ``torch.load(map_location="cpu")`` reads, to the same tensors;
+- a compressed storage member, a non-contiguous tensor, big-endian data, dtypes and tensor kinds
+  ramstream does not read, and the legacy (pre-1.6, non-zip) format are refused by name.
 """
 
 from __future__ import annotations
 
-import io
 import math
 import os
-import pickle
+import re
+import shlex
 import struct
 import zipfile
-from collections import OrderedDict
-from collections.abc import Callable
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ramstream.errors import CorruptFileError, InputError
+from ramstream.errors import CorruptFileError, InputError, UnsupportedDtypeError, shown
 from ramstream.format.dtypes import ITEMSIZE
 from ramstream.format.regular import open_regular
-from ramstream.format.safetensors_header import MAX_HEADER_BYTES, TensorEntry
+from ramstream.format.safetensors_header import TensorEntry
+from ramstream.format.torch_pickle import MAX_PICKLE_BYTES, Tensor, UnsafePickleError, Unsupported, load_state
+
+__all__ = ["MAX_PICKLE_BYTES", "ZIP_MAGIC", "TorchZipHeader", "UnsafePickleError", "read_archive"]
 
 ZIP_MAGIC = b"PK\x03\x04"
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (fields we skip), name length, extra length
-
-# torch's storage type names (``torch.BFloat16Storage``...) as safetensors dtypes.
-STORAGE_DTYPES: dict[str, str] = {
-    "BFloat16Storage": "BF16",
-    "HalfStorage": "F16",
-    "FloatStorage": "F32",
-    "DoubleStorage": "F64",
-    "ByteStorage": "U8",
-    "CharStorage": "I8",
-    "ShortStorage": "I16",
-    "IntStorage": "I32",
-    "LongStorage": "I64",
-    "BoolStorage": "BOOL",
-    "Float8_e4m3fnStorage": "F8_E4M3",
-    "Float8_e5m2Storage": "F8_E5M2",
-}
-
-
-class UnsafePickleError(CorruptFileError):
-    """A checkpoint's pickle that asks for a global beyond torch's tensor rebuilding."""
+MAX_RECORD_BYTES = 64  # byteorder, version, .storage_alignment, .data/serialization_id (40 digits)
+_VERSIONS = range(1, 11)  # the archive format versions torch.load reads (caffe2/serialize/versions.h)
+_UTF8_NAME = 0x800
 
 
 @dataclass(frozen=True)
@@ -67,73 +64,19 @@ class TorchZipHeader:
 
 
 @dataclass(frozen=True, slots=True)
-class _StorageType:
-    dtype: str
+class _Member:
+    """A member of the archive and where its data starts in the file (after its local header)."""
 
+    info: zipfile.ZipInfo
+    start: int
 
-@dataclass(frozen=True, slots=True)
-class _Storage:
-    key: str
-    dtype: str
-    numel: int
+    @property
+    def length(self) -> int:
+        return self.info.compress_size
 
-
-@dataclass(frozen=True, slots=True)
-class _Tensor:
-    storage: _Storage
-    offset: int
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-
-
-def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_rest: Any) -> _Tensor:
-    """Stands in for ``torch._utils._rebuild_tensor_v2``: records where the tensor lies."""
-    if not isinstance(storage, _Storage) or not _is_size(offset):
-        raise pickle.UnpicklingError("a tensor without a storage")
-    if not isinstance(size, tuple) or not isinstance(stride, tuple) or len(size) != len(stride):
-        raise pickle.UnpicklingError("a tensor with an invalid size or stride")
-    if not all(_is_size(d) for d in (*size, *stride)):
-        raise pickle.UnpicklingError("a tensor with an invalid size or stride")
-    return _Tensor(storage, offset, size, stride)
-
-
-def _rebuild_parameter(data: Any, *_rest: Any) -> Any:
-    """Stands in for ``torch._utils._rebuild_parameter``: a parameter is its tensor."""
-    return data
-
-
-_ALLOWED: dict[tuple[str, str], Callable[..., Any] | _StorageType | type] = {
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("collections", "OrderedDict"): OrderedDict,
-    **{("torch", name): _StorageType(dtype) for name, dtype in STORAGE_DTYPES.items()},
-}
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Resolves only the globals of ``_ALLOWED``, to stand-ins; storages become ``_Storage`` records."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = _ALLOWED.get((module, name))
-        if allowed is None:
-            raise _Refused(f"{module}.{name}")
-        return allowed
-
-    def persistent_load(self, pid: Any) -> _Storage:
-        if (
-            isinstance(pid, tuple)
-            and len(pid) == 5
-            and pid[0] == "storage"
-            and isinstance(pid[1], _StorageType)
-            and isinstance(pid[2], str)
-            and _is_size(pid[4])
-        ):
-            return _Storage(pid[2], pid[1].dtype, pid[4])
-        raise pickle.UnpicklingError("a persistent id that is not a tensor storage")
-
-
-class _Refused(Exception):
-    """A global outside ``_ALLOWED`` (carries its dotted name)."""
+    @property
+    def stored(self) -> bool:
+        return self.info.compress_type == zipfile.ZIP_STORED and not self.info.flag_bits & 0x1
 
 
 def read_archive(path: Path) -> TorchZipHeader:
@@ -147,8 +90,16 @@ def read_archive(path: Path) -> TorchZipHeader:
             size = os.fstat(fd).st_size
             _refuse_legacy(path, os.pread(fd, 4, 0))
             with zipfile.ZipFile(f) as archive:
-                return _read(path, f, archive, size)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, struct.error, NotImplementedError) as exc:
+                return _read(path, fd, archive, size)
+        except (
+            zipfile.BadZipFile,
+            zipfile.LargeZipFile,
+            zlib.error,
+            UnicodeDecodeError,
+            EOFError,
+            struct.error,
+            NotImplementedError,
+        ) as exc:
             raise CorruptFileError(
                 f"{path}: not a valid PyTorch zip checkpoint ({exc}); re-download or re-save it"
             ) from exc
@@ -160,93 +111,212 @@ def _refuse_legacy(path: Path, start: bytes) -> None:
     if start == ZIP_MAGIC:
         return
     if start[:1] == b"\x80":  # a bare pickle: torch's format before 1.6 (_use_new_zipfile_serialization=False)
+        code = f"import torch; torch.save(torch.load({str(path)!r}, weights_only=True), {str(path)!r})"
         raise InputError(
-            f"{path}: is a PyTorch checkpoint in the legacy (non-zip) format, which ramstream does not read; convert "
-            f"it with: python -c \"import torch; torch.save(torch.load('{path}', weights_only=True), '{path}')\""
+            f"{path}: is a PyTorch checkpoint in the legacy (non-zip) format, which ramstream does not read; "
+            f"convert it with: python -c {shlex.quote(code)}"
         )
     raise CorruptFileError(f"{path}: not a PyTorch zip checkpoint nor safetensors; re-download or re-save it")
 
 
-def _read(path: Path, f: io.BufferedReader, archive: zipfile.ZipFile, size: int) -> TorchZipHeader:
-    pickles = [i for i in archive.infolist() if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
-    if len(pickles) != 1:
-        raise CorruptFileError(f"{path}: a zip file but not a PyTorch checkpoint (no single <name>/data.pkl)")
-    prefix = pickles[0].filename[: -len("data.pkl")]
-    if pickles[0].file_size > MAX_HEADER_BYTES:
-        raise CorruptFileError(f"{path}: its pickle claims {pickles[0].file_size} bytes (cap {MAX_HEADER_BYTES})")
-    members = {i.filename: i for i in archive.infolist()}
-    order = members.get(prefix + "byteorder")
-    if order is not None and archive.read(order).strip() != b"little":
+def _read(path: Path, fd: int, archive: zipfile.ZipFile, size: int) -> TorchZipHeader:
+    infos = archive.infolist()
+    _refuse_duplicates(path, infos)
+    folder = _folder(path, infos)
+    members = _members(path, fd, infos, archive.start_dir)
+    _check_byteorder(path, archive, members.get(folder + "byteorder"))
+    raw = _read_pickle(path, archive, members[folder + "data.pkl"])
+    state = load_state(path, raw)
+    _check_records(path, archive, members, folder)
+    entries = tuple(_entry(path, name, value, folder, members) for name, value in state.items())
+    return TorchZipHeader(Path(path), entries, raw, size)
+
+
+def _refuse_duplicates(path: Path, infos: list[zipfile.ZipInfo]) -> None:
+    seen: set[str] = set()
+    for info in infos:
+        if info.filename in seen:
+            raise CorruptFileError(
+                f"{path}: holds two members named {info.filename!r}, which readers resolve differently; "
+                "re-download or re-save it"
+            )
+        seen.add(info.filename)
+
+
+def _folder(path: Path, infos: list[zipfile.ZipInfo]) -> str:
+    """The one folder of the archive (torch reads every record in the first member's folder)."""
+    folder = infos[0].filename.partition("/")[0] + "/" if infos else "/"
+    names = {info.filename for info in infos}
+    if folder + "data.pkl" not in names or not all(name.startswith(folder) for name in names):
+        raise CorruptFileError(f"{path}: a zip file but not a PyTorch checkpoint (not one folder holding data.pkl)")
+    return folder
+
+
+def _members(path: Path, fd: int, infos: list[zipfile.ZipInfo], directory: int) -> dict[str, _Member]:
+    """Every member with the start of its data, read from its local header; their data must lie
+    apart from each other and before the central directory (which starts at ``directory``)."""
+    members = {}
+    for info in infos:
+        if not 0 <= info.header_offset <= directory - _LOCAL_HEADER.size:
+            raise CorruptFileError(
+                f"{path}: member {shown(info.filename)} lies outside the archive; re-download or re-save it"
+            )
+        signature, name_len, extra_len = _LOCAL_HEADER.unpack(os.pread(fd, _LOCAL_HEADER.size, info.header_offset))
+        name = os.pread(fd, name_len, info.header_offset + _LOCAL_HEADER.size)
+        if signature != ZIP_MAGIC or name.decode("utf-8" if info.flag_bits & _UTF8_NAME else "cp437") != (
+            info.orig_filename
+        ):
+            raise CorruptFileError(
+                f"{path}: member {shown(info.filename)} has a damaged local header; re-download or re-save it"
+            )
+        members[info.filename] = _Member(info, info.header_offset + _LOCAL_HEADER.size + name_len + extra_len)
+    ordered = sorted(members.values(), key=lambda m: m.info.header_offset)
+    for member, after in zip(ordered, [*ordered[1:], None], strict=True):
+        limit = directory if after is None else after.info.header_offset
+        if member.start + member.length > limit:
+            other = "the central directory" if after is None else f"member {shown(after.info.filename)}"
+            raise CorruptFileError(
+                f"{path}: member {shown(member.info.filename)} overlaps {other}; re-download or re-save it"
+            )
+    return members
+
+
+def _check_byteorder(path: Path, archive: zipfile.ZipFile, member: _Member | None) -> None:
+    """``little`` (or no record: torch then reads little-endian); ``big`` and anything else refused."""
+    value = _record(path, archive, member, "byteorder")
+    if value == b"big":
         raise InputError(f"{path}: holds big-endian tensors; re-save it on a little-endian machine")
-    raw = archive.read(pickles[0])
-    state = _unpickle(path, raw)
-    starts: dict[str, tuple[int, int]] = {}
-    entries = []
-    for name, tensor in state.items():
-        storage = tensor.storage
-        if storage.key not in starts:
-            starts[storage.key] = _member_data(path, f, members.get(f"{prefix}data/{storage.key}"), storage, size)
-        entries.append(_entry(path, name, tensor, starts[storage.key]))
-    return TorchZipHeader(Path(path), tuple(entries), raw, size)
-
-
-def _unpickle(path: Path, raw: bytes) -> dict[str, _Tensor]:
-    try:
-        state = _RestrictedUnpickler(io.BytesIO(raw)).load()
-    except _Refused as exc:
-        raise UnsafePickleError(
-            f"{path}: its pickle asks for {exc}, which a checkpoint of tensors never needs; refused without running "
-            "anything (the file may be malicious: do not torch.load it)"
-        ) from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
-        raise CorruptFileError(f"{path}: its pickle cannot be read ({exc}); re-download or re-save it") from None
-    except RecursionError:
-        raise CorruptFileError(f"{path}: its pickle is nested too deeply; re-download or re-save it") from None
-    if not isinstance(state, dict):
-        raise InputError(
-            f"{path}: holds a {type(state).__name__}, not a state dict of tensors; save model.state_dict()"
-        )
-    for name, value in state.items():
-        if not isinstance(name, str) or not isinstance(value, _Tensor):
-            raise InputError(f"{path}: entry {name!r} is not a tensor; ramstream reads state dicts of tensors only")
-    return state
-
-
-def _member_data(
-    path: Path, f: io.BufferedReader, info: zipfile.ZipInfo | None, storage: _Storage, size: int
-) -> tuple[int, int]:
-    """Where a storage's member's data starts in the file, and its length; it must be stored as is."""
-    if info is None:
+    if value not in (None, b"little"):
         raise CorruptFileError(
-            f"{path}: storage {storage.key!r} is missing from the archive; re-download or re-save it"
+            f"{path}: its byteorder record says {value!r}, neither 'little' nor 'big'; re-download or re-save it"
         )
-    if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+
+
+def _check_records(path: Path, archive: zipfile.ZipFile, members: dict[str, _Member], folder: str) -> None:
+    """The records ``torch.load`` checks besides the pickle and the byteorder, checked as it checks
+    them, used or not: the archive format version (1 to 10, read as C++ ``stoull`` reads it), the
+    storage alignment (a Python integer) and the serialization id (UTF-8 text)."""
+    member = members.get(folder + ".data/version") or members.get(folder + "version")
+    version = _record(path, archive, member, "version")
+    if version is None:
+        raise CorruptFileError(
+            f"{path}: has no version record, which torch.save always writes; re-download or re-save it"
+        )
+    number = re.match(rb"\s*\+?(\d+)", version)
+    if number is None:
+        raise CorruptFileError(f"{path}: its version record says {version!r}, not a number; re-download or re-save it")
+    if int(number[1]) not in _VERSIONS:
         raise InputError(
-            f"{path}: storage member {info.filename} is compressed or encrypted, so it cannot be read in place; "
-            "re-save the checkpoint with torch.save (which stores members uncompressed)"
+            f"{path}: its archive format version is {int(number[1])}; ramstream, like torch.load, reads versions "
+            f"{_VERSIONS.start} to {_VERSIONS.stop - 1}: re-save it with torch.save"
         )
-    f.seek(info.header_offset)
-    signature, name_len, extra_len = _LOCAL_HEADER.unpack(f.read(_LOCAL_HEADER.size))
-    if signature != ZIP_MAGIC:
-        raise CorruptFileError(f"{path}: member {info.filename} has a damaged local header; re-download or re-save it")
-    start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-    if start + info.file_size > size or storage.numel * ITEMSIZE[storage.dtype] > info.file_size:
-        raise CorruptFileError(f"{path}: storage {storage.key!r} is truncated; re-download or re-save it")
-    return start, info.file_size
+    alignment = _record(path, archive, members.get(folder + ".storage_alignment"), ".storage_alignment")
+    if alignment is not None and not _is_integer(alignment):
+        raise CorruptFileError(
+            f"{path}: its .storage_alignment record says {alignment!r}, not a number; re-download or re-save it"
+        )
+    identity = _record(path, archive, members.get(folder + ".data/serialization_id"), ".data/serialization_id")
+    if identity is not None and not _is_text(identity):
+        raise CorruptFileError(
+            f"{path}: its .data/serialization_id record says {identity!r}, not text; re-download or re-save it"
+        )
 
 
-def _entry(path: Path, name: str, tensor: _Tensor, member: tuple[int, int]) -> TensorEntry:
-    itemsize = ITEMSIZE[tensor.storage.dtype]
-    numel = math.prod(tensor.shape)
-    if numel and tensor.offset + numel > tensor.storage.numel:
+def _is_integer(raw: bytes) -> bool:
+    try:
+        int(raw)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_text(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _record(path: Path, archive: zipfile.ZipFile, member: _Member | None, what: str) -> bytes | None:
+    """A small record read whole (None when absent); one longer than ``MAX_RECORD_BYTES`` is refused unread."""
+    if member is None:
+        return None
+    if member.info.flag_bits & 0x1:
+        raise CorruptFileError(f"{path}: its {what} record is encrypted; re-download or re-save it")
+    if member.info.file_size > MAX_RECORD_BYTES:
+        raise CorruptFileError(
+            f"{path}: its {what} record is {member.info.file_size} bytes, too long for a {what}; "
+            "re-download or re-save it"
+        )
+    with archive.open(member.info) as record:
+        return record.read(MAX_RECORD_BYTES + 1)
+
+
+def _read_pickle(path: Path, archive: zipfile.ZipFile, member: _Member) -> bytes:
+    info = member.info
+    if not member.stored:
+        raise InputError(
+            f"{path}: its pickle {shown(info.filename)} is compressed or encrypted, which torch.save never writes; "
+            "re-save the checkpoint with torch.save"
+        )
+    if info.file_size > MAX_PICKLE_BYTES or info.file_size != info.compress_size:
+        raise CorruptFileError(
+            f"{path}: its pickle claims {info.file_size} bytes (cap {MAX_PICKLE_BYTES}); re-download or re-save it"
+        )
+    return archive.read(info)
+
+
+def _entry(path: Path, name: str, value: Tensor | Unsupported, folder: str, members: dict[str, _Member]) -> TensorEntry:
+    if isinstance(value, Unsupported):
+        raise InputError(
+            f"{path}: entry {name!r} is {value.what}, which ramstream does not read; save a state dict of plain tensors"
+        )
+    dtype, storage_dtype = _dtypes(path, name, value)
+    member = _storage_member(path, name, value, members.get(f"{folder}data/{value.storage.key}"))
+    nbytes = value.storage.numel * ITEMSIZE[storage_dtype]
+    if nbytes != member.length:
+        raise CorruptFileError(
+            f"{path}: storage {value.storage.key!r} holds {member.length} bytes but tensor {name!r} declares "
+            f"{nbytes}; re-download or re-save it"
+        )
+    itemsize = ITEMSIZE[dtype]
+    numel = math.prod(value.shape)
+    begin = value.offset * itemsize if numel else 0
+    if begin + numel * itemsize > nbytes:
         raise CorruptFileError(f"{path}: tensor {name!r} runs past the end of its storage; re-download or re-save it")
-    if numel > 1 and tensor.stride != contiguous_strides(tensor.shape, tensor.stride):
+    if numel > 1 and value.stride != contiguous_strides(value.shape, value.stride):
         raise InputError(
-            f"{path}: tensor {name!r} is stored non-contiguous (stride {list(tensor.stride)} for shape "
-            f"{list(tensor.shape)}); save a state dict of .contiguous() tensors"
+            f"{path}: tensor {name!r} is stored non-contiguous (stride {list(value.stride)} for shape "
+            f"{list(value.shape)}); save a state dict of .contiguous() tensors"
         )
-    start, _length = member
-    return TensorEntry(name, tensor.storage.dtype, tensor.shape, start + tensor.offset * itemsize, numel * itemsize)
+    return TensorEntry(name, dtype, value.shape, member.start + begin, numel * itemsize)
+
+
+def _dtypes(path: Path, name: str, value: Tensor) -> tuple[str, str]:
+    """The safetensors dtypes of a tensor and of its storage; those ramstream does not read are refused by name."""
+    dtype, storage_dtype = value.dtype.dtype, value.storage.dtype.dtype
+    if dtype is None or storage_dtype is None:
+        torch_name = value.dtype.torch_name if dtype is None else value.storage.dtype.torch_name
+        raise UnsupportedDtypeError(
+            f"{path}: tensor {name!r} has dtype torch.{torch_name}, which ramstream does not read; "
+            "convert the checkpoint to bf16, f16 or f32"
+        )
+    return dtype, storage_dtype
+
+
+def _storage_member(path: Path, name: str, tensor: Tensor, member: _Member | None) -> _Member:
+    if member is None:
+        raise CorruptFileError(
+            f"{path}: storage {tensor.storage.key!r} of tensor {name!r} is missing from the archive; "
+            "re-download or re-save it"
+        )
+    if not member.stored:
+        raise InputError(
+            f"{path}: storage member {shown(member.info.filename)} is compressed or encrypted, so it cannot be read in "
+            "place; re-save the checkpoint with torch.save (which stores members uncompressed)"
+        )
+    return member
 
 
 def contiguous_strides(shape: tuple[int, ...], given: tuple[int, ...]) -> tuple[int, ...]:
@@ -257,7 +327,3 @@ def contiguous_strides(shape: tuple[int, ...], given: tuple[int, ...]) -> tuple[
         strides.append(stride if dim == 1 else step)
         step *= dim
     return tuple(reversed(strides))
-
-
-def _is_size(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
