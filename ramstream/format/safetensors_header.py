@@ -72,7 +72,11 @@ def read_header(path: Path) -> SafetensorsHeader:
 def parse_header(path: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
     """Validate the JSON header ``raw`` of a file of ``file_size`` bytes."""
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise CorruptFileError(
+            f"{path}: header holds the key {exc} twice, which readers resolve differently; the file is corrupt"
+        ) from None
     except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, huge integers, absurd nesting
         raise CorruptFileError(f"{path}: header is not valid JSON ({exc}); the file is corrupt") from exc
     if not isinstance(doc, dict):
@@ -99,11 +103,24 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
     return SafetensorsHeader(Path(path), tuple(entries), dict(metadata), raw, file_size)
 
 
+class _DuplicateKey(Exception):
+    """A JSON object that names a key twice (carries its repr): json keeps the last, others the first."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    doc: dict[str, object] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise _DuplicateKey(repr(key))
+        doc[key] = value
+    return doc
+
+
 def _entry(path: Path, name: str, spec: object, data_start: int) -> TensorEntry:
     if not isinstance(spec, dict):
         raise CorruptFileError(f"{path}: tensor {name!r} has no dtype/shape/data_offsets object")
     dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
-    if dtype not in ITEMSIZE:
+    if not isinstance(dtype, str) or dtype not in ITEMSIZE:  # a list or an object is unhashable
         raise CorruptFileError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(_is_size(d) for d in shape):
         raise CorruptFileError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
