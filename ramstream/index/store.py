@@ -424,7 +424,8 @@ def is_unfinished_creation(path: Path) -> bool:
         group = zarr.open_group(str(path), mode="r", zarr_format=3)
     except Exception:
         return False
-    return dict(group.attrs) == {"state": "creating"}
+    attrs = dict(group.attrs)
+    return attrs.get("state") == "creating" and set(attrs) <= {"state", ATTR}  # what ``_create`` writes
 
 
 # What an index directory holds (``_create``), and zarr's temporary files of a write in flight.
