@@ -169,6 +169,7 @@ def warn_missing(out: Path, record: Mapping[str, Any]) -> None:
             f"warning: {out} has no {' and no '.join(missing)} ({record.get('missing_because')}); add "
             f"{'them' if len(missing) > 1 else 'one'} before loading it with transformers",
             file=sys.stderr,
+            flush=True,  # the last line of the run: written now, not whenever the stream is flushed
         )
 
 
