@@ -497,6 +497,21 @@ def inspect(
 @click.option("--shard-size", type=Size(), default=str(DEFAULT_SHARD_SIZE), show_default=True)
 @click.option("--force", is_flag=True, help="Replace what earlier merges left in a candidate's directory.")
 @click.option("--allow-nonfinite", is_flag=True, help="Let NaN/Inf weights through (see merge --help).")
+@click.option(
+    "--eval",
+    "evaluate_with",
+    metavar='"CMD {model}"',
+    default=None,
+    help="Score every candidate after the merges: the last line of CMD's stdout is a JSON object of metrics "
+    "(or a number); a failure is recorded, not fatal.",
+)
+@click.option("--eval-inputs", is_flag=True, help="With --eval: score the base and the agents too.")
+@click.option(
+    "--select",
+    metavar="METRIC[:max|min]",
+    default=None,
+    help="With --eval: the metric that ranks the candidates [default: the first one reported, max].",
+)
 @_checkpoint_options
 @_friendly
 def sweep(
@@ -510,6 +525,9 @@ def sweep(
     shard_size: int,
     force: bool,
     allow_nonfinite: bool,
+    evaluate_with: str | None,
+    eval_inputs: bool,
+    select: str | None,
     **values: Any,
 ) -> None:
     """Merge AGENTS into BASE once per candidate of --grid, reading the inputs once, into
@@ -529,11 +547,32 @@ def sweep(
         shard_size=shard_size,
         force=force,
         allow_nonfinite=allow_nonfinite,
+        evaluate_with=evaluate_with,
+        eval_inputs=eval_inputs,
+        select=select,
         options=_options(**values),
     )
     for c in result.candidates:
         click.echo(f"{c.status}: {c.out} ({_summary(c.method, c.per_agent)})")
     click.echo(f"sweep: {len(result.candidates)} candidates in {result.out} (sweep.json)")
+    if result.evaluations:
+        click.echo(_score_table(result))
+
+
+def _score_table(result: Any) -> str:
+    """The evaluations, the candidates best first by the selected metric, then the rest."""
+    ranked = result.ranked
+    rest = [e for e in result.evaluations if e not in ranked]
+    metric = result.selection.metric if result.selection is not None else "-"
+    best = f"{metric} ({result.selection.best})" if result.selection is not None else "no metric"
+    width = max(len(e.model) for e in result.evaluations)
+    lines = [f"{'model':<{width}}  {best}"]
+    for e in [*ranked, *rest]:
+        shown = f"{e.metrics[metric]:.6g}" if metric in e.metrics else (e.error or "no " + metric)
+        lines.append(f"{e.model:<{width}}  {shown}")
+    if result.selected is not None:
+        lines.append(f"selected: {result.selected} ({metric} {ranked[0].metrics[metric]:.6g})")
+    return "\n".join(lines)
 
 
 @main.command()

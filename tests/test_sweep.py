@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,86 @@ def test_a_sweep_killed_anywhere_resumes_to_the_same_bytes(
     states = [c["state"] for c in json.loads(invoke("status", out, "--json").output)["sweep"]["candidates"]]
     assert states == ["done"] * 3
     assert "done         ram+-r=0.1" in invoke("status", out).output
+
+
+# An evaluator that speaks the protocol: the last line of its stdout is a JSON object of metrics.
+EVALUATOR = """
+import json, sys
+from pathlib import Path
+model = Path(sys.argv[1])
+print("loading", model)  # only the last line counts
+record = model / "ramstream_merge.json"
+metrics = {"files": len(list(model.iterdir()))}
+if record.is_file():
+    lambdas = json.loads(record.read_text())["per_agent"].get("lambda")
+    if lambdas:
+        metrics["lambda0"] = lambdas[0]
+print(json.dumps(metrics))
+"""
+
+
+def test_candidates_are_scored_ranked_and_recorded(family: Family, tmp_path: Path) -> None:
+    script = tmp_path / "my eval.py"  # a space: {model} and the script stay one argument each
+    script.write_text(EVALUATOR)
+    out = tmp_path / "sweep"
+    command = f"{sys.executable} '{script}' {{model}}"
+    grids = ("ram+:r=0.05,0.5", "linear")
+    done = run_sweep(
+        family, out, grids, "--eval", command, "--eval-inputs", "--select", "lambda0", "--cache-dir", tmp_path / "c"
+    )
+    assert done.exit_code == 0, done.output + done.stderr
+    table = done.output.split("(sweep.json)")[1].strip().splitlines()
+    assert table[0].split() == ["model", "lambda0", "(max)"]
+    assert [line.split()[0] for line in table[1:3]] == ["ram+-r=0.5", "ram+-r=0.05"]  # the larger lambda first
+    assert table[-1].startswith("selected: ram+-r=0.5 (lambda0 ")
+    doc = json.loads((out / "sweep.json").read_text())["eval"]
+    assert doc["command"] == command and doc["selected"] == "ram+-r=0.5"
+    assert doc["select"] == {"metric": "lambda0", "best": "max"}
+    assert set(doc["inputs"]) == {"base", *(a.name for a in family.agents)}
+    assert all("lambda0" not in v["metrics"] and v["metrics"]["files"] >= 1 for v in doc["inputs"].values())
+    assert set(doc["candidates"]["linear"]["metrics"]) == {"files"}
+
+
+@pytest.mark.parametrize(
+    ("program", "error"),
+    [
+        ("import sys; print('boom', file=sys.stderr); sys.exit(3)", "exit status 3: boom"),
+        ("print('accuracy is high')", "is not a JSON object or a number: 'accuracy is high'"),
+        ("print(0.75)", None),
+    ],
+)
+def test_an_evaluation_that_fails_is_recorded_not_fatal(
+    family: Family, tmp_path: Path, program: str, error: str | None
+) -> None:
+    script = tmp_path / "eval.py"
+    script.write_text(program)
+    out = tmp_path / "sweep"
+    done = run_sweep(
+        family, out, ("linear",), "--eval", f"{sys.executable} {script} {{model}}", "--cache-dir", tmp_path
+    )
+    assert done.exit_code == 0, done.output + done.stderr
+    result = json.loads((out / "sweep.json").read_text())["eval"]["candidates"]["linear"]
+    if error is None:
+        assert result["metrics"] == {"score": 0.75} and result["error"] is None
+        assert "selected: linear (score 0.75)" in done.output
+    else:
+        assert result["metrics"] == {} and error in result["error"]
+        assert error.split(":")[0] in done.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (("--select", "acc"), "--eval-inputs and --select need --eval"),
+        (("--eval", "python eval.py"), "never names {model}"),
+        (("--eval", "python 'eval.py {model}"), "cannot be split into words"),
+        (("--eval", "x {model}", "--select", "acc:best"), "write METRIC, METRIC:max or METRIC:min"),
+    ],
+)
+def test_a_bad_eval_or_select_is_refused_before_any_work(
+    family: Family, tmp_path: Path, extra: tuple[str, ...], words: str
+) -> None:
+    out = tmp_path / "sweep"
+    done = run_sweep(family, out, ("linear",), *extra, "--cache-dir", tmp_path / "cache")
+    assert done.exit_code != 0 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not out.exists()

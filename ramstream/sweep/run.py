@@ -23,7 +23,7 @@ from typing import Any
 
 from ramstream.backends.registry import make_backend
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
-from ramstream.errors import OutputError
+from ramstream.errors import ConfigError, OutputError
 from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
 from ramstream.format.family import Family, open_family
@@ -46,6 +46,7 @@ from ramstream.runs.output import (
     warn_missing,
 )
 from ramstream.statistics.context import StatsContext
+from ramstream.sweep.evaluate import Evaluation, Selection, check_command, evaluate
 from ramstream.sweep.grid import Candidate, check_unique
 from ramstream.version import __version__
 
@@ -76,6 +77,20 @@ class CandidateResult:
 class SweepResult:
     out: Path
     candidates: tuple[CandidateResult, ...]
+    evaluations: tuple[Evaluation, ...] = ()  # the inputs' (with eval_inputs), then the candidates'
+    selection: Selection | None = None
+
+    @property
+    def ranked(self) -> list[Evaluation]:
+        """The candidates' evaluations holding the selected metric, best first."""
+        names = {c.name for c in self.candidates}
+        chosen = [e for e in self.evaluations if e.model in names]
+        return self.selection.ranked(chosen) if self.selection is not None else []
+
+    @property
+    def selected(self) -> str | None:
+        ranked = self.ranked
+        return ranked[0].model if ranked else None
 
 
 def sweep(
@@ -90,11 +105,22 @@ def sweep(
     shard_size: int = DEFAULT_SHARD_SIZE,
     force: bool = False,
     allow_nonfinite: bool = False,
+    evaluate_with: str | None = None,
+    eval_inputs: bool = False,
+    select: str | None = None,
     options: RunOptions | None = None,
 ) -> SweepResult:
-    """Merge every candidate into ``out/<name>/``; rerunning the same call resumes the sweep."""
+    """Merge every candidate into ``out/<name>/``; rerunning the same call resumes the sweep.
+
+    ``evaluate_with`` (``--eval "CMD {model}"``) scores every candidate afterwards (and the base
+    and agents with ``eval_inputs``); ``select`` (``METRIC[:max|min]``) ranks them."""
     options = options or RunOptions()
     check_unique(list(candidates))
+    if evaluate_with is not None:
+        check_command(evaluate_with)
+    elif eval_inputs or select is not None:
+        raise ConfigError('--eval-inputs and --select need --eval "CMD {model}"')
+    selection = Selection.parse(select) if select is not None else None
     if not candidates:
         raise OutputError(f"{out}: a sweep needs at least one candidate")
     eps = checked_eps(eps)
@@ -134,10 +160,34 @@ def sweep(
             results = _sweep_into(root, outputs, family, index, force, allow_nonfinite, options, executor)
             entries = [{**r.to_dict(), "settings": dict(c.settings)} for c, r in zip(candidates, results, strict=True)]
             _write_sweep_file(root, family, entries)
-            return SweepResult(root, tuple(results))
     finally:
         executor.close()
         backend.close()
+    if evaluate_with is None:
+        return SweepResult(root, tuple(results))
+    models = [(m.name, m.path) for m in family.members] if eval_inputs else []
+    models += [(r.name, r.out) for r in results]
+    evaluations = tuple(evaluate(evaluate_with, name, path) for name, path in models)
+    if selection is None:
+        first = next((e for e in evaluations if e.metrics), None)
+        selection = Selection(next(iter(first.metrics))) if first is not None else None
+    result = SweepResult(root, tuple(results), evaluations, selection)
+    _write_sweep_file(root, family, entries, _scores(result, evaluate_with))
+    return result
+
+
+def _scores(result: SweepResult, command: str) -> dict[str, Any]:
+    by_model = {e.model: e.to_dict() for e in result.evaluations}
+    names = {c.name for c in result.candidates}
+    return {
+        "eval": {
+            "command": command,
+            "inputs": {m: v for m, v in by_model.items() if m not in names},
+            "candidates": {m: v for m, v in by_model.items() if m in names},
+            "select": None if result.selection is None else vars(result.selection),
+            "selected": result.selected,
+        }
+    }
 
 
 def _sweep_into(
@@ -240,14 +290,17 @@ def _is_candidate(entry: Path) -> bool:
     )
 
 
-def _write_sweep_file(root: Path, family: Family, entries: list[dict[str, Any]]) -> None:
+def _write_sweep_file(
+    root: Path, family: Family, entries: list[dict[str, Any]], scores: dict[str, Any] | None = None
+) -> None:
     """``sweep.json``: the candidates in order, written when the sweep starts (all "pending", so
-    that ``ramstream status`` finds it) and again when it ends."""
+    that ``ramstream status`` finds it), when the merges end, and with the scores."""
     doc = {
         "schema": SWEEP_SCHEMA,
         "base": family.base.name,
         "agents": list(family.agent_names),
         "candidates": entries,
+        **(scores or {}),
         "ramstream_version": __version__,
     }
     atomic_write_text(root / SWEEP_FILE, json.dumps(doc, indent=1) + "\n")
