@@ -14,8 +14,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from ramstream.api import sweep
 from ramstream.cli import main
+from ramstream.config import RunOptions
+from ramstream.sweep.grid import parse_grids
 from tests.families import Family, build_family
 from tests.test_resume import SMALL, cli, kill_at_step, run_ok, tree_bytes
 
@@ -269,3 +274,75 @@ def test_a_bad_eval_or_select_is_refused_before_any_work(
     done = run_sweep(family, out, ("linear",), *extra, "--cache-dir", tmp_path / "cache")
     assert done.exit_code != 0 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not out.exists()
+
+
+# The same candidates computed elsewhere: torch on the CPU, and two Dask worker processes (a
+# LocalCluster on loopback, started and stopped by the command itself).
+ELSEWHERE = ("ram+:r=0.05", "ties:density=0.3:trim_scope=model", "dare_ties:density=0.5:seed=1")
+
+
+@pytest.mark.parametrize(
+    ("where", "flags", "needs"),
+    [
+        ("torch-cpu", ("--backend", "torch", "--device", "cpu"), "torch"),
+        ("dask", ("--dask-workers", "2"), "distributed"),
+    ],
+)
+def test_a_sweep_elsewhere_writes_the_numba_merges_bytes(
+    family: Family, tmp_path: Path, where: str, flags: tuple[str, ...], needs: str
+) -> None:
+    pytest.importorskip(needs)
+    cache = ("--cache-dir", tmp_path / "cache", "--shard-size", "20KB")
+    done = run_sweep(family, tmp_path / "sweep", ELSEWHERE, *cache, *flags)
+    assert done.exit_code == 0, done.output + done.stderr
+    for name in ("ram+-r=0.05", "ties-density=0.3-trim_scope=model", "dare_ties-density=0.5-seed=1"):
+        reference = tmp_path / "merge" / name
+        assert (
+            invoke("merge", *inputs(family), "--out", reference, *MERGE_FLAGS[name], "--quiet", *cache).exit_code == 0
+        )
+        assert tree(tmp_path / "sweep" / name) == tree(reference), (where, name)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    picks=st.lists(st.sampled_from(sorted(MERGE_FLAGS)), min_size=1, max_size=3, unique=True),
+    block=st.sampled_from([64, 192, 1024, 1 << 16]),
+)
+def test_block_size_and_k_never_change_a_candidates_bytes(
+    family: Family,
+    references: dict[str, dict[str, bytes]],
+    tmp_path_factory: pytest.TempPathFactory,
+    picks: list[str],
+    block: int,
+) -> None:
+    """Any subset of the candidates, swept with any block size, gives each its merge's bytes."""
+    root = tmp_path_factory.mktemp("property")
+    candidates = [c for name in picks for c in parse_grids([GRID_OF[name]])]
+    options = RunOptions(block_elems=block, quiet=True, cache_dir=root / "cache")
+    sweep(family.base, [str(a) for a in family.agents], out=root / "sweep", candidates=candidates, options=options)
+    for name in picks:
+        assert tree(root / "sweep" / name) == references[name], (name, block)
+
+
+# Each candidate of MERGE_FLAGS as its own one-candidate grid.
+GRID_OF = {
+    "ram+-r=0.05": "ram+:r=0.05",
+    "ram+-r=0.5": "ram+:r=0.5",
+    "ties-density=0.3-trim_scope=model": "ties:density=0.3:trim_scope=model",
+    "dare_ties-density=0.5-seed=1": "dare_ties:density=0.5:seed=1",
+    "dare_ties-density=0.5-seed=2": "dare_ties:density=0.5:seed=2",
+    "model_stock": "model_stock",
+    "task_arithmetic-lambda=0.75": "task_arithmetic:lambda=0.75",
+}
+
+
+@pytest.fixture(scope="module")
+def references(family: Family, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, bytes]]:
+    """Every candidate's own ``ramstream merge`` (default block size), by name."""
+    root = tmp_path_factory.mktemp("references")
+    out = {}
+    for name, flags in MERGE_FLAGS.items():
+        done = invoke("merge", *inputs(family), "--out", root / name, *flags, "--quiet", "--cache-dir", root / "cache")
+        assert done.exit_code == 0, done.stderr
+        out[name] = tree(root / name)
+    return out

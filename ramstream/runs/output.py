@@ -146,7 +146,9 @@ def finish_output(output: OutputPlan, job: MergeJob, prepared: Prepared, ctx: St
         **({"missing_because": files.why(family.base)} if files.missing else {}),
         "ramstream_version": __version__,
     }
-    reports = agent_reports(ctx.store, ctx.overlap()) if ctx.used_index and ctx.store.probe_complete() else []
+    # The card reports the agents' overlap when the method itself read it: a card that depended on
+    # whether some earlier run had probed the cached index would make equal arguments write other bytes.
+    reports = agent_reports(ctx.store, ctx.overlap()) if ctx.asked_overlap else []
     output_dir.finalize(
         output.out,
         job.layout,

@@ -88,6 +88,11 @@ class StatsContext:
         return self._store is not None
 
     @property
+    def asked_overlap(self) -> bool:
+        """True once the method asked for the probe's overlap counts (RAM, and what reports them)."""
+        return self._overlap is not None
+
+    @property
     def plan(self) -> Plan:
         """The index's blocks (statistics partials are per block of this plan)."""
         return self.store.plan
