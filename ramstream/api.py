@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ramstream.backends.base import Backend
-from ramstream.backends.registry import load_backend, make_backend
+from ramstream.backends.registry import backend_for, load_backend
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
 from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
@@ -16,24 +15,17 @@ from ramstream.format.family import Family, open_family
 from ramstream.index.store import IndexStore
 from ramstream.inspect.view import IndexView
 from ramstream.inspect.view import open_index as open_index_view
-from ramstream.merge.merge_pass import run_merge
 from ramstream.methods.ram import RhoScope
 from ramstream.output import directory as output_dir
-from ramstream.plan import (
-    make_plan,
-)
 from ramstream.runs.output import (
     OutDtype,
     OutputPlan,
+    already_merged,
     budget_block_elems,
-    check_rows_fit,
     checked_eps,
-    finish_output,
-    merge_block_elems,
-    merge_job,
+    merge_outputs,
     parse_method,
     plan_output,
-    warn_missing,
 )
 from ramstream.statistics.context import StatsContext
 from ramstream.sweep.run import SweepResult, sweep
@@ -54,11 +46,6 @@ class MergeResult:
     def lambdas(self) -> tuple[float, ...]:
         """RAM's lambda per agent (empty for methods without one)."""
         return self.per_agent.get("lambda", ())
-
-
-def _backend(options: RunOptions) -> Backend:
-    """The run's compute backend, with its thread count (scoped to its own calls) and device."""
-    return make_backend(options.backend, options.threads, options.device, options.gpu_memory, options.memory)
 
 
 def preload(backend: str = "numba") -> None:
@@ -83,7 +70,7 @@ def probe(
     """
     options = options or RunOptions()
     family = open_family(base, list(agents), hf_cache=options.hf_cache, hub_timeout=options.hub_timeout)
-    backend = _backend(options)
+    backend = backend_for(options)
     executor = make_executor(backend, options)
     try:
         ctx = StatsContext(
@@ -146,7 +133,7 @@ def merge(
     )
     output_dir.check_output_path(output.out, [m.path for m in family.members])
     output_dir.check_work_paths(output.out, Path(index) if index else None, options.cache_dir)
-    backend = _backend(options)
+    backend = backend_for(options)
     executor = make_executor(backend, options)  # a cluster is reached only when a pass runs
     try:
         with output_dir.lock(output.out):
@@ -169,28 +156,11 @@ def _merge_into(
     finished directory."""
     spec, params, out_path = output.spec, output.params, output.out
     if output_dir.prepare(out_path, output.run, force):
-        record = output_dir.finished_record(out_path) or {}
-        per_agent = {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
-        warn_missing(out_path, record)
-        return MergeResult(out_path, None, spec.name, params.to_dict(), per_agent, True)
-    eps = float(output.run["eps"])
-    ctx = StatsContext(
-        family,
-        eps,
-        Path(index) if index else None,
-        options,
-        budget_block_elems(family, options),
-        executor,
-        allow_nonfinite,
-    )
+        return MergeResult(out_path, None, spec.name, params.to_dict(), already_merged(out_path), True)
     work = output_dir.work_dir(out_path)
-    block_elems = merge_block_elems(work, family, options, output.out_itemsize)
-    plan = make_plan(family, block_elems, row_aligned=spec.row_aligned)
-    check_rows_fit(plan, spec, family, options, output.out_itemsize)  # before any pass: della's blocks hold rows
-    prepared = spec.prepare(params, ctx)
-    job = merge_job(output, plan, prepared, ctx, allow_nonfinite)
-    run_merge(job, work, executor, options.quiet)
-    finish_output(output, job, prepared, ctx, work)
+    ((prepared, job),) = merge_outputs(
+        [output], work, family, Path(index) if index else None, allow_nonfinite, options, executor
+    )
     return MergeResult(out_path, job.index, spec.name, params.to_dict(), prepared.per_agent, False)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ramstream.backends.base import Backend
 from ramstream.backends.settings import BackendSettings
+from ramstream.config import RunOptions
 from ramstream.errors import MissingDependencyError
 from ramstream.registry import Registry
 
@@ -71,3 +72,8 @@ def make_backend(
     memory: int | None = None,
 ) -> Backend:
     return _REGISTRY.get(name).load()(BackendSettings(threads, device, gpu_memory, memory))
+
+
+def backend_for(options: RunOptions) -> Backend:
+    """The run's compute backend, with its thread count (scoped to its own calls) and device."""
+    return make_backend(options.backend, options.threads, options.device, options.gpu_memory, options.memory)

@@ -11,7 +11,7 @@ merge`` writes with the same arguments.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,12 +20,13 @@ import numpy as np
 
 from ramstream.config import RunOptions, show_size
 from ramstream.errors import ConfigError
+from ramstream.execution.executor import Executor
 from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES
 from ramstream.format.family import Family
 from ramstream.format.names import CONFIG_FILE
 from ramstream.index import resolve
 from ramstream.io.writer import ShardLayout
-from ramstream.merge.merge_pass import MergeJob, stored_block_elems
+from ramstream.merge.merge_pass import MergeJob, run_merges, stored_block_elems
 from ramstream.methods.base import MethodSpec, Prepared
 from ramstream.methods.registry import get_method
 from ramstream.methods.report import agent_reports
@@ -39,6 +40,7 @@ from ramstream.plan import (
     block_elems_for,
     bytes_per_element,
     elements_within,
+    make_plan,
     memory_for,
     row_elements,
 )
@@ -127,6 +129,47 @@ def merge_job(output: OutputPlan, plan: Plan, prepared: Prepared, ctx: StatsCont
         check_nonfinite=not allow_nonfinite and not ctx.checked_nonfinite,
         task_vectors=output.spec.task_vectors,
     )
+
+
+def already_merged(out: Path) -> dict[str, tuple[float, ...]]:
+    """An output finished by an earlier run: its per-agent values (what it lacks is said again)."""
+    record = output_dir.finished_record(out) or {}
+    warn_missing(out, record)
+    return {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
+
+
+def merge_outputs(
+    outputs: Sequence[OutputPlan],
+    journal_dir: Path,
+    family: Family,
+    index: Path | None,
+    allow_nonfinite: bool,
+    options: RunOptions,
+    executor: Executor,
+    names: Sequence[str] | None = None,
+) -> list[tuple[Prepared, MergeJob]]:
+    """Merge and finish ``outputs`` (prepared in their directories) from one read of the inputs:
+    each method prepares on a statistics context of its own, as a merge of it alone would (whether
+    it used the index decides its card and its input checks; the statistics themselves are shared
+    through the index), then one merge pass writes them all, its journal in ``journal_dir``
+    (``names``: the outputs it marks for, a sweep's; None for a plain merge)."""
+    eps = float(outputs[0].run["eps"])
+    contexts = [
+        StatsContext(family, eps, index, options, budget_block_elems(family, options), executor, allow_nonfinite)
+        for _ in outputs
+    ]
+    itemsize = sum(o.out_itemsize for o in outputs)  # K outputs' buffers share the budget
+    block_elems = merge_block_elems(journal_dir, family, options, itemsize)
+    plan = make_plan(family, block_elems, row_aligned=any(o.spec.row_aligned for o in outputs))
+    for o in outputs:
+        check_rows_fit(plan, o.spec, family, options, itemsize)  # before any pass: della's blocks hold rows
+    prepared = [o.spec.prepare(o.params, ctx) for o, ctx in zip(outputs, contexts, strict=True)]
+    jobs = [merge_job(o, plan, p, ctx, allow_nonfinite) for o, p, ctx in zip(outputs, prepared, contexts, strict=True)]
+    works = [output_dir.work_dir(o.out) for o in outputs]
+    run_merges(jobs, works, journal_dir, executor, options.quiet, names)
+    for o, job, p, ctx, work in zip(outputs, jobs, prepared, contexts, works, strict=True):
+        finish_output(o, job, p, ctx, work)
+    return list(zip(prepared, jobs, strict=True))
 
 
 def finish_output(output: OutputPlan, job: MergeJob, prepared: Prepared, ctx: StatsContext, work: Path) -> None:

@@ -3,8 +3,8 @@
 Every candidate is an ordinary merge output in ``DIR/<name>/`` (``runs.output``: the same run
 record, bytes, card and ``ramstream_merge.json`` as ``ramstream merge --out DIR/<name>`` with
 the same arguments). What is shared is the reading: the probe and the statistics the
-candidates need run on one ``StatsContext`` (each pass once, its result in the index), and
-the merge pass reads every batch of the inputs once and merges it K times (``run_merges``),
+candidates need are kept in one index (each pass runs once, later candidates read its result),
+and the merge pass reads every batch of the inputs once and merges it K times (``merge_outputs``),
 within ``--memory``: the block size accounts for the K outputs' buffers. The sweep's journal is
 ``DIR/.ramstream/journal`` (it names the candidates it marks for); a candidate already finished
 is left as it is, so a rerun, or a rerun with a candidate added, merges only what is missing.
@@ -21,31 +21,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ramstream.backends.registry import make_backend
+from ramstream.backends.registry import backend_for
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
 from ramstream.errors import ConfigError, OutputError
 from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
 from ramstream.format.family import Family, open_family
 from ramstream.io.atomic import atomic_write_text
-from ramstream.merge.merge_pass import run_merges
 from ramstream.methods.base import Prepared
 from ramstream.output import directory as output_dir
-from ramstream.plan import make_plan
 from ramstream.runs.output import (
     OutDtype,
     OutputPlan,
-    budget_block_elems,
-    check_rows_fit,
+    already_merged,
     checked_eps,
-    finish_output,
-    merge_block_elems,
-    merge_job,
+    merge_outputs,
     parse_method,
     plan_output,
-    warn_missing,
 )
-from ramstream.statistics.context import StatsContext
 from ramstream.sweep.evaluate import Evaluation, Selection, check_command, evaluate
 from ramstream.sweep.grid import Candidate, check_unique
 from ramstream.version import __version__
@@ -146,7 +139,7 @@ def sweep(
     output_dir.check_output_path(root, [m.path for m in family.members])
     output_dir.check_work_paths(root, Path(index) if index else None, options.cache_dir)
     _check_sweep_dir(root, {c.name for c in candidates})
-    backend = make_backend(options.backend, options.threads, options.device, options.gpu_memory, options.memory)
+    backend = backend_for(options)
     executor = make_executor(backend, options)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -205,7 +198,19 @@ def _sweep_into(
     pending = [o for o in outputs if o.out.name not in finished]
     merged: dict[str, Prepared] = {}
     if pending:
-        merged = _merge_pending(root, pending, family, index, allow_nonfinite, options, executor)
+        work = output_dir.work_dir(root)
+        work.mkdir(exist_ok=True)
+        done = merge_outputs(
+            pending,
+            work,
+            family,
+            Path(index) if index else None,
+            allow_nonfinite,
+            options,
+            executor,
+            [o.out.name for o in pending],
+        )
+        merged = {o.out.name: p for o, (p, _) in zip(pending, done, strict=True)}
     work = output_dir.work_dir(root)
     if work.exists():
         shutil.rmtree(work)
@@ -215,53 +220,10 @@ def _sweep_into(
             per_agent = merged[o.out.name].per_agent
             status = "merged"
         else:
-            record = output_dir.finished_record(o.out) or {}
-            per_agent = {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
+            per_agent = already_merged(o.out)
             status = "already merged"
-            warn_missing(o.out, record)
         results.append(CandidateResult(o.out.name, o.out, o.spec.name, o.params.to_dict(), per_agent, status))
     return results
-
-
-def _merge_pending(
-    root: Path,
-    pending: list[OutputPlan],
-    family: Family,
-    index: str | Path | None,
-    allow_nonfinite: bool,
-    options: RunOptions,
-    executor: Executor,
-) -> dict[str, Prepared]:
-    eps = float(pending[0].run["eps"])
-    # A context per candidate, as its own merge would have: whether it used the index decides
-    # its card and its input checks. The statistics are shared all the same: each is computed
-    # once, kept in the index, and read back by every later candidate that asks for it.
-    contexts = [
-        StatsContext(
-            family,
-            eps,
-            Path(index) if index else None,
-            options,
-            budget_block_elems(family, options),
-            executor,
-            allow_nonfinite,
-        )
-        for _ in pending
-    ]
-    work = output_dir.work_dir(root)
-    work.mkdir(exist_ok=True)
-    itemsize = sum(o.out_itemsize for o in pending)  # K outputs' buffers share the budget
-    block_elems = merge_block_elems(work, family, options, itemsize)
-    plan = make_plan(family, block_elems, row_aligned=any(o.spec.row_aligned for o in pending))
-    for o in pending:
-        check_rows_fit(plan, o.spec, family, options, itemsize)
-    prepared = [o.spec.prepare(o.params, ctx) for o, ctx in zip(pending, contexts, strict=True)]
-    jobs = [merge_job(o, plan, p, ctx, allow_nonfinite) for o, p, ctx in zip(pending, prepared, contexts, strict=True)]
-    works = [output_dir.work_dir(o.out) for o in pending]
-    run_merges(jobs, works, work, executor, options.quiet, outputs=[o.out.name for o in pending])
-    for o, job, p, ctx, w in zip(pending, jobs, prepared, contexts, works, strict=True):
-        finish_output(o, job, p, ctx, w)
-    return {o.out.name: p for o, p in zip(pending, prepared, strict=True)}
 
 
 def _finished(output: OutputPlan) -> bool:
