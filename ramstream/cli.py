@@ -178,6 +178,19 @@ def _run_options(f: F) -> F:
     return f
 
 
+def _output_options(f: F) -> F:
+    """What the commands that write merged models (merge, sweep) take about the output."""
+    f = click.option("--shard-size", type=Size(), default=str(DEFAULT_SHARD_SIZE), show_default=True)(f)
+    f = click.option(
+        "--out-dtype",
+        type=click.Choice(["auto", "bf16", "f16", "f32"]),
+        default="auto",
+        show_default=True,
+        help="auto keeps each tensor's base dtype.",
+    )(f)
+    return click.option("--index", "index", type=click.Path(path_type=Path), default=None)(f)
+
+
 def _checkpoint_options(f: F) -> F:
     """The run options of the commands that open checkpoints (probe, merge)."""
     f = click.option(
@@ -320,15 +333,7 @@ def _given_settings(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any
     help="paper (default): 1 + r*clip(rho,0,alpha); script: the authors' 1 + (R-1)*min(1,rho), R = 1 + r.",
 )
 @_method_options
-@click.option("--index", "index", type=click.Path(path_type=Path), default=None)
-@click.option(
-    "--out-dtype",
-    type=click.Choice(["auto", "bf16", "f16", "f32"]),
-    default="auto",
-    show_default=True,
-    help="auto keeps each tensor's base dtype.",
-)
-@click.option("--shard-size", type=Size(), default=str(DEFAULT_SHARD_SIZE), show_default=True)
+@_output_options
 @click.option("--force", is_flag=True, help="Replace what a previous merge left in --out.")
 @click.option(
     "--allow-nonfinite",
@@ -486,15 +491,7 @@ def inspect(
     help="Candidates: the cross product of the values, e.g. 'ram+:r=0.05,0.1' (repeatable; docs/sweep.md).",
 )
 @click.option("--eps", type=float, default=DEFAULT_EPS, show_default=True, help="|tau| > eps marks an element active.")
-@click.option("--index", "index", type=click.Path(path_type=Path), default=None)
-@click.option(
-    "--out-dtype",
-    type=click.Choice(["auto", "bf16", "f16", "f32"]),
-    default="auto",
-    show_default=True,
-    help="auto keeps each tensor's base dtype.",
-)
-@click.option("--shard-size", type=Size(), default=str(DEFAULT_SHARD_SIZE), show_default=True)
+@_output_options
 @click.option("--force", is_flag=True, help="Replace what earlier merges left in a candidate's directory.")
 @click.option("--allow-nonfinite", is_flag=True, help="Let NaN/Inf weights through (see merge --help).")
 @click.option(

@@ -142,6 +142,16 @@ def test_merge_of_a_tensor_twice_the_budget_stays_within_budget(tmp_path: Path) 
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
+def shared_family(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[Path]]:
+    """The family of the budget tests, written once per session: its root, base and agents."""
+    root = tmp_path_factory.getbasetemp() / "memory-family"
+    if not (root / "done").exists():
+        root.mkdir(exist_ok=True)
+        write_family(root / "family")
+        (root / "done").write_text("ok\n")
+    return root, root / "family" / "base", [root / "family" / f"agent{t}" for t in range(N_AGENTS)]
+
+
 # Every method family within the same budget: the generalized task arithmetic kernels (linear,
 # task arithmetic), magnitude trimming with its histogram pass (ties), DARE's draws with its exact
 # L1 sums (dare_ties), DELLA's row-aligned blocks (della) and model stock's per-tensor statistics.
@@ -158,12 +168,7 @@ FAMILIES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("method", list(FAMILIES))
 def test_every_method_family_stays_within_budget(tmp_path_factory: pytest.TempPathFactory, method: str) -> None:
-    root = tmp_path_factory.getbasetemp() / "memory-family"
-    if not (root / "done").exists():
-        root.mkdir(exist_ok=True)
-        write_family(root / "family")
-        (root / "done").write_text("ok\n")
-    base, agents = root / "family" / "base", [root / "family" / f"agent{t}" for t in range(N_AGENTS)]
+    root, base, agents = shared_family(tmp_path_factory)
     out = tmp_path_factory.mktemp(method) / "out"
     merge = [sys.executable, "-m", "ramstream.cli", "merge", str(base), *map(str, agents), "--method", method]
     merge += [*FAMILIES[method], "--out", str(out), "--memory", "64MiB", "--cache-dir", str(root / "cache"), "--quiet"]
@@ -180,12 +185,7 @@ SWEEP_GRIDS = ("ram+:r=0.05,0.1,0.2", "task_arithmetic:lambda=0.5,1.0", "ties:de
 
 @pytest.mark.slow
 def test_a_sweep_of_six_candidates_stays_within_budget(tmp_path_factory: pytest.TempPathFactory) -> None:
-    root = tmp_path_factory.getbasetemp() / "memory-family"
-    if not (root / "done").exists():
-        root.mkdir(exist_ok=True)
-        write_family(root / "family")
-        (root / "done").write_text("ok\n")
-    base, agents = root / "family" / "base", [root / "family" / f"agent{t}" for t in range(N_AGENTS)]
+    root, base, agents = shared_family(tmp_path_factory)
     out = tmp_path_factory.mktemp("sweep") / "out"
     sweep = [sys.executable, "-m", "ramstream.cli", "sweep", str(base), *map(str, agents), "--out", str(out)]
     sweep += [x for grid in SWEEP_GRIDS for x in ("--grid", grid)]
