@@ -32,6 +32,7 @@ from ramstream.methods.registry import get_method
 from ramstream.methods.report import agent_reports
 from ramstream.output import directory as output_dir
 from ramstream.output.base_files import base_files
+from ramstream.output.disk_space import check_free_space, output_need
 from ramstream.output.hf_config import merged_config
 from ramstream.output.model_card import model_card
 from ramstream.output.shards import plan_shards
@@ -116,7 +117,9 @@ def shard_layout(output: OutputPlan, plan: Plan) -> ShardLayout:
     )
 
 
-def merge_job(output: OutputPlan, plan: Plan, prepared: Prepared, ctx: StatsContext, allow_nonfinite: bool) -> MergeJob:
+def merge_job(
+    output: OutputPlan, plan: Plan, layout: ShardLayout, prepared: Prepared, ctx: StatsContext, allow_nonfinite: bool
+) -> MergeJob:
     """What the merge pass computes and writes for this output."""
     index_path = ctx.store.path if ctx.used_index else None
     return MergeJob(
@@ -124,7 +127,7 @@ def merge_job(output: OutputPlan, plan: Plan, prepared: Prepared, ctx: StatsCont
         plan,
         prepared.merge_block,
         output.dtypes,
-        shard_layout(output, plan),
+        layout,
         index=index_path,
         check_nonfinite=not allow_nonfinite and not ctx.checked_nonfinite,
         task_vectors=output.spec.task_vectors,
@@ -163,9 +166,18 @@ def merge_outputs(
     plan = make_plan(family, block_elems, row_aligned=any(o.spec.row_aligned for o in outputs))
     for o in outputs:
         check_rows_fit(plan, o.spec, family, options, itemsize)  # before any pass: della's blocks hold rows
-    prepared = [o.spec.prepare(o.params, ctx) for o, ctx in zip(outputs, contexts, strict=True)]
-    jobs = [merge_job(o, plan, p, ctx, allow_nonfinite) for o, p, ctx in zip(outputs, prepared, contexts, strict=True)]
+    layouts = [shard_layout(o, plan) for o in outputs]
     works = [output_dir.work_dir(o.out) for o in outputs]
+    copied = base_files(family.base).copied
+    check_free_space(
+        [output_need(o.out, w, lay, copied) for o, w, lay in zip(outputs, works, layouts, strict=True)],
+        "the merged model" if names is None else f"{len(outputs)} candidates",
+    )
+    prepared = [o.spec.prepare(o.params, ctx) for o, ctx in zip(outputs, contexts, strict=True)]
+    jobs = [
+        merge_job(o, plan, lay, p, ctx, allow_nonfinite)
+        for o, lay, p, ctx in zip(outputs, layouts, prepared, contexts, strict=True)
+    ]
     run_merges(jobs, works, journal_dir, executor, options.quiet, names)
     for o, job, p, ctx, work in zip(outputs, jobs, prepared, contexts, works, strict=True):
         finish_output(o, job, p, ctx, work)
