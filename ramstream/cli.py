@@ -475,8 +475,8 @@ def inspect(
 
 
 @main.command()
-@click.argument("base", type=str)
-@click.argument("agents", nargs=-1, required=True, type=str)
+@click.argument("base", type=str, required=False)
+@click.argument("agents", nargs=-1, type=str)
 @click.option(
     "--out",
     type=click.Path(path_type=Path),
@@ -489,6 +489,13 @@ def inspect(
     multiple=True,
     metavar='"METHOD[:PARAM=V1,V2,...]"',
     help="Candidates: the cross product of the values, e.g. 'ram+:r=0.05,0.1' (repeatable; docs/sweep.md).",
+)
+@click.option(
+    "--config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Candidates as mergekit configs: a list of them, or one with a sweep: key (docs/sweep.md); "
+    "it names BASE and the AGENTS.",
 )
 @click.option("--eps", type=float, default=DEFAULT_EPS, show_default=True, help="|tau| > eps marks an element active.")
 @_output_options
@@ -510,12 +517,15 @@ def inspect(
     help="With --eval: the metric that ranks the candidates [default: the first one reported, max].",
 )
 @_checkpoint_options
+@click.pass_context
 @_friendly
 def sweep(
-    base: str,
+    ctx: click.Context,
+    base: str | None,
     agents: tuple[str, ...],
     out: Path,
     grids: tuple[str, ...],
+    config: Path | None,
     eps: float,
     index: Path | None,
     out_dtype: Any,
@@ -527,11 +537,10 @@ def sweep(
     select: str | None,
     **values: Any,
 ) -> None:
-    """Merge AGENTS into BASE once per candidate of --grid, reading the inputs once, into
-    --out/<name>/ (each what `ramstream merge` writes with those arguments); resumable."""
-    from ramstream.sweep.grid import parse_grids
-
-    candidates = parse_grids(grids)
+    """Merge AGENTS into BASE once per candidate of --grid (or --config), reading the inputs once,
+    into --out/<name>/ (each what `ramstream merge` writes with those arguments); resumable."""
+    base, agents, candidates, shared = _sweep_candidates(ctx, base, agents, grids, config)
+    eps, out_dtype = shared.get("eps", eps), shared.get("out_dtype", out_dtype)
     api = _load_api(values["backend"])
     result = api.sweep(
         base,
@@ -554,6 +563,30 @@ def sweep(
     click.echo(f"sweep: {len(result.candidates)} candidates in {result.out} (sweep.json)")
     if result.evaluations:
         click.echo(_score_table(result))
+
+
+def _sweep_candidates(
+    ctx: click.Context, base: str | None, agents: tuple[str, ...], grids: tuple[str, ...], config: Path | None
+) -> tuple[str, tuple[str, ...], list[Any], dict[str, Any]]:
+    """The family, the candidates (the config's, then the grids') and the sweep-wide settings the
+    config sets (eps, out_dtype), which a flag may repeat but not contradict."""
+    from ramstream.sweep import config as sweep_config
+    from ramstream.sweep.grid import check_unique, parse_grid, parse_grids
+
+    if config is None:
+        if base is None or not agents:
+            raise click.UsageError("give BASE and at least one AGENT (or --config FILE)")
+        return base, agents, parse_grids(grids), {}
+    if base is not None or agents:
+        raise click.UsageError("give either --config or BASE AGENT..., not both")
+    loaded = sweep_config.load(config)
+    candidates = [*loaded.candidates, *(c for g in grids for c in parse_grid(g))]
+    check_unique(candidates)
+    for key, value in loaded.shared.items():
+        if ctx.get_parameter_source(key) != click.core.ParameterSource.DEFAULT and ctx.params[key] != value:
+            flag = "--" + key.replace("_", "-")
+            raise click.UsageError(f"{flag} is set by {config} too ({value!r}); set it in one place")
+    return str(loaded.base), tuple(map(str, loaded.agents)), candidates, dict(loaded.shared)
 
 
 def _score_table(result: Any) -> str:

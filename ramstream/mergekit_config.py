@@ -176,17 +176,22 @@ def load(path: str | Path) -> ConfigMerge:
     import yaml
 
     path = Path(path)
-    try:
-        text = _read_regular(path).decode("utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the config ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save the config as UTF-8") from None
+    text = read_text(path)
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
     return parse(doc, path)
+
+
+def read_text(path: Path) -> str:
+    """A config file's text; unreadable, not UTF-8 or not a regular file is one line."""
+    try:
+        return _read_regular(path).decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save the config as UTF-8") from None
 
 
 def _read_regular(path: Path) -> bytes:

@@ -9,6 +9,7 @@ parameters, stable across runs and safe as a directory name: the folder it is wr
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from collections.abc import Iterable, Mapping
@@ -19,22 +20,32 @@ import yaml
 
 from ramstream.errors import ConfigError
 
-_NAME_PART = re.compile(r"[^A-Za-z0-9.+=_-]")
+_NAME_PART = re.compile(r"[^A-Za-z0-9.,+=_-]")
+MAX_NAME = 120  # well within every file system's 255 bytes, and readable in a table
 _PARAM = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One merge of a sweep: the method and the settings it is given (flat, as ``merge`` takes)."""
+    """One merge of a sweep: the method and the settings it is given (flat, as ``merge`` takes),
+    and the directory name the user chose (``label``; a config's ``name:``), if any."""
 
     method: str
     settings: Mapping[str, Any] = field(default_factory=dict)
+    label: str | None = None
 
     @property
     def name(self) -> str:
-        """``method`` then ``-param=value`` per setting, in the order given: ``ram+-r=0.05``."""
+        """``label``, or ``method`` then ``-param=value`` per setting, in the order given:
+        ``ram+-r=0.05``; a per-agent list is written ``weights=1.0,0.5``. A name longer than
+        ``MAX_NAME`` keeps its start and ends in a digest of the whole (still stable)."""
+        if self.label is not None:
+            return self.label
         parts = [self.method, *(f"{k}={_text(v)}" for k, v in self.settings.items())]
-        return _NAME_PART.sub("_", "-".join(parts))
+        name = _NAME_PART.sub("_", "-".join(parts))
+        if len(name) <= MAX_NAME:
+            return name
+        return f"{name[: MAX_NAME - 13]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "method": self.method, "settings": dict(self.settings)}
@@ -94,7 +105,19 @@ def _scalar(text: str, param: str, value: str) -> Any:
     return parsed
 
 
+def check_label(label: Any, where: str) -> str:
+    """A user-chosen candidate name: a word of letters, digits and ``.,+=_-`` (a directory name
+    on every file system), not starting with a dot (the sweep's own files do)."""
+    if not isinstance(label, str) or not label or label.startswith(".") or _NAME_PART.search(label):
+        raise ConfigError(f"{where}: name {label!r} is not a directory name; use letters, digits and . , + = _ -")
+    if len(label) > MAX_NAME:
+        raise ConfigError(f"{where}: name {label!r} is longer than {MAX_NAME} characters")
+    return label
+
+
 def _text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(_text(v) for v in value)
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value) if isinstance(value, float) else str(value)
