@@ -516,6 +516,12 @@ def inspect(
     default=None,
     help="With --eval: the metric that ranks the candidates [default: the first one reported, max].",
 )
+@click.option(
+    "--plot",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="With --eval: draw the selected metric per candidate (*.png or *.svg; pip install 'ramstream[plot]').",
+)
 @_checkpoint_options
 @click.pass_context
 @_friendly
@@ -535,6 +541,7 @@ def sweep(
     evaluate_with: str | None,
     eval_inputs: bool,
     select: str | None,
+    plot: Path | None,
     **values: Any,
 ) -> None:
     """Merge AGENTS into BASE once per candidate of --grid (or --config), reading the inputs once,
@@ -556,6 +563,7 @@ def sweep(
         evaluate_with=evaluate_with,
         eval_inputs=eval_inputs,
         select=select,
+        plot=plot,
         options=_options(**values),
     )
     for c in result.candidates:
@@ -563,6 +571,8 @@ def sweep(
     click.echo(f"sweep: {len(result.candidates)} candidates in {result.out} (sweep.json)")
     if result.evaluations:
         click.echo(_score_table(result))
+    if plot is not None:
+        click.echo(f"plot: {plot}")
 
 
 def _sweep_candidates(
@@ -599,7 +609,7 @@ def _score_table(result: Any) -> str:
     lines = [f"{'model':<{width}}  {best}"]
     for e in [*ranked, *rest]:
         shown = f"{e.metrics[metric]:.6g}" if metric in e.metrics else (e.error or "no " + metric)
-        lines.append(f"{e.model:<{width}}  {shown}")
+        lines.append(f"{e.model:<{width}}  {shown}{'  (recorded earlier)' if e.recorded else ''}")
     if result.selected is not None:
         lines.append(f"selected: {result.selected} ({metric} {ranked[0].metrics[metric]:.6g})")
     return "\n".join(lines)

@@ -231,6 +231,79 @@ def test_candidates_are_scored_ranked_and_recorded(family: Family, tmp_path: Pat
     assert set(doc["candidates"]["linear"]["metrics"]) == {"files"}
 
 
+# An evaluator that logs every call, to count them; it fails for a model named in FAIL_ONCE once.
+COUNTING = """
+import json, sys
+from pathlib import Path
+model, log = Path(sys.argv[1]), Path(sys.argv[2])
+calls = log.read_text().splitlines() if log.exists() else []
+log.write_text("\\n".join([*calls, model.name]) + "\\n")
+if model.name == "linear" and "linear" not in calls:
+    sys.exit("not today")
+print(json.dumps({"score": len(model.name)}))
+"""
+
+
+def test_a_rerun_reuses_the_recorded_scores(family: Family, tmp_path: Path) -> None:
+    """Scores recorded with the same command are kept for candidates not merged again and for the
+    inputs; a failed evaluation, a new candidate and another command are evaluated (again)."""
+    script, log = tmp_path / "count.py", tmp_path / "calls.log"
+    script.write_text(COUNTING)
+    out, cache = tmp_path / "sweep", ("--cache-dir", tmp_path / "cache")
+    command = ("--eval", f"{sys.executable} {script} {{model}} {log}", "--eval-inputs")
+
+    def calls() -> list[str]:
+        return log.read_text().splitlines()
+
+    first = run_sweep(family, out, ("ram+:r=0.1", "linear"), *command, *cache)
+    assert first.exit_code == 0, first.output + first.stderr
+    n_inputs = 1 + len(family.agents)
+    assert len(calls()) == n_inputs + 2 and "not today" in first.output
+    again = run_sweep(family, out, ("ram+:r=0.1", "linear", "task_arithmetic"), *command, *cache)
+    assert again.exit_code == 0, again.output + again.stderr
+    assert calls()[n_inputs + 2 :] == ["linear", "task_arithmetic"]  # the failure again, the new one
+    rows = {line.split()[0]: line.split()[1:] for line in again.output.splitlines() if "  " in line}
+    assert rows["ram+-r=0.1"] == ["10", "(recorded", "earlier)"] and rows["linear"] == ["6"]
+    scores = json.loads((out / "sweep.json").read_text())["eval"]["candidates"]
+    assert scores["linear"]["metrics"] == {"score": 6.0} and scores["ram+-r=0.1"]["metrics"] == {"score": 10.0}
+    fewer = ("--eval", f"{sys.executable} {script} {{model}} {log}")  # the same command, fewer models
+    assert run_sweep(family, out, ("ram+:r=0.1",), *fewer, *cache).exit_code == 0
+    assert len(calls()) == n_inputs + 4  # the same command: the recorded score is kept
+    renamed = ("--eval", f"{sys.executable} {script} {{model}} {log} ")
+    assert run_sweep(family, out, ("ram+:r=0.1",), *renamed, *cache).exit_code == 0
+    assert calls()[-1] == "ram+-r=0.1"  # another command line: evaluated again
+
+
+def test_the_plot_draws_every_candidate(family: Family, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    script = tmp_path / "eval.py"
+    script.write_text(EVALUATOR)
+    out, plot = tmp_path / "sweep", tmp_path / "scores.svg"
+    command = f"{sys.executable} {script} {{model}}"
+    done = run_sweep(
+        family,
+        out,
+        ("ram+:r=0.05,0.5", "linear"),
+        "--eval",
+        command,
+        "--select",
+        "lambda0",
+        "--plot",
+        plot,
+        "--eval-inputs",
+        "--cache-dir",
+        tmp_path / "c",
+    )
+    assert done.exit_code == 0, done.output + done.stderr
+    assert done.output.strip().endswith(f"plot: {plot}")
+    svg = plot.read_text()
+    assert all(name in svg for name in ("ram+-r=0.05", "ram+-r=0.5", "linear", "not scored: no lambda0"))
+    assert "selected: ram+-r=0.5" in svg
+    png = tmp_path / "scores.png"
+    again = run_sweep(family, out, ("ram+:r=0.05",), "--eval", command, "--plot", png, "--cache-dir", tmp_path / "c")
+    assert again.exit_code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize(
     ("program", "error"),
     [
@@ -261,7 +334,9 @@ def test_an_evaluation_that_fails_is_recorded_not_fatal(
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
-        (("--select", "acc"), "--eval-inputs and --select need --eval"),
+        (("--select", "acc"), "--eval-inputs, --select and --plot need --eval"),
+        (("--plot", "scores.png"), "--eval-inputs, --select and --plot need --eval"),
+        (("--eval", "x {model}", "--plot", "scores.gif"), "--plot writes PNG or SVG"),
         (("--eval", "python eval.py"), "never names {model}"),
         (("--eval", "python 'eval.py {model}"), "cannot be split into words"),
         (("--eval", "x {model}", "--select", "acc:best"), "write METRIC, METRIC:max or METRIC:min"),

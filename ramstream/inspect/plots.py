@@ -22,7 +22,8 @@ from ramstream.inspect.tables import Table
 FORMATS = (".png", ".svg")
 
 
-def _figure(width: float, height: float) -> Any:
+def new_figure(width: float, height: float) -> Any:
+    """A matplotlib figure on the Agg canvas (no display needed); matplotlib missing is one line."""
     require("matplotlib", "plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -42,9 +43,13 @@ def check_target(path: Path) -> None:
 
 
 def save(figure: Any, path: Path) -> None:
+    """Write the figure; an SVG keeps its text as text (searchable, and smaller than glyph paths)."""
+    import matplotlib
+
     check_target(path)
     try:
-        figure.savefig(path, format=path.suffix.lower()[1:])
+        with matplotlib.rc_context({"svg.fonttype": "none"}):
+            figure.savefig(path, format=path.suffix.lower()[1:])
     except OSError as exc:
         raise OutputError(f"{path}: cannot write the plot ({exc.strerror or exc})") from exc
 
@@ -64,7 +69,7 @@ def summary_figure(model: Table, groups: Table) -> Any:
     """The per-agent bars and the ``groups`` (layers or modules) x agent heatmaps."""
     agents = model.agents
     n = len(agents)
-    figure = _figure(max(10.0, 1.6 * n + 6), 4.0 + max(4.0, 0.16 * len(groups)))
+    figure = new_figure(max(10.0, 1.6 * n + 6), 4.0 + max(4.0, 0.16 * len(groups)))
     top, bottom = figure.subfigures(2, 1, height_ratios=[1.0, max(1.0, len(groups) / 25)])
     ax_density, ax_hist = top.subplots(1, 2)
     x = np.arange(n)
@@ -101,7 +106,7 @@ def tensor_figure(image: MaskImage) -> Any:
     height, width = image.cells.shape
     aspect = height / max(width, 1)
     panel_w = 3.2
-    figure = _figure(panel_w * (n + 1) + 1.0, max(2.2, min(panel_w * aspect, 8.0)) + 1.2)
+    figure = new_figure(panel_w * (n + 1) + 1.0, max(2.2, min(panel_w * aspect, 8.0)) + 1.2)
     axes = figure.subplots(1, n + 1, squeeze=False)[0]
     panels = [*image.density, image.collide_density]
     titles = [*image.agents, "2+ agents"]

@@ -34,6 +34,7 @@ class Evaluation:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     seconds: float = 0.0
+    recorded: bool = False  # read back from an earlier run's sweep.json, not run now
 
     def to_dict(self) -> dict[str, Any]:
         return {"metrics": self.metrics, "error": self.error, "seconds": round(self.seconds, 3)}

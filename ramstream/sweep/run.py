@@ -27,6 +27,8 @@ from ramstream.errors import ConfigError, OutputError
 from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
 from ramstream.format.family import Family, open_family
+from ramstream.index import resolve
+from ramstream.inspect import plots
 from ramstream.io.atomic import atomic_write_text
 from ramstream.methods.base import Prepared
 from ramstream.output import directory as output_dir
@@ -39,8 +41,9 @@ from ramstream.runs.output import (
     parse_method,
     plan_output,
 )
-from ramstream.sweep.evaluate import Evaluation, Selection, check_command, evaluate
+from ramstream.sweep.evaluate import DEFAULT_METRIC, Evaluation, Selection, check_command, evaluate
 from ramstream.sweep.grid import Candidate, check_unique
+from ramstream.sweep.plot import write_plot
 from ramstream.version import __version__
 
 SWEEP_FILE = "sweep.json"
@@ -101,19 +104,24 @@ def sweep(
     evaluate_with: str | None = None,
     eval_inputs: bool = False,
     select: str | None = None,
+    plot: str | Path | None = None,
     options: RunOptions | None = None,
 ) -> SweepResult:
     """Merge every candidate into ``out/<name>/``; rerunning the same call resumes the sweep.
 
     ``evaluate_with`` (``--eval "CMD {model}"``) scores every candidate afterwards (and the base
-    and agents with ``eval_inputs``); ``select`` (``METRIC[:max|min]``) ranks them."""
+    and agents with ``eval_inputs``); ``select`` (``METRIC[:max|min]``) ranks them; ``plot``
+    draws the selected metric per candidate (PNG or SVG). A rerun reuses the scores ``sweep.json``
+    holds for candidates it did not merge again (same command, no error)."""
     options = options or RunOptions()
     check_unique(list(candidates))
     if evaluate_with is not None:
         check_command(evaluate_with)
-    elif eval_inputs or select is not None:
-        raise ConfigError('--eval-inputs and --select need --eval "CMD {model}"')
+    elif eval_inputs or select is not None or plot is not None:
+        raise ConfigError('--eval-inputs, --select and --plot need --eval "CMD {model}"')
     selection = Selection.parse(select) if select is not None else None
+    if plot is not None:
+        plots.check_target(Path(plot))  # a plot that cannot be written fails now, not after the merges
     if not candidates:
         raise OutputError(f"{out}: a sweep needs at least one candidate")
     eps = checked_eps(eps)
@@ -149,6 +157,7 @@ def sweep(
                 if force or not _finished(output):  # a finished candidate is not touched, not even by a lock
                     output.out.mkdir(exist_ok=True)
                     locks.enter_context(output_dir.lock(output.out))
+            recorded = _recorded_scores(root, evaluate_with, resolve.family_key(family, eps))
             _write_sweep_file(root, family, [{**c.to_dict(), "status": "pending"} for c in candidates])
             results = _sweep_into(root, outputs, family, index, force, allow_nonfinite, options, executor)
             entries = [{**r.to_dict(), "settings": dict(c.settings)} for c, r in zip(candidates, results, strict=True)]
@@ -158,29 +167,70 @@ def sweep(
         backend.close()
     if evaluate_with is None:
         return SweepResult(root, tuple(results))
-    models = [(m.name, m.path) for m in family.members] if eval_inputs else []
-    models += [(r.name, r.out) for r in results]
-    evaluations = tuple(evaluate(evaluate_with, name, path) for name, path in models)
+    key = resolve.family_key(family, eps)
+    inputs = [(m.name, m.path) for m in family.members] if eval_inputs else []
+    evaluations = _evaluations(evaluate_with, inputs, results, recorded)
     if selection is None:
         first = next((e for e in evaluations if e.metrics), None)
         selection = Selection(next(iter(first.metrics))) if first is not None else None
     result = SweepResult(root, tuple(results), evaluations, selection)
-    _write_sweep_file(root, family, entries, _scores(result, evaluate_with))
+    _write_sweep_file(root, family, entries, _scores(result, evaluate_with, key))
+    if plot is not None:
+        names = {r.name for r in results}
+        write_plot(Path(plot), list(evaluations), names, selection or Selection(DEFAULT_METRIC), result.selected)
     return result
 
 
-def _scores(result: SweepResult, command: str) -> dict[str, Any]:
+def _evaluations(
+    command: str,
+    inputs: list[tuple[str, Path]],
+    results: list[CandidateResult],
+    recorded: dict[str, dict[str, Evaluation]],
+) -> tuple[Evaluation, ...]:
+    """The inputs' then the candidates' evaluations, in order: an input, or a candidate this run
+    did not merge, keeps the score recorded for it, when there is one; the rest are evaluated now."""
+    earlier_inputs, earlier = recorded.get("inputs", {}), recorded.get("candidates", {})
+    out = [earlier_inputs.get(name) or evaluate(command, name, path) for name, path in inputs]
+    for r in results:
+        reuse = r.status != "merged" and r.name in earlier
+        out.append(earlier[r.name] if reuse else evaluate(command, r.name, r.out))
+    return tuple(out)
+
+
+def _scores(result: SweepResult, command: str, inputs_key: str) -> dict[str, Any]:
     by_model = {e.model: e.to_dict() for e in result.evaluations}
     names = {c.name for c in result.candidates}
     return {
         "eval": {
             "command": command,
+            "inputs_key": inputs_key,
             "inputs": {m: v for m, v in by_model.items() if m not in names},
             "candidates": {m: v for m, v in by_model.items() if m in names},
             "select": None if result.selection is None else vars(result.selection),
             "selected": result.selected,
         }
     }
+
+
+def _recorded_scores(root: Path, command: str | None, inputs_key: str) -> dict[str, dict[str, Evaluation]]:
+    """The evaluations (``inputs``, ``candidates``) an earlier run of this sweep recorded with the
+    same command and the same inputs, those that gave metrics (a failure is tried again: the
+    evaluator may have been fixed). A candidate merged again is scored again whatever this holds."""
+    try:
+        doc = json.loads((root / SWEEP_FILE).read_text())
+        scores = doc["eval"]
+        if command is None or scores["command"] != command or scores.get("inputs_key") != inputs_key:
+            return {}
+        return {
+            part: {
+                name: Evaluation(name, {str(k): float(v) for k, v in e["metrics"].items()}, None, e["seconds"], True)
+                for name, e in scores[part].items()
+                if e["metrics"] and e["error"] is None
+            }
+            for part in ("inputs", "candidates")
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}  # no earlier scores, or a record this version cannot read: score again
 
 
 def _sweep_into(
