@@ -29,7 +29,9 @@ Before each timed run the share of the inputs' pages in the page cache is sample
 runs (the sweep writes K outputs of the base's size: 9 GB on the full family); in the first round
 each separate merge's output is compared byte for byte with the sweep's candidate first. Peak RSS
 comes from ``getrusage(RUSAGE_CHILDREN)`` in a small wrapper process that starts the CLI.
-Goals (issue 22): cold, (a) <= 1.10 x (c) and (b)/(a) >= 3; warm, (b)/(a) >= 2.
+Goals (issue 22): cold, (a) <= 1.10 x (c) and (b)/(a) >= 3; warm, (b)/(a) >= 2. The table also
+gives (b)/(a) as it would be were every run at its floor, K x (read + write) / (read + K writes):
+with the K outputs as large as the base, the writes weigh on the sweep's floor as on no merge's.
 
     python tools/bench_sweep.py --data bench-data            # the full benchmark (~6 GB + 10 GB of runs)
     python tools/bench_sweep.py --data bench-data --quick    # a smoke run in seconds
@@ -363,8 +365,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"| (b)/(a), separate over sweep | {cells(lambda m: m['speedup'])} | {speedup_goals} | {speedup_met} |")
     floor_goal, floor_met = (f"cold: <= {GOALS['cold_floor']:.2f}", mark("cold_floor")) if "cold" in med else ("", "")
     print(f"| (a)/(c), sweep over its floor | {cells(lambda m: m['sweep_vs_floor'])} | {floor_goal} | {floor_met} |")
-    best = cells(lambda m: m["separate_floor"] / m["floor"])
-    print(f"| best (b)/(a) the floors allow (each run at its floor) | {best} | | |")
+    at_floors = cells(lambda m: m["separate_floor"] / m["floor"])
+    print(f"| (b)/(a) were every run at its floor: {K} x (read + write) / (read + {K} writes) | {at_floors} | | |")
     for w in warnings:
         print(f"\nWARNING: {w}")
     if args.json:
