@@ -75,9 +75,9 @@ print(json.dumps({"seconds": seconds, "bytes": total, "cpu": ru.ru_utime + ru.ru
 """
 
 # Writes N bytes to a new file under a directory the way the merge writes its output (O_DIRECT from
-# an aligned buffer where the file system allows it, then fdatasync); reports the seconds.
+# an aligned buffer where the file system allows it, then fdatasync); reports the seconds (and its CPU).
 _WRITE_ONCE = """
-import json, mmap, os, sys, time
+import json, mmap, os, resource, sys, time
 n, path = int(sys.argv[1]), sys.argv[2]
 chunk = 32 * 1024 * 1024
 buf = mmap.mmap(-1, chunk)
@@ -101,7 +101,8 @@ os.fdatasync(fd)
 os.close(fd)
 seconds = time.perf_counter() - t0
 os.unlink(path)
-print(json.dumps({"seconds": seconds, "direct": direct}))
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"seconds": seconds, "direct": direct, "cpu": ru.ru_utime + ru.ru_stime}))
 """
 
 # Runs one command and reports its wall time and rusage: started by the benchmark, so that the
@@ -276,11 +277,19 @@ def wait_quiet(limit: float) -> None:
             return
 
 
-def step(label: str, once: Callable[[], dict[str, float]], args: argparse.Namespace) -> dict[str, float]:
+def step(
+    label: str,
+    once: Callable[[], dict[str, float]],
+    args: argparse.Namespace,
+    prepare: Callable[[], None] | None = None,
+) -> dict[str, float]:
     """Run one measured step, retried when other processes took a share of the CPUs meanwhile;
-    the least disturbed attempt counts."""
+    the least disturbed attempt counts. ``prepare`` (untimed) runs before every attempt, before
+    the wait for a quiet machine: say, setting the page cache up."""
     best: dict[str, float] | None = None
     for attempt in range(args.retries + 1):
+        if prepare is not None:
+            prepare()
         wait_quiet(args.wait_quiet)
         busy, t0 = busy_cpu_seconds(), time.perf_counter()
         fig = once()
