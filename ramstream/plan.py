@@ -141,7 +141,8 @@ class Plan:
 
 
 def bytes_per_element(family: Family, out_itemsize: int = 0) -> int:
-    """Worst-case bytes held per block element: every input decoded to f32 plus masks and output."""
+    """Worst-case bytes held per block element: every input decoded to f32, masks, and the outputs'
+    staging buffers (``out_itemsize``: their bytes per element, all slots of all outputs)."""
     n_agents = len(family.agents)
     return 4 * (n_agents + 1) + n_agents + out_itemsize
 

@@ -20,9 +20,12 @@ from ramstream.format.family import Family
 from ramstream.io.reader import InputFiles
 from ramstream.plan import Batch, Plan
 
+DEPTH = 2  # batches being written while the next computes
+RESULT_SLOTS = DEPTH + 1  # result buffers a pass holds per output: what the memory budget counts
+
 
 class LocalExecutor:
-    def __init__(self, backend: Backend, depth: int = 2) -> None:
+    def __init__(self, backend: Backend, depth: int = DEPTH) -> None:
         self.backend = backend
         self.depth = depth
 

@@ -21,6 +21,7 @@ import numpy as np
 from ramstream.config import RunOptions, show_size
 from ramstream.errors import ConfigError
 from ramstream.execution.executor import Executor
+from ramstream.execution.local import RESULT_SLOTS
 from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES
 from ramstream.format.family import Family
 from ramstream.format.names import CONFIG_FILE
@@ -161,7 +162,9 @@ def merge_outputs(
         StatsContext(family, eps, index, options, budget_block_elems(family, options), executor, allow_nonfinite)
         for _ in outputs
     ]
-    itemsize = sum(o.out_itemsize for o in outputs)  # K outputs' buffers share the budget
+    # K outputs' staging buffers share the budget, RESULT_SLOTS of each (a batch staged while
+    # earlier ones are still being written): a sweep of 6 holds 18 where a merge holds 3.
+    itemsize = RESULT_SLOTS * sum(o.out_itemsize for o in outputs)
     block_elems = merge_block_elems(journal_dir, family, options, itemsize)
     plan = make_plan(family, block_elems, row_aligned=any(o.spec.row_aligned for o in outputs))
     for o in outputs:
