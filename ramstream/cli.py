@@ -655,14 +655,29 @@ def status(path: Path, as_json: bool, index: Path | None, cache_dir: Path | None
     help="Use a synthetic family with the paper's densities instead of the shipped lab agents.",
 )
 @click.option("--method", default="ram+", show_default=True, help="The merge method.")
+@click.option(
+    "--sweep",
+    is_flag=True,
+    help="Sweep RAM+, task arithmetic, TIES and DARE-TIES settings on the lab agents, select on the validation "
+    "prompts and compare with the defaults on the test prompts (needs torch; docs/agents_lab.md).",
+)
 @_run_options
+@click.pass_context
 @_friendly
-def demo(directory: Path | None, synthetic: bool, method: str, **run: Any) -> None:
+def demo(ctx: click.Context, directory: Path | None, synthetic: bool, method: str, sweep: bool, **run: Any) -> None:
     """Merge the built-in agents (RAM+ by default) and show the overlap table.
 
     The built-in agents are a tiny transformer's base and three RL agents trained from it
     (docs/agents_lab.md), shipped with ramstream; with torch installed the demo also scores the
-    base, the agents and the merge on each task. --synthetic writes a synthetic family instead."""
+    base, the agents and the merge on each task. --synthetic writes a synthetic family instead;
+    --sweep merges a grid of candidates and shows what selecting one on validation prompts gives."""
+    if sweep:
+        if synthetic or ctx.get_parameter_source("method") != click.core.ParameterSource.DEFAULT:
+            raise click.UsageError("--sweep merges its own candidates of the lab agents: drop --synthetic and --method")
+        from ramstream.demo.sweep import run_sweep_demo
+
+        run_sweep_demo(directory, _options(**run), click.echo)
+        return
     from ramstream.demo.run import run_demo
 
     run_demo(directory, _options(**run), click.echo, synthetic=synthetic, method=method)

@@ -55,6 +55,10 @@ class MissingDependencyError(RamstreamError):
     """An optional dependency (matplotlib for plots, pandas for DataFrames) that is not installed."""
 
 
+class EvaluationError(RamstreamError):
+    """An evaluation that gave no score where one is needed (``demo --sweep``'s selection)."""
+
+
 class StoreWriteError(RamstreamError):
     """The index or the merge journal could not be written (disk full, permissions)."""
 

@@ -17,6 +17,7 @@ from ramstream import api
 from ramstream.config import RunOptions
 from ramstream.demo.samples import PAPER_DENSITIES, write_family
 from ramstream.errors import IndexMismatchError
+from ramstream.index.store import IndexStore
 from ramstream.lab import torch_available
 from ramstream.lab.shipped import shipped_family
 from ramstream.lab.tasks import SPLIT_SIZES, TASKS
@@ -25,6 +26,8 @@ from ramstream.methods.registry import get_method
 from ramstream.methods.report import agent_reports, format_table
 
 DONE_MARK = ".family-complete"
+INDEX = "index.zarr"
+SWEEP_DIR = "sweep"  # ``demo --sweep``'s candidates (ramstream.demo.sweep)
 NO_TORCH = "per-task accuracy: needs torch (pip install 'ramstream[torch]')"
 
 
@@ -42,16 +45,9 @@ def run_demo(
     else:
         base, agents = shipped_family()
         echo(f"agents lab: a base and {len(agents)} RL agents ({', '.join(a.name for a in agents)}) from {base.parent}")
-    index = directory / "index.zarr"
+    index = directory / INDEX
     out = directory / f"merged-{method}"
-    try:
-        store = api.probe(base, [str(a) for a in agents], index=index, options=options)
-    except IndexMismatchError:
-        # The demo owns its directory: inputs that changed (e.g. ramstream reinstalled) start it over.
-        echo(f"the inputs changed since the last demo in {directory}: starting over")
-        for stale in [index, *directory.glob("merged-*")]:
-            shutil.rmtree(stale)
-        store = api.probe(base, [str(a) for a in agents], index=index, options=options)
+    store = probe_family(directory, base, agents, options, echo)
     echo(f"index: {index}")
     echo(format_table(agent_reports(store, params=RamParams())))
     result = api.merge(base, [str(a) for a in agents], out=out, method=method, index=index, options=options)
@@ -60,6 +56,22 @@ def run_demo(
     if not synthetic:
         echo(_accuracy_table([base, *agents], out, method) if torch_available() else NO_TORCH)
     return out
+
+
+def probe_family(
+    directory: Path, base: Path, agents: list[Path], options: RunOptions, echo: Callable[[str], None]
+) -> IndexStore:
+    """The probe into ``directory``'s index, which the demo's merges and sweep share."""
+    index = directory / INDEX
+    try:
+        return api.probe(base, [str(a) for a in agents], index=index, options=options)
+    except IndexMismatchError:
+        # The demo owns its directory: inputs that changed (e.g. ramstream reinstalled) start it over.
+        echo(f"the inputs changed since the last demo in {directory}: starting over")
+        for stale in [index, directory / SWEEP_DIR, *directory.glob("merged-*")]:
+            if stale.exists():
+                shutil.rmtree(stale)
+        return api.probe(base, [str(a) for a in agents], index=index, options=options)
 
 
 def _display(method: str) -> str:

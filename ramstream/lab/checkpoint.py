@@ -2,6 +2,8 @@
 
 Loading also reads what ``ramstream merge`` writes (sharded files with
 ``model.safetensors.index.json``), so merged models are evaluated like any other checkpoint.
+A directory that is not a lab checkpoint is refused with one line (``InputError``): the
+evaluator's command line is pointed at user paths.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ramstream.errors import InputError
 from ramstream.lab.model import AgentsLabLM
-from ramstream.lab.tasks import ModelShape
+from ramstream.lab.tasks import MODEL_TYPE, ModelShape
 
 
 def round_bf16_(model: torch.nn.Module) -> None:
@@ -50,9 +54,55 @@ def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(directory: Path) -> AgentsLabLM:
-    """A float32 model holding exactly the checkpoint's (bf16) values, in eval mode."""
-    config = json.loads((directory / "config.json").read_text())
-    model = AgentsLabLM(ModelShape.from_config(config))
-    state = {k: v.to(torch.float32) for k, v in read_tensors(directory).items()}
-    model.load_state_dict(state, strict=True)
+    """A float32 model holding exactly the checkpoint's (bf16) values, in eval mode; anything but a
+    lab checkpoint (other model, missing or unreadable files, other tensors) is an ``InputError``."""
+    model = AgentsLabLM(_shape(directory))
+    try:
+        tensors = read_tensors(directory)
+    except FileNotFoundError as exc:
+        missing = Path(exc.filename or "model.safetensors").name
+        raise InputError(f"{directory}: no {missing}; the checkpoint's weights are missing") from None
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:
+        raise InputError(f"{directory}: its weights cannot be read ({_one_line(exc)})") from None
+    _check_tensors(directory, model, tensors)
+    model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)
     return model.eval()
+
+
+def _shape(directory: Path) -> ModelShape:
+    """The model shape its ``config.json`` names; anything but a lab checkpoint is refused."""
+    if not directory.is_dir():
+        raise InputError(f"{directory}: {'not a directory' if directory.exists() else 'no such directory'}")
+    config_path = directory / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{directory}: no config.json; give an agents lab checkpoint directory") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{config_path}: cannot be read as JSON ({_one_line(exc)})") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type != MODEL_TYPE:
+        raise InputError(f"{directory}: model_type {model_type!r}, not an agents lab checkpoint ({MODEL_TYPE!r})")
+    try:
+        return ModelShape.from_config(config)
+    except KeyError as exc:
+        raise InputError(f"{config_path}: lacks {exc.args[0]}, which a lab checkpoint records") from None
+
+
+def _check_tensors(directory: Path, model: AgentsLabLM, tensors: dict[str, torch.Tensor]) -> None:
+    """The checkpoint holds exactly the model's tensors, each of its shape."""
+    want = model.state_dict()
+    missing, extra = sorted(want.keys() - tensors.keys()), sorted(tensors.keys() - want.keys())
+    if missing:
+        raise InputError(f"{directory}: lacks {missing[0]} ({len(missing)} of the lab model's tensors missing)")
+    if extra:
+        raise InputError(f"{directory}: holds {extra[0]}, which the lab's model does not have ({len(extra)} such)")
+    for name, tensor in tensors.items():
+        if tensor.shape != want[name].shape:
+            raise InputError(
+                f"{directory}: {name} has shape {tuple(tensor.shape)}, its config.json says {tuple(want[name].shape)}"
+            )
+
+
+def _one_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

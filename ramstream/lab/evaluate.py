@@ -3,20 +3,34 @@
 Each task is scored on its fixed prompts (``tasks.eval_digits``: 1000 test, 500 validation):
 the model continues ``[task, x1..x7, SEP]`` greedily for 7 tokens, and a prompt counts only
 when all 7 tokens are the answer's (the task's own digit tokens, in order).
+
+``python -m ramstream.lab.evaluate MODEL_DIR [--split validation|test] [--json] [--limit N]``
+scores one directory; with ``--json`` its last line is ``{"mean": ..., "inc": ..., ...}``, what
+``ramstream sweep --eval "... {model} --json"`` reads (docs/sweep.md, docs/agents_lab.md).
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 import numpy as np
-import torch
 
+try:
+    import torch
+except ImportError:  # as a library the importer checks torch_available(); as a command, say it in one line
+    if __name__ != "__main__":
+        raise
+    sys.exit("error: the agents lab's evaluator needs torch (pip install 'ramstream[torch]')")
+
+from ramstream.errors import RamstreamError
 from ramstream.lab.checkpoint import load_checkpoint
 from ramstream.lab.model import generate
-from ramstream.lab.tasks import PROMPT_LEN, TASKS, Split, eval_digits, exact_match, prompts
+from ramstream.lab.tasks import PROMPT_LEN, SPLITS, TASKS, Split, eval_digits, exact_match, prompts
 
 # (B, 9) prompt tokens -> (B, 16) sequences; the model's greedy decoding by default.
 Decoder = Callable[[torch.Tensor], torch.Tensor]
@@ -63,3 +77,33 @@ def evaluate_dir(
 
 def mean_accuracy(scores: dict[str, TaskScore]) -> float:
     return float(np.mean([s.accuracy for s in scores.values()]))
+
+
+def metrics(scores: dict[str, TaskScore]) -> dict[str, float]:
+    """``mean`` (what a sweep selects on) first, then each task's accuracy."""
+    return {"mean": mean_accuracy(scores), **{task: score.accuracy for task, score in scores.items()}}
+
+
+def _table(directory: Path, split: str, scores: dict[str, TaskScore]) -> str:
+    lines = [f"{directory} ({split} prompts, greedy exact match)", f"{'task':<6}{'accuracy':>10}  correct"]
+    lines += [f"{t:<6}{s.accuracy:>10.3f}  {s.correct}/{s.total}" for t, s in scores.items()]
+    return "\n".join([*lines, f"{'mean':<6}{mean_accuracy(scores):>10.3f}"])
+
+
+@click.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--split", type=click.Choice(SPLITS), default="test", show_default=True, help="Which fixed prompts.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object of metrics (the sweep's --eval protocol).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts of each task.")
+def main(model: Path, split: Split, as_json: bool, limit: int | None) -> None:
+    """Greedy exact-match accuracy of the lab checkpoint directory MODEL on every task."""
+    try:
+        scores = evaluate_dir(model, split, limit=limit)
+    except RamstreamError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(metrics(scores)) if as_json else _table(model, split, scores))
+
+
+if __name__ == "__main__":
+    main()

@@ -31,6 +31,7 @@ SEQ_LEN = PROMPT_LEN + DIGITS
 SPLITS: tuple[Split, ...] = ("test", "validation")
 SPLIT_SIZES: dict[Split, int] = {"test": 1000, "validation": 500}
 _SPLIT_SEED = 20260601
+MODEL_TYPE = "ramstream-agents-lab"  # config.json's model_type: what marks a lab checkpoint
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class ModelShape:
         """A Hugging Face style ``config.json`` body."""
         return {
             "architectures": ["AgentsLabLM"],
-            "model_type": "ramstream-agents-lab",
+            "model_type": MODEL_TYPE,
             "vocab_size": self.vocab,
             "max_position_embeddings": self.positions,
             "hidden_size": self.hidden,
