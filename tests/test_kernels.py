@@ -360,11 +360,16 @@ def test_a_nonfinite_tau_is_inactive(on_disk: Callable[..., Sources]) -> None:
     np.testing.assert_array_equal(coverage[0], [4, 3, 1])
     assert nonfinite[0] == 0
     out = np.zeros(8, np.float32)
-    merge_ram_block(*sources, 8, 1e-5, np.array([2.0, 2.0], np.float32), out.view(np.uint8), CODES["F32"], failed)
+    merge_ram_block(*sources, 8, 1e-5, np.array([[2.0, 2.0]], np.float32), addresses(out), CODES["F32"], failed)
     np.testing.assert_array_equal(out, [0.5, 0.5, 0.5, big, 0.375, 0, 0, 0])
 
 
 # -- merge --------------------------------------------------------------------------------------
+
+
+def addresses(*outs: np.ndarray) -> np.ndarray:
+    """The kernel's output argument: each output's address (the caller keeps the arrays alive)."""
+    return np.array([o.ctypes.data for o in outs], np.int64)
 
 
 def naive_merge(
@@ -406,19 +411,21 @@ def naive_merge(
 def test_merge_ram_block_matches_naive(
     dtypes: tuple[str, ...], eps: float, n: int, workers: int, out_dtype: str, on_disk: Callable[..., Sources]
 ) -> None:
+    """One read, three outputs (a sweep's RAM candidates): each is the naive merge with its lambdas."""
     base_raw, agents_raw, agents_f = block_inputs(n, dtypes, seed=2 * n + workers, eps=eps)
     base_f = naive_decode(base_raw, dtypes[0])
-    lambdas = np.array([1.2, 1.0703918, 1.5], np.float32)
+    lambdas = np.array([[1.2, 1.0703918, 1.5], [1.0, 1.0, 1.0], [2.5, 0.3, 1.1]], np.float32)
     carrier = np.float32 if out_dtype == "F32" else np.uint16
-    out = np.full(n + 9, 77, carrier)
+    outs = [np.full(n + 9, 77, carrier) for _ in lambdas]
     failed = np.full(workers, -7, np.int64)
     sources = on_disk([base_raw, *agents_raw], dtypes)
-    merge_ram_block(*sources, n, eps, lambdas, out[:n].view(np.uint8), CODES[out_dtype], failed)
+    merge_ram_block(*sources, n, eps, lambdas, addresses(*outs), CODES[out_dtype], failed)
     assert (failed == -1).all()
-    expected = naive_merge(base_f, agents_f, eps, lambdas, out_dtype)
-    bad = np.flatnonzero(out[:n].view(np.uint8).reshape(n, -1) != expected.view(np.uint8).reshape(n, -1))
-    assert bad.size == 0, f"{bad.size} elements differ, first at {bad[:5]}"
-    assert (out[n:] == 77).all()
+    for out, row in zip(outs, lambdas, strict=True):
+        expected = naive_merge(base_f, agents_f, eps, row, out_dtype)
+        bad = np.flatnonzero(out[:n].view(np.uint8).reshape(n, -1) != expected.view(np.uint8).reshape(n, -1))
+        assert bad.size == 0, f"{bad.size} elements differ, first at {bad[:5]}"
+        assert (out[n:] == 77).all()
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -436,5 +443,5 @@ def test_spine_kernels_report_a_file_that_ends_early(workers: int, on_disk: Call
     assert failed[-1] == 3 and set(failed.tolist()) <= {-1, 3}
     failed[:] = -7
     out = np.zeros(n, np.uint16)
-    merge_ram_block(fds, offsets, codes, n, 1e-5, np.ones(3, np.float32), out.view(np.uint8), BF16, failed)
+    merge_ram_block(fds, offsets, codes, n, 1e-5, np.ones((1, 3), np.float32), addresses(out), BF16, failed)
     assert failed[-1] == 3 and set(failed.tolist()) <= {-1, 3}

@@ -64,7 +64,7 @@ def main() -> int:
 
         def merge() -> None:
             for b in sources:
-                backend.merge_ram(b, 1e-5, lambdas, out[: 2 * b.size].view(np.uint16), 0)
+                backend.merge_ram(b, 1e-5, lambdas[None], [out[: 2 * b.size].view(np.uint16)], 0)
 
         def probe() -> None:
             for b in sources:

@@ -14,6 +14,7 @@ owns (``out``), so a pass can keep several in flight; everything else is returne
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -140,9 +141,13 @@ class Backend(Protocol):
         A NaN/Inf tau (a non-finite input, or a difference that overflows float32) is inactive."""
         ...
 
-    def merge_ram(self, sources: BlockSources, eps: float, lambdas: np.ndarray, out: np.ndarray, out_code: int) -> None:
-        """RAM: per element c = active agents (as in ``probe``); base where c = 0, base + lambdas[t] * tau_t where
-        only t is active, base + (sum of active tau in agent order) / c otherwise."""
+    def merge_ram(
+        self, sources: BlockSources, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
+    ) -> None:
+        """RAM into K outputs from one read of the inputs (``lambdas`` (K, N); ``outs[k]`` the block's
+        output k): per element c = active agents (as in ``probe``); base where c = 0,
+        base + lambdas[k, t] * tau_t where only t is active, base + (sum of active tau in agent
+        order) / c otherwise. Output k is exactly what a call for it alone writes."""
         ...
 
     def merge_gta(self, arrays: BlockArrays, params: GtaParams, keep: Keep, out: np.ndarray, out_code: int) -> None:

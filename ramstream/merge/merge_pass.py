@@ -26,7 +26,7 @@ from ramstream.index.local_store import open_group as durable_group
 from ramstream.io.reader import InputFiles
 from ramstream.io.writer import Run, ShardLayout, ShardWriter
 from ramstream.merge import finite
-from ramstream.methods.base import BlockMerger
+from ramstream.methods.base import BlockMerger, Fused
 from ramstream.plan import Batch, Block, Plan
 
 COPY_CHUNK = 16 * 1024 * 1024
@@ -42,6 +42,7 @@ class MergeJob:
     index: Path | None = None  # the index used, recorded in the journal for ``ramstream status``
     check_nonfinite: bool = True  # refuse NaN/Inf inputs (off when the probe pass already checked)
     task_vectors: bool = True  # the method merges agent-minus-base differences (not linear)
+    fused: Fused | None = None  # how it merges together with other outputs of its group
 
 
 def _journal_path(work: Path) -> Path:
@@ -130,24 +131,26 @@ class MergeBlocks:
                 runs.append(run)
         return runs, where
 
-    def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> MergedBatch:
+    def stage(self, batch: Batch, slot: int) -> Staged:
+        """The batch's staging buffers in ``slot`` and, per block, where its output goes."""
         runs, where = self._runs(batch)
-        staged = self.writer.staging_runs(slot, runs)
-        for b, block_arrays, (run, at) in zip(batch.blocks, arrays, where, strict=True):
-            block = self.job.plan.blocks[b]
-            out_dtype = self.job.out_dtypes[block.tensor]
-            carrier = np.dtype(RAW_CARRIER[FLOAT_CODES[out_dtype]])
-            out = staged[run][at : at + block.size * carrier.itemsize].view(carrier)
-            self._merge(block, block_arrays, backend, out, int(FLOAT_CODES[out_dtype]))
-        return MergedBatch(list(zip(runs, staged, strict=True)))
+        return Staged(runs, self.writer.staging_runs(slot, runs), where)
 
-    def _merge(self, block: Block, arrays: BlockArrays, backend: Backend, out: np.ndarray, code: int) -> None:
-        job = self.job
-        if job.check_nonfinite:
+    def out_of(self, staged: Staged, i: int, block: Block) -> tuple[np.ndarray, int]:
+        """Block ``i`` of the batch's output (its format's raw carrier) and format code."""
+        out_dtype = self.job.out_dtypes[block.tensor]
+        carrier = np.dtype(RAW_CARRIER[FLOAT_CODES[out_dtype]])
+        run, at = staged.where[i]
+        return staged.buffers[run][at : at + block.size * carrier.itemsize].view(carrier), int(FLOAT_CODES[out_dtype])
+
+    def check_inputs(self, arrays: BlockArrays, backend: Backend) -> None:
+        if self.job.check_nonfinite:
             bad = backend.first_nonfinite(arrays)
             if bad >= 0:
                 raise arrays.nonfinite_error(bad)
-        job.merge_block(arrays, block, out, code, backend)
+
+    def check_output(self, block: Block, arrays: BlockArrays, backend: Backend, out: np.ndarray, code: int) -> None:
+        job = self.job
         name = job.plan.tensors[block.tensor].name
         finite.check_block(
             out, code, arrays, block, name, job.check_nonfinite, job.merge_block, backend, job.task_vectors
@@ -160,14 +163,51 @@ class MergeBlocks:
         self.writer.close()
 
 
+@dataclass(frozen=True)
+class Staged:
+    runs: list[Run]
+    buffers: list[np.ndarray]
+    where: list[tuple[int, int]]  # per block: its run, and its byte offset in the run
+
+
 class Outputs:
-    """A worker's side of ``MergeWork``: compute and write every output, never mark."""
+    """A worker's side of ``MergeWork``: compute and write every output, never mark. Outputs
+    whose merges fuse (``Prepared.fused``: the same group and output dtypes) are merged by one
+    backend call per block, reading its inputs once for all of them."""
 
     def __init__(self, parts: list[MergeBlocks]) -> None:
         self.parts = parts
+        groups: dict[object, list[int]] = {}
+        for k, part in enumerate(parts):
+            fused = part.job.fused
+            key = (fused.group, part.job.out_dtypes) if fused is not None else ("alone", k)
+            groups.setdefault(key, []).append(k)
+        self.groups = list(groups.values())
 
     def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> list[MergedBatch]:
-        return [part.compute(batch, arrays, backend, slot) for part in self.parts]
+        staged = [part.stage(batch, slot) for part in self.parts]
+        for i, (b, block_arrays) in enumerate(zip(batch.blocks, arrays, strict=True)):
+            block = self.parts[0].job.plan.blocks[b]
+            for members in self.groups:
+                self._merge(members, i, block, block_arrays, staged, backend)
+        return [MergedBatch(list(zip(s.runs, s.buffers, strict=True))) for s in staged]
+
+    def _merge(
+        self, members: list[int], i: int, block: Block, arrays: BlockArrays, staged: list[Staged], backend: Backend
+    ) -> None:
+        parts = [self.parts[k] for k in members]
+        outs = [part.out_of(staged[k], i, block) for k, part in zip(members, parts, strict=True)]
+        code = outs[0][1]
+        for part in parts[:1] if all(p.job.check_nonfinite for p in parts) else parts:
+            part.check_inputs(arrays, backend)  # the same inputs: checked once when all ask
+        first = parts[0].job
+        if len(parts) == 1 or first.fused is None:
+            first.merge_block(arrays, block, outs[0][0], code, backend)
+        else:
+            owns = [p.job.fused.own for p in parts if p.job.fused is not None]
+            first.fused.merge_many(arrays, block, owns, [out for out, _ in outs], code, backend)
+        for part, (out, out_code) in zip(parts, outs, strict=True):
+            part.check_output(block, arrays, backend, out, out_code)
 
     def write(self, batch: Batch, result: list[MergedBatch]) -> None:
         for part, merged in zip(self.parts, result, strict=True):

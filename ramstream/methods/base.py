@@ -9,7 +9,7 @@ nothing else about methods.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,12 +30,30 @@ class MethodParams(Protocol):
 BlockMerger = Callable[[BlockArrays, Block, np.ndarray, int, Backend], None]
 
 
+# merge_many(arrays, block, owns, outs, out_code, backend): merge the block into every ``outs[k]``
+# (one read of the inputs), output k with its own argument ``owns[k]``.
+ManyMerger = Callable[[BlockArrays, Block, Sequence[Any], Sequence[np.ndarray], int, Backend], None]
+
+
+@dataclass(frozen=True)
+class Fused:
+    """How a merge joins others of its ``group`` in one backend call per block: a sweep's
+    candidates that differ only in an argument of one kernel (RAM+ for several r: only the
+    lambdas) read each block once for all of them. Output k is exactly what its own call writes."""
+
+    group: Hashable  # outputs whose groups are equal merge together
+    own: Any  # this output's argument (RAM: its lambdas per tensor and agent)
+    merge_many: ManyMerger = field(compare=False)
+
+
 @dataclass(frozen=True)
 class Prepared:
-    """A method ready to merge: its block function and per-agent values worth reporting."""
+    """A method ready to merge: its block function and per-agent values worth reporting (and how
+    it fuses with others, when it can)."""
 
     merge_block: BlockMerger
     per_agent: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    fused: Fused | None = None
 
 
 @dataclass(frozen=True)

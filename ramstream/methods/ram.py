@@ -10,7 +10,7 @@ rho comes from the whole model (the paper) or from each tensor (mergekit's ``ram
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -19,7 +19,7 @@ import numpy as np
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
 from ramstream.errors import ConfigError
-from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
+from ramstream.methods.base import Fused, MethodSpec, Prepared, refuse_unknown
 from ramstream.methods.options import FLOAT32_MAX
 from ramstream.plan import Block
 from ramstream.statistics.context import StatsContext
@@ -82,10 +82,22 @@ def prepare_ram(params: RamParams, ctx: StatsContext) -> Prepared:
     per_tensor, model = ram_lambdas(params, ctx.overlap())
     eps = ctx.eps
 
-    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> None:
-        backend.merge_ram(arrays.sources, eps, per_tensor[block.tensor], out, out_code)
+    def merge_many(
+        arrays: BlockArrays,
+        block: Block,
+        owns: Sequence[np.ndarray],
+        outs: Sequence[np.ndarray],
+        out_code: int,
+        backend: Backend,
+    ) -> None:
+        lambdas = np.stack([own[block.tensor] for own in owns])
+        backend.merge_ram(arrays.sources, eps, lambdas, outs, out_code)
 
-    return Prepared(merge_block, {"lambda": tuple(float(x) for x in model)})
+    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> None:
+        merge_many(arrays, block, [per_tensor], [out], out_code, backend)
+
+    fused = Fused(("ram", eps), per_tensor, merge_many)  # every RAM variant: only the lambdas differ
+    return Prepared(merge_block, {"lambda": tuple(float(x) for x in model)}, fused)
 
 
 RAM_METHODS: dict[str, tuple[str, RamParams]] = {

@@ -132,6 +132,7 @@ def merge_job(
         index=index_path,
         check_nonfinite=not allow_nonfinite and not ctx.checked_nonfinite,
         task_vectors=output.spec.task_vectors,
+        fused=prepared.fused,
     )
 
 

@@ -8,7 +8,7 @@ Per-thread partial rows are allocated and reduced here, so callers never see wor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import numba
@@ -30,6 +30,7 @@ from ramstream.backends.base import (
 from ramstream.backends.exact_sum import BINS
 from ramstream.backends.numba import della, exact_stats, gta, linear, magnitude, merge_ram, nonfinite, probe
 from ramstream.backends.numba.keep import KEEP_ALL, KEEP_ARRAY, KEEP_RANDOM, NO_DENSITY, NO_KEEP, NO_KEYS
+from ramstream.backends.numba.sources import ITEMSIZES
 from ramstream.backends.settings import BackendSettings
 from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.errors import ConfigError
@@ -101,12 +102,19 @@ class NumbaBackend:
         self._check_reads(sources, failed)
         return ProbeCounts(overlap.sum(axis=0), coverage.sum(axis=0), _first(bad))
 
-    def merge_ram(self, sources: BlockSources, eps: float, lambdas: np.ndarray, out: np.ndarray, out_code: int) -> None:
+    def merge_ram(
+        self, sources: BlockSources, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
+    ) -> None:
         fds = self._descriptors(sources)
+        nbytes = sources.size * int(ITEMSIZES[out_code])
+        if any(not o.flags.c_contiguous or o.nbytes != nbytes for o in outs):
+            raise ValueError("merge_ram writes contiguous outputs of the block's size")
+        addresses = np.array([o.ctypes.data for o in outs], np.int64)  # ``outs`` holds them alive
+        lams = np.ascontiguousarray(np.reshape(lambdas, (len(outs), -1)), np.float32)
         with self._scoped(sources.size) as workers:
             failed = np.full(workers, -1, np.int64)
             merge_ram.merge_ram_block(
-                fds, sources.offsets, sources.codes, sources.size, eps, lambdas, out.view(np.uint8), out_code, failed
+                fds, sources.offsets, sources.codes, sources.size, eps, lams, addresses, out_code, failed
             )
         self._check_reads(sources, failed)
 

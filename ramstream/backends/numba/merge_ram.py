@@ -1,27 +1,33 @@
-"""RAM / RAM+ merge kernel: read -> decode -> task vectors -> overlap-aware merge -> encode, per tile.
+"""RAM / RAM+ merge kernel: read -> decode -> task vectors -> overlap-aware merge -> encode, per tile,
+into K outputs at once (a sweep's RAM candidates differ only in their lambdas).
 
 Per element: c = number of active agents (eps < |tau| < Inf, compared in float32: a NaN/Inf tau
 is inactive).
-c = 0: theta0; c = 1: theta0 + lambda_t * tau_t; c >= 2: theta0 + (sum of active tau, in agent
-order) / c. All arithmetic in float32, then encoded to the output format.
+c = 0: theta0; c = 1: theta0 + lambda_kt * tau_t; c >= 2: theta0 + (sum of active tau, in agent
+order) / c. All arithmetic in float32, then encoded to the output format. Output k's arithmetic
+is exactly that of a kernel call for it alone: the sums over agents run in the same order.
 
 The block's inputs are read by the kernel itself (``kernels/sources.py``: ``fds``, ``offsets``,
-``codes``, base first; ``n`` elements); ``out`` is the block's output as raw bytes (``uint8``),
-written in format ``out_code``; ``failed[w]`` = -1 or the input whose read failed.
+``codes``, base first; ``n`` elements), once for all K outputs; ``lambdas`` is (K, agents);
+``out_addresses[k]`` is the address of output k's raw bytes (``n`` elements in format
+``out_code``; the caller keeps them alive): one compiled signature for any K. ``failed[w]`` = -1
+or the input whose read failed.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import carray, njit, prange
 
 from ramstream.backends.numba.codecs import TILE, decode_bytes, encode_bytes
-from ramstream.backends.numba.sources import read_buffer, read_tile, reads_of
+from ramstream.backends.numba.sources import ITEMSIZES, read_buffer, read_tile, reads_of, voidptr
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out, out_code, failed):  # type: ignore[no-untyped-def]
+def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_code, failed):  # type: ignore[no-untyped-def]
     n_inputs = fds.shape[0]
+    n_outputs = lambdas.shape[0]
+    out_nbytes = n * ITEMSIZES[out_code]
     workers = failed.shape[0]
     n_reads = reads_of(n)
     eps32 = np.float32(eps)
@@ -30,11 +36,13 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out, out_code, failed)
         raw = read_buffer(n_inputs)
         base_bits = np.empty(TILE, np.uint32)
         agent_bits = np.empty(TILE, np.uint32)
+        result_bits = np.empty(TILE, np.uint32)
         total = np.empty(TILE, np.float32)
-        scaled = np.empty(TILE, np.float32)
+        scaled = np.empty((n_outputs, TILE), np.float32)
         count = np.empty(TILE, np.float32)
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
+        result_vals = result_bits.view(np.float32)
         failed[w] = -1
         for read in range(n_reads * w // workers, n_reads * (w + 1) // workers):
             read_lo, read_m, failed[w] = read_tile(fds, offsets, codes, n, read, raw)
@@ -45,20 +53,28 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out, out_code, failed)
                 decode_bytes(raw[0], sub, m, codes[0], base_bits)
                 for i in range(m):
                     total[i] = zero
-                    scaled[i] = zero
                     count[i] = zero
+                for k in range(n_outputs):
+                    for i in range(m):
+                        scaled[k, i] = zero
                 for t in range(n_inputs - 1):
                     decode_bytes(raw[t + 1], sub, m, codes[t + 1], agent_bits)
-                    lam = lambdas[t]
                     for i in range(m):
                         tau = agent_vals[i] - base_vals[i]
                         active = (abs(tau) > eps32) & (abs(tau) < inf)
                         total[i] += tau if active else zero
-                        scaled[i] += lam * tau if active else zero
                         count[i] += one if active else zero
-                for i in range(m):
-                    c = count[i]
-                    mean = total[i] / max(c, one)
-                    merged = scaled[i] if c == one else (mean if c >= two else zero)
-                    base_vals[i] = base_vals[i] + merged
-                encode_bytes(base_bits, read_lo + sub, m, out_code, out)
+                    for k in range(n_outputs):
+                        lam = lambdas[k, t]
+                        for i in range(m):
+                            tau = agent_vals[i] - base_vals[i]
+                            active = (abs(tau) > eps32) & (abs(tau) < inf)
+                            scaled[k, i] += lam * tau if active else zero
+                for k in range(n_outputs):
+                    for i in range(m):
+                        c = count[i]
+                        mean = total[i] / max(c, one)
+                        merged = scaled[k, i] if c == one else (mean if c >= two else zero)
+                        result_vals[i] = base_vals[i] + merged
+                    out = carray(voidptr(out_addresses[k]), out_nbytes, np.uint8)
+                    encode_bytes(result_bits, read_lo + sub, m, out_code, out)

@@ -42,6 +42,18 @@ def _pread(typingctx, fd, buf, nbytes, offset):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
+@intrinsic
+def voidptr(typingctx, address):  # type: ignore[no-untyped-def]
+    """The address ``address`` (int64) as a pointer, for ``numba.carray``: a kernel writing K
+    outputs takes their addresses in one int64 array, one compiled signature for every K."""
+    sig = types.voidptr(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return sig, codegen
+
+
 @njit(cache=True)
 def read_exactly(fd, offset, row, nbytes):  # type: ignore[no-untyped-def]
     """Fill ``row[:nbytes]`` from ``fd`` at ``offset``; False if the file ends first or fails."""

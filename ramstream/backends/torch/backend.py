@@ -260,16 +260,22 @@ class TorchBackend:
             self._run(self._source_parts(sources), sources.size, tile)
             return ProbeCounts(overlap.sum(0).cpu().numpy(), coverage.sum(0).cpu().numpy(), self._found(first))
 
-    def merge_ram(self, sources: BlockSources, eps: float, lambdas: np.ndarray, out: np.ndarray, out_code: int) -> None:
+    def merge_ram(
+        self, sources: BlockSources, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
+    ) -> None:
         codes = [int(c) for c in sources.codes]
-        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        raw_outs = [out.view(np.uint8) for out in outs]
+        size = int(outs[0].dtype.itemsize) if outs else 1
         with self._scoped():
-            eps32, lams = self._f32(eps), self._f32(lambdas)
+            eps32 = self._f32(eps)
+            lams = [self._f32(row) for row in np.reshape(lambdas, (len(outs), -1))]
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
-                merged = merges.merge_ram(values[0], values[1:], eps32, lams)
-                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+                counts = merges.ram_counts(values[0], values[1:], eps32)
+                for lam, raw_out in zip(lams, raw_outs, strict=True):  # one output at a time on the device
+                    merged = merges.merge_ram(values[0], values[1:], eps32, lam, counts)
+                    outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
             self._run(self._source_parts(sources), sources.size, tile)
 

@@ -23,21 +23,37 @@ def active(tau: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     return (magnitude > eps) & (magnitude < torch.inf)
 
 
-def merge_ram(
-    base: torch.Tensor, agents: Sequence[torch.Tensor], eps: torch.Tensor, lambdas: torch.Tensor
-) -> torch.Tensor:
-    """base; base + lambda_t tau_t where only t is active; base + (sum of active tau) / c."""
+def ram_counts(
+    base: torch.Tensor, agents: Sequence[torch.Tensor], eps: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RAM's per-element sum of the active tau (in agent order) and count of active agents."""
     zero = torch.zeros((), dtype=torch.float32, device=base.device)
-    one = torch.ones((), dtype=torch.float32, device=base.device)
     total = torch.zeros_like(base)
-    scaled = torch.zeros_like(base)
     count = torch.zeros_like(base)
-    for t, agent in enumerate(agents):
+    for agent in agents:
         tau = agent - base
         on = active(tau, eps)
         total = total + torch.where(on, tau, zero)
-        scaled = scaled + torch.where(on, lambdas[t] * tau, zero)
         count = count + on.to(torch.float32)
+    return total, count
+
+
+def merge_ram(
+    base: torch.Tensor,
+    agents: Sequence[torch.Tensor],
+    eps: torch.Tensor,
+    lambdas: torch.Tensor,
+    counts: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """base; base + lambda_t tau_t where only t is active; base + (sum of active tau) / c, with
+    ``counts`` from ``ram_counts`` (shared by the K outputs of one read: only the lambdas differ)."""
+    zero = torch.zeros((), dtype=torch.float32, device=base.device)
+    one = torch.ones((), dtype=torch.float32, device=base.device)
+    total, count = counts
+    scaled = torch.zeros_like(base)
+    for t, agent in enumerate(agents):
+        tau = agent - base
+        scaled = scaled + torch.where(active(tau, eps), lambdas[t] * tau, zero)
     mean = total / torch.maximum(count, one)
     merged = torch.where(count == one, scaled, torch.where(count >= 2.0, mean, zero))
     return base + merged
