@@ -18,6 +18,7 @@ import numpy as np
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
 from ramstream.plan import Block
+from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 
 
@@ -72,6 +73,10 @@ class MethodSpec:
     # False for methods that merge the weights themselves, not task vectors (linear): a merged
     # NaN/Inf is then never blamed on a task vector that overflows float32.
     task_vectors: bool = True
+    # statistics_ahead(params, ctx) -> statistics ``prepare`` will compute that can be known before
+    # it runs, asking the context only what ``prepare`` would: a sweep computes its candidates'
+    # together, in one pass, rather than a pass per candidate. None where there are none.
+    statistics_ahead: Callable[[Any, StatsContext], tuple[BlockStatistic, ...]] | None = None
 
 
 def refuse_unknown(method: str, options: Mapping[str, Any], allowed: set[str]) -> None:

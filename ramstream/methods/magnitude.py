@@ -33,6 +33,7 @@ from ramstream.errors import ConfigError
 from ramstream.methods import options, trim
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
 from ramstream.methods.gta import gta_merger
+from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 
 TrimScope = Literal["tensor", "model"]
@@ -159,12 +160,24 @@ def outlier_counts(density: tuple[float, ...], gamma: tuple[float, ...]) -> trim
     return counts
 
 
-def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: StatsContext) -> Prepared:
+def cut_counts(method: MagnitudeMethod, params: MagnitudeParams) -> tuple[trim.CutCounts, int]:
+    """The method's cuts per agent: their counts in a scope of n elements, and how many."""
     if method.outliers:
         assert params.gamma is not None
-        counts, n_cuts = outlier_counts(params.density, params.gamma), 2
-    else:
-        counts, n_cuts = top_k_counts(params.density), 1
+        return outlier_counts(params.density, params.gamma), 2
+    return top_k_counts(params.density), 1
+
+
+def refinement(method: MagnitudeMethod, params: MagnitudeParams, ctx: StatsContext) -> tuple[BlockStatistic, ...]:
+    """The low histogram ``prepare_magnitude`` will ask for, known once the high one is: a sweep
+    computes every density's in one pass."""
+    counts, n_cuts = cut_counts(method, params)
+    low = trim.place(ctx, counts, n_cuts, params.trim_scope).low_histogram()
+    return () if low is None else (low,)
+
+
+def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: StatsContext) -> Prepared:
+    counts, n_cuts = cut_counts(method, params)
     solved = trim.solve(ctx, counts, n_cuts, params.trim_scope, lower_takes_first=method.outliers)
     n_tensors, n_agents = len(ctx.plan.tensors), len(params.weights)
     if params.rescale == "l1":
@@ -203,4 +216,7 @@ def magnitude_spec(name: str) -> MethodSpec:
     def prepare(params: MagnitudeParams, ctx: StatsContext) -> Prepared:
         return prepare_magnitude(method, params, ctx)
 
-    return MethodSpec(name, method.summary, parse, prepare, accepts_nonfinite=False)
+    def ahead(params: MagnitudeParams, ctx: StatsContext) -> tuple[BlockStatistic, ...]:
+        return refinement(method, params, ctx)
+
+    return MethodSpec(name, method.summary, parse, prepare, accepts_nonfinite=False, statistics_ahead=ahead)

@@ -15,6 +15,10 @@ A method asks for one or two cuts per agent; an element is kept when it lies in 
 are a range of positions, found from the per-block tie counts: only the one index block where the
 boundary falls is scanned, and a merge block that starts inside it counts the ties that precede
 it by reading them (``BlockArrays.span``), so the result never depends on the block split.
+
+Stage 1 (``place``: each cut's kind, target bin and rank in it) needs only the high histogram,
+which depends on no parameter; it names the low histogram stage 2 needs, so a sweep can compute
+every candidate's in one pass before any of them solves.
 """
 
 from __future__ import annotations
@@ -132,14 +136,29 @@ def l1_factors(ctx: StatsContext, stat: KeptL1) -> np.ndarray:
     return factors
 
 
-def solve(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_takes_first: bool) -> Trim:
-    """Gather the two histograms (two passes over the blocks, cached in the index) and solve the cuts."""
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """Stage 1, from the high histogram: per tensor, agent and cut (arrays (tensors, N, C)) its
+    kind, its target high bin and its rank inside that bin."""
+
+    kind: np.ndarray  # int8: REAL, EMPTY or FULL
+    targets: np.ndarray  # int32: the target high half; -1 where the cut is not REAL
+    rank: np.ndarray  # int64: position of the cut inside its target bin
+    merged: list[int]  # the tensors with blocks
+
+    def low_histogram(self) -> AbsLowHistogram | None:
+        """Stage 2's statistic; None when no cut falls inside a scope (nothing to refine)."""
+        return AbsLowHistogram(self.targets) if (self.kind == REAL).any() else None
+
+
+def place(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str) -> Placement:
+    """Stage 1: gather the high histogram (a pass, cached in the index) and place every cut in its bin."""
     plan = ctx.plan
     n_agents = len(ctx.family.agents)
     shape = (len(plan.tensors), n_agents, n_cuts)
     kind = np.full(shape, EMPTY, np.int8)
     targets = np.full(shape, -1, np.int32)
-    rank = np.zeros(shape, np.int64)  # position of the cut inside its target bin
+    rank = np.zeros(shape, np.int64)
     merged = [ti for ti in range(len(plan.tensors)) if len(plan.blocks_of(ti))]
 
     high = AbsHighHistogram()
@@ -153,13 +172,22 @@ def solve(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_t
             model_hist += hist
     if scope == "model":
         _place(kind, targets, rank, merged, model_hist, counts(sum(plan.tensors[ti].numel for ti in merged)))
+    return Placement(kind, targets, rank, merged)
 
+
+def solve(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_takes_first: bool) -> Trim:
+    """Gather the two histograms (two passes over the blocks, cached in the index) and solve the cuts."""
+    placed = place(ctx, counts, n_cuts, scope)
+    kind, targets, rank, merged = placed.kind, placed.targets, placed.rank, placed.merged
+    plan = ctx.plan
+    n_agents = len(ctx.family.agents)
+    shape = kind.shape
     value = np.zeros(shape, np.uint32)
     lower = np.zeros(shape, np.int64)  # ties in the lower set: per tensor (tensor scope) or per agent
     ties = np.zeros(shape, np.int64)
     per_block = np.zeros((len(plan.blocks), n_agents, n_cuts), np.int64)
-    if (kind == REAL).any():
-        low = AbsLowHistogram(targets)
+    low = placed.low_histogram()
+    if low is not None:
         ctx.compute(low)
         model_low = np.zeros((n_agents, n_cuts, LOW_BINS), np.int64)
         for ti, hist in tensor_totals(ctx, low):

@@ -46,6 +46,7 @@ from ramstream.plan import (
     memory_for,
     row_elements,
 )
+from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 from ramstream.version import __version__
 
@@ -156,8 +157,9 @@ def merge_outputs(
     """Merge and finish ``outputs`` (prepared in their directories) from one read of the inputs:
     each method prepares on a statistics context of its own, as a merge of it alone would (whether
     it used the index decides its card and its input checks; the statistics themselves are shared
-    through the index), then one merge pass writes them all, its journal in ``journal_dir``
-    (``names``: the outputs it marks for, a sweep's; None for a plain merge)."""
+    through the index, and those known ahead are computed in one pass), then one merge pass writes
+    them all, its journal in ``journal_dir`` (``names``: the outputs it marks for, a sweep's; None
+    for a plain merge)."""
     eps = float(outputs[0].run["eps"])
     contexts = [
         StatsContext(family, eps, index, options, budget_block_elems(family, options), executor, allow_nonfinite)
@@ -177,6 +179,8 @@ def merge_outputs(
         [output_need(o.out, w, lay, copied) for o, w, lay in zip(outputs, works, layouts, strict=True)],
         "the merged model" if names is None else f"{len(outputs)} candidates",
     )
+    if len(outputs) > 1:
+        compute_ahead(outputs, contexts)
     prepared = [o.spec.prepare(o.params, ctx) for o, ctx in zip(outputs, contexts, strict=True)]
     jobs = [
         merge_job(o, plan, lay, p, ctx, allow_nonfinite)
@@ -186,6 +190,22 @@ def merge_outputs(
     for o, job, p, ctx, work in zip(outputs, jobs, prepared, contexts, works, strict=True):
         finish_output(o, job, p, ctx, work)
     return list(zip(prepared, jobs, strict=True))
+
+
+def compute_ahead(outputs: Sequence[OutputPlan], contexts: Sequence[StatsContext]) -> None:
+    """The statistics the outputs' methods will ask for that are known before they prepare (TIES'
+    and breadcrumbs' low histograms, one per density), computed in one pass, each under its own
+    key: each method then reads its own back, as its merge alone would have computed it."""
+    wanted: dict[str, BlockStatistic] = {}
+    first: StatsContext | None = None
+    for output, ctx in zip(outputs, contexts, strict=True):
+        ahead = output.spec.statistics_ahead
+        stats = ahead(output.params, ctx) if ahead is not None else ()
+        if stats and first is None:
+            first = ctx  # a context that uses the index anyway: asking did not change its card
+        wanted.update((s.key, s) for s in stats if s.key not in wanted)
+    if first is not None:
+        first.compute(*wanted.values())
 
 
 def finish_output(output: OutputPlan, job: MergeJob, prepared: Prepared, ctx: StatsContext, work: Path) -> None:

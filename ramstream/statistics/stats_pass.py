@@ -44,7 +44,7 @@ class StatisticsWork:
         self.done = done  # per statistic, a boolean per unit
         self.units = [index.statistic_units(s.shape(index.n_agents), s.dtype) for s in stats]
         self._unit_of = [index.statistic_positions(s.shape(index.n_agents), s.dtype)[0] for s in stats]
-        self.label = "statistics (" + ", ".join(s.key.split("-")[0] for s in stats) + ")"
+        self.label = _label(stats)
 
     def missing(self, batch: Batch) -> list[tuple[int, list[Batch]]]:
         """Per statistic the batch lacks: its position in the pass and its missing units."""
@@ -93,6 +93,13 @@ class StatisticsWork:
     def remote(self) -> RemoteStatistics:
         key = f"statistics:{self.index.path.resolve()}:" + ",".join(s.key for s in self.stats)
         return RemoteStatistics(key, self.index.path.resolve(), self.stats, self.done)
+
+
+def _label(stats: list[BlockStatistic]) -> str:
+    """``statistics (abs_hi16_v1, abs_lo16_v1 x3)``: a sweep's low histograms are one kind, several keys."""
+    kinds = [s.key.split("-")[0] for s in stats]
+    counted = [k if kinds.count(k) == 1 else f"{k} x{kinds.count(k)}" for k in dict.fromkeys(kinds)]
+    return f"statistics ({', '.join(counted)})"
 
 
 @dataclass(frozen=True, eq=False)
