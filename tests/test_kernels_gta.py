@@ -131,9 +131,10 @@ def test_gta_kernel_matches_naive_twin(
         keep = (rng.random((N, LENGTH)) < 0.6).astype(np.uint8)
     else:
         keep = rng.choice(np.array([0.0, 1.0, 2.5, 0.125], np.float32), (N, LENGTH))
-    expected = naive_gta(base, agents, mode, keep, kept_random, consensus, normalize, np.float32(lam))
+    lams = np.array([lam, 0.5, -1.25], np.float32)  # one read, three outputs: a sweep over lambda
+    expected = [naive_gta(base, agents, mode, keep, kept_random, consensus, normalize, x) for x in lams]
     for workers in (1, 3):
-        out = np.empty(LENGTH, np.float32)
+        outs = [np.empty(LENGTH, np.float32) for _ in lams]
         keep_arg = keep if mode == KEEP_ARRAY else NO_KEEP
         keys_arg, density_arg = (keys, density) if mode == KEEP_RANDOM else (NO_KEYS, NO_DENSITY)
         gta.gta_merge_block(
@@ -150,12 +151,13 @@ def test_gta_kernel_matches_naive_twin(
             start,
             consensus,
             normalize,
-            np.float32(lam),
-            out,
+            lams,
+            np.array([o.ctypes.data for o in outs], np.int64),
             F32,
             workers,
         )
-        np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+        for out, want in zip(outs, expected, strict=True):
+            np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
 
 
 def test_gta_twin_sees_every_case(

@@ -30,8 +30,9 @@ GRIDS = (
     "ram+:r=0.05,0.5",
     "ties:density=0.3:trim_scope=model",
     "dare_ties:density=0.5:seed=1,2",
+    "dare_ties:density=0.5:seed=1:lambda=0.5",  # fuses with seed=1: only lambda differs
     "model_stock",
-    "task_arithmetic:lambda=0.75",
+    "task_arithmetic:lambda=0.75,1.25",  # one kernel call per block for both
 )
 MERGE_FLAGS = {
     "ram+-r=0.05": ("--method", "ram+", "--r", "0.05"),
@@ -39,8 +40,12 @@ MERGE_FLAGS = {
     "ties-density=0.3-trim_scope=model": ("--method", "ties", "--density", "0.3", "--trim-scope", "model"),
     "dare_ties-density=0.5-seed=1": ("--method", "dare_ties", "--density", "0.5", "--seed", "1"),
     "dare_ties-density=0.5-seed=2": ("--method", "dare_ties", "--density", "0.5", "--seed", "2"),
+    "dare_ties-density=0.5-seed=1-lambda=0.5": (
+        *("--method", "dare_ties", "--density", "0.5", "--seed", "1", "--lambda", "0.5"),
+    ),
     "model_stock": ("--method", "model_stock"),
     "task_arithmetic-lambda=0.75": ("--method", "task_arithmetic", "--lambda", "0.75"),
+    "task_arithmetic-lambda=1.25": ("--method", "task_arithmetic", "--lambda", "1.25"),
 }
 
 
@@ -406,8 +411,10 @@ GRID_OF = {
     "ties-density=0.3-trim_scope=model": "ties:density=0.3:trim_scope=model",
     "dare_ties-density=0.5-seed=1": "dare_ties:density=0.5:seed=1",
     "dare_ties-density=0.5-seed=2": "dare_ties:density=0.5:seed=2",
+    "dare_ties-density=0.5-seed=1-lambda=0.5": "dare_ties:density=0.5:seed=1:lambda=0.5",
     "model_stock": "model_stock",
     "task_arithmetic-lambda=0.75": "task_arithmetic:lambda=0.75",
+    "task_arithmetic-lambda=1.25": "task_arithmetic:lambda=1.25",
 }
 
 

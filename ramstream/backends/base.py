@@ -73,7 +73,7 @@ class GtaParams:
     scale: np.ndarray  # float32 (N,): the rescale of each agent's survivors
     consensus: Consensus
     normalize: bool
-    lam: np.float32
+    lams: np.ndarray  # float32 (K,): one lambda per output (a sweep's candidates differ only there)
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,8 +150,11 @@ class Backend(Protocol):
         order) / c otherwise. Output k is exactly what a call for it alone writes."""
         ...
 
-    def merge_gta(self, arrays: BlockArrays, params: GtaParams, keep: Keep, out: np.ndarray, out_code: int) -> None:
-        """Generalized task arithmetic (the semantics in ``backends/numba/gta.py``)."""
+    def merge_gta(
+        self, arrays: BlockArrays, params: GtaParams, keep: Keep, outs: Sequence[np.ndarray], out_code: int
+    ) -> None:
+        """Generalized task arithmetic (the semantics in ``backends/numba/gta.py``) into K outputs,
+        output k with lambda ``params.lams[k]``, each exactly what a call for it alone writes."""
         ...
 
     def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> None:

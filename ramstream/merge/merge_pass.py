@@ -186,8 +186,14 @@ class Outputs:
 
     def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> list[MergedBatch]:
         staged = [part.stage(batch, slot) for part in self.parts]
+        # The outputs share their inputs: checked for NaN/Inf once, and only when every output
+        # asks (one that does not either lets them through, with all the others, or had its
+        # probe vouch that there are none).
+        check = self.parts[0] if all(p.job.check_nonfinite for p in self.parts) else None
         for i, (b, block_arrays) in enumerate(zip(batch.blocks, arrays, strict=True)):
             block = self.parts[0].job.plan.blocks[b]
+            if check is not None:
+                check.check_inputs(block_arrays, backend)
             for members in self.groups:
                 self._merge(members, i, block, block_arrays, staged, backend)
         return [MergedBatch(list(zip(s.runs, s.buffers, strict=True))) for s in staged]
@@ -198,8 +204,6 @@ class Outputs:
         parts = [self.parts[k] for k in members]
         outs = [part.out_of(staged[k], i, block) for k, part in zip(members, parts, strict=True)]
         code = outs[0][1]
-        for part in parts[:1] if all(p.job.check_nonfinite for p in parts) else parts:
-            part.check_inputs(arrays, backend)  # the same inputs: checked once when all ask
         first = parts[0].job
         if len(parts) == 1 or first.fused is None:
             first.merge_block(arrays, block, outs[0][0], code, backend)

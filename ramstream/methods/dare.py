@@ -32,7 +32,7 @@ from ramstream.backends.rng import random_keys
 from ramstream.errors import ConfigError
 from ramstream.methods import options
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import RandomDrop, gta_merger
+from ramstream.methods.gta import RandomDrop, gta_prepared
 from ramstream.statistics.context import StatsContext
 from ramstream.statistics.exact_sums import DareL1Sums, tensor_sums
 
@@ -92,7 +92,8 @@ def dare_spec(name: str, consensus: Consensus) -> MethodSpec:
             len(names), n_agents
         )
         density = np.array(params.density, np.float32)
-        merge_block = gta_merger(
+        return gta_prepared(
+            {"weight": params.weights, "density": params.density},
             np.array(params.weights, np.float32),
             dare_scales(params, ctx, len(names)),
             np.full(len(names), params.lam, np.float32),
@@ -100,7 +101,6 @@ def dare_spec(name: str, consensus: Consensus) -> MethodSpec:
             normalize=params.normalize,
             drop=RandomDrop(keys, density),
         )
-        return Prepared(merge_block, {"weight": params.weights, "density": params.density})
 
     summary = "DARE: random drop + rescale, then " + ("TIES sign election" if consensus == "sum" else "weighted sum")
     return MethodSpec(name, summary, parse, prepare)

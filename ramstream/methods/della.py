@@ -34,7 +34,7 @@ from ramstream.blocks import BlockArrays
 from ramstream.errors import ConfigError
 from ramstream.methods import options
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import gta_merger
+from ramstream.methods.gta import gta_prepared
 from ramstream.methods.trim import l1_factors
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.context import StatsContext
@@ -165,11 +165,10 @@ def prepare_della(name: str, params: DellaParams, ctx: StatsContext) -> Prepared
     def keep(arrays: BlockArrays, block: Block, backend: Backend) -> np.ndarray:
         return prune.keep(arrays, tensors[block.tensor], block.start, block.stop, inverse, backend)
 
-    merge_block = gta_merger(
-        weights, scale, np.full(n_tensors, lam), consensus=consensus, normalize=normalize, keep=keep
+    per_agent = {"weight": params.weights, "density": params.density, "epsilon": params.epsilon}
+    return gta_prepared(
+        per_agent, weights, scale, np.full(n_tensors, lam), consensus=consensus, normalize=normalize, keep=keep
     )
-
-    return Prepared(merge_block, {"weight": params.weights, "density": params.density, "epsilon": params.epsilon})
 
 
 def _tensor_plan(ctx: StatsContext, name: str) -> TensorPlan:

@@ -1,21 +1,23 @@
 """Block mergers over the backend's generalized task arithmetic (``Backend.merge_gta``).
 
-``gta_merger`` turns per-tensor constants into the ``BlockMerger`` a ``Prepared`` holds, for
-every method of the GTA family: task arithmetic, DARE, TIES, breadcrumbs, DELLA, model stock.
+``gta_prepared`` turns per-tensor constants into the ``Prepared`` (block merger, and fusion with
+merges that differ only in lambda) of every method of the GTA family: task arithmetic, DARE,
+TIES, breadcrumbs, DELLA, model stock.
 Survivors are all elements, a counter-RNG draw (``drop``), or what a keep function returns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ramstream.backends.base import Backend, Consensus, GtaParams, Keep, KeepAll, KeepArray, KeepRandom
 from ramstream.blocks import BlockArrays
-from ramstream.methods.base import BlockMerger
+from ramstream.methods.base import Fused, Prepared
 from ramstream.plan import Block
+from ramstream.statistics.magnitude import digest
 
 # keep(arrays, block, backend) -> the block's (N, n) keep multipliers (0 drops an element)
 KeepFunction = Callable[[BlockArrays, Block, Backend], np.ndarray]
@@ -29,7 +31,8 @@ class RandomDrop:
     density: np.ndarray  # float32 (N,)
 
 
-def gta_merger(
+def gta_prepared(
+    per_agent: dict[str, tuple[float, ...]],
     weights: np.ndarray,
     scale: np.ndarray,
     lam: np.ndarray,
@@ -38,11 +41,14 @@ def gta_merger(
     normalize: bool = False,
     drop: RandomDrop | None = None,
     keep: KeepFunction | None = None,
-) -> BlockMerger:
-    """A block merger with float32 ``weights`` (N,), ``scale`` (tensors, N) and ``lam`` (tensors,).
+) -> Prepared:
+    """A GTA method ready to merge: float32 ``weights`` (N,), ``scale`` (tensors, N) and ``lam``
+    (tensors,), and ``per_agent`` to report.
 
     Elements are all kept, dropped at random (``drop``), or kept by ``keep(arrays, block,
     backend)``, which returns the block's (N, n) keep multipliers (magnitude trimming, DELLA).
+    Without ``keep``, merges that differ only in ``lam`` (task arithmetic or DARE for several
+    lambdas) fuse: one kernel call per block writes all of them (``Fused``).
     """
     if drop is not None and keep is not None:
         raise ValueError("give drop or keep, not both")
@@ -50,7 +56,14 @@ def gta_merger(
     scale = np.ascontiguousarray(scale, np.float32)
     lam = np.ascontiguousarray(lam, np.float32)
 
-    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> None:
+    def merge_many(
+        arrays: BlockArrays,
+        block: Block,
+        owns: Sequence[np.ndarray],
+        outs: Sequence[np.ndarray],
+        out_code: int,
+        backend: Backend,
+    ) -> None:
         survivors: Keep
         if drop is not None:
             survivors = KeepRandom(drop.keys[block.tensor], drop.density, block.start)
@@ -58,7 +71,15 @@ def gta_merger(
             survivors = KeepArray(keep(arrays, block, backend))
         else:
             survivors = KeepAll()
-        params = GtaParams(weights, scale[block.tensor], consensus, normalize, lam[block.tensor])
-        backend.merge_gta(arrays, params, survivors, out, out_code)
+        lams = np.array([own[block.tensor] for own in owns], np.float32)
+        params = GtaParams(weights, scale[block.tensor], consensus, normalize, lams)
+        backend.merge_gta(arrays, params, survivors, outs, out_code)
 
-    return merge_block
+    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> None:
+        merge_many(arrays, block, [lam], [out], out_code, backend)
+
+    fused = None
+    if keep is None:  # a keep function is the method's own: equal ones cannot be told apart
+        drawn = () if drop is None else (drop.keys, drop.density)
+        fused = Fused(("gta", digest(weights, scale, consensus, str(normalize), *drawn)), lam, merge_many)
+    return Prepared(merge_block, per_agent, fused)

@@ -32,7 +32,7 @@ from ramstream.backends.base import Consensus
 from ramstream.errors import ConfigError
 from ramstream.methods import options, trim
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import gta_merger
+from ramstream.methods.gta import gta_prepared
 from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 
@@ -189,12 +189,11 @@ def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: Sta
     consensus: Consensus = "sum" if method.consensus == "sum" else "none"
     normalize = params.normalize
 
-    merge_block = gta_merger(
-        weights, scale, np.full(n_tensors, lam), consensus=consensus, normalize=normalize, keep=solved.keep
-    )
-
     kept = kept_fraction(counts, n_cuts, [t.numel for t in ctx.plan.tensors if t.merged], params.trim_scope)
-    return Prepared(merge_block, {"weight": params.weights, "density": params.density, "kept": kept})
+    per_agent = {"weight": params.weights, "density": params.density, "kept": kept}
+    return gta_prepared(
+        per_agent, weights, scale, np.full(n_tensors, lam), consensus=consensus, normalize=normalize, keep=solved.keep
+    )
 
 
 def kept_fraction(counts: trim.CutCounts, n_cuts: int, sizes: list[int], scope: TrimScope) -> tuple[float, ...]:

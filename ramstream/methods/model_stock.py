@@ -24,7 +24,7 @@ import numpy as np
 
 from ramstream.errors import ConfigError
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import gta_merger
+from ramstream.methods.gta import gta_prepared
 from ramstream.statistics.context import StatsContext
 from ramstream.statistics.exact_sums import TaskVectorGram, pairs, tensor_sums
 
@@ -60,8 +60,7 @@ def prepare_model_stock(params: ModelStockParams, ctx: StatsContext) -> Prepared
     n_agents = len(ctx.family.agents)
     grams = tensor_sums(ctx, TaskVectorGram(ctx.allow_nonfinite))
     t = np.array([interpolation(g, n_agents) for g in grams], np.float64).astype(np.float32)
-    merge_block = gta_merger(np.ones(n_agents, np.float32), np.ones((len(t), n_agents), np.float32), t, normalize=True)
-    return Prepared(merge_block)
+    return gta_prepared({}, np.ones(n_agents, np.float32), np.ones((len(t), n_agents), np.float32), t, normalize=True)
 
 
 MODEL_STOCK = MethodSpec(

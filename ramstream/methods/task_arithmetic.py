@@ -17,7 +17,7 @@ import numpy as np
 
 from ramstream.methods import options
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import gta_merger
+from ramstream.methods.gta import gta_prepared
 from ramstream.statistics.context import StatsContext
 
 
@@ -42,13 +42,13 @@ def parse_task_arithmetic(given: Mapping[str, Any], n_agents: int) -> TaskArithm
 
 def prepare_task_arithmetic(params: TaskArithmeticParams, ctx: StatsContext) -> Prepared:
     n_tensors, n_agents = len(ctx.family.base.tensors), len(params.weights)
-    merge_block = gta_merger(
+    return gta_prepared(
+        {"weight": params.weights},
         np.array(params.weights, np.float32),
         np.ones((n_tensors, n_agents), np.float32),
         np.full(n_tensors, params.lam, np.float32),
         normalize=params.normalize,
     )
-    return Prepared(merge_block, {"weight": params.weights})
 
 
 TASK_ARITHMETIC = MethodSpec(

@@ -106,10 +106,7 @@ class NumbaBackend:
         self, sources: BlockSources, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
     ) -> None:
         fds = self._descriptors(sources)
-        nbytes = sources.size * int(ITEMSIZES[out_code])
-        if any(not o.flags.c_contiguous or o.nbytes != nbytes for o in outs):
-            raise ValueError("merge_ram writes contiguous outputs of the block's size")
-        addresses = np.array([o.ctypes.data for o in outs], np.int64)  # ``outs`` holds them alive
+        addresses = _addresses(outs, sources.size * int(ITEMSIZES[out_code]))
         lams = np.ascontiguousarray(np.reshape(lambdas, (len(outs), -1)), np.float32)
         with self._scoped(sources.size) as workers:
             failed = np.full(workers, -1, np.int64)
@@ -127,8 +124,11 @@ class NumbaBackend:
             return KEEP_ARRAY, keep.keep, NO_KEYS, NO_DENSITY, 0
         return KEEP_ALL, NO_KEEP, NO_KEYS, NO_DENSITY, 0
 
-    def merge_gta(self, arrays: BlockArrays, params: GtaParams, keep: Keep, out: np.ndarray, out_code: int) -> None:
+    def merge_gta(
+        self, arrays: BlockArrays, params: GtaParams, keep: Keep, outs: Sequence[np.ndarray], out_code: int
+    ) -> None:
         mode, keep_array, keys, density, start = self._keep_args(keep)
+        addresses = _addresses(outs, arrays.size * int(ITEMSIZES[out_code]))
         with self._scoped(arrays.size) as workers:
             gta.gta_merge_block(
                 arrays.base,
@@ -144,8 +144,8 @@ class NumbaBackend:
                 start,
                 CONSENSUS[params.consensus],
                 params.normalize,
-                params.lam,
-                out,
+                np.ascontiguousarray(params.lams, np.float32),
+                addresses,
                 out_code,
                 workers,
             )
@@ -273,3 +273,11 @@ def _first(rows: np.ndarray) -> int:
     """The smallest of the per-thread rows that found something (>= 0), or -1."""
     found = rows[rows >= 0]
     return int(found.min()) if found.size else -1
+
+
+def _addresses(outs: Sequence[np.ndarray], nbytes: int) -> np.ndarray:
+    """The outputs' addresses, as the K-output kernels take them (the caller's ``outs`` keeps the
+    arrays alive through the call); each must be contiguous and of the block's size."""
+    if any(not o.flags.c_contiguous or o.nbytes != nbytes for o in outs):
+        raise ValueError("a kernel writes contiguous outputs of the block's size")
+    return np.array([o.ctypes.data for o in outs], np.int64)

@@ -2,7 +2,7 @@
 breadcrumbs, DELLA and model stock.
 
 ``gta_merge_block(base, base_code, agents, agent_codes, weights, scale, keep_mode, keep, keys,
-density, start, consensus, normalize, lam, out, out_code, workers)``
+density, start, consensus, normalize, lams, out_addresses, out_code, workers)``
 
 Inputs (as the passes hand them over; see ``ramstream.blocks.BlockArrays``):
 
@@ -27,8 +27,9 @@ Inputs (as the passes hand them over; see ``ramstream.blocks.BlockArrays``):
 - ``consensus``: ``CONSENSUS_NONE``, ``CONSENSUS_SUM`` (TIES: majority sign = sign of the sum of the
   weighted deltas, a sum >= 0 counts as +) or ``CONSENSUS_COUNT`` (sign of the sum of their signs);
 - ``normalize``: divide the mixed delta by the summed weights (see below);
-- ``lam``: float32 lambda, the final multiplier of the mixed delta;
-- ``out``, ``out_code``: the output block (uint16 or float32 carrier) and its format code;
+- ``lams``: float32 (K,), output k's lambda, the final multiplier of the mixed delta;
+- ``out_addresses``, ``out_code``: the K output blocks' addresses (int64 (K,); raw bytes of the
+  block's size, kept alive by the caller) and their format code: one read and one mix for all K;
 - ``workers``: prange iterations (one per thread; each takes a contiguous range of tiles).
 
 Per element, all in float32, agents in order t = 0..N-1:
@@ -40,7 +41,7 @@ Per element, all in float32, agents in order t = 0..N-1:
     consensus:     kept_t = d_t != 0 and sign(d_t) == majority sign
                    mixed = sum_t kept_t d_t;          divisor = sum_t kept_t w_t  (0 -> 1)
     if normalize:  mixed = mixed / divisor
-    out = encode(base + lam * mixed)
+    out_k = encode(base + lams[k] * mixed)
 
 Sums start from +0.0 and add in agent order; no fused multiply-add (Numba's default). These are
 mergekit's generalized task arithmetic semantics (``generalized_task_arithmetic.py``), in float32.
@@ -49,11 +50,12 @@ mergekit's generalized task arithmetic semantics (``generalized_task_arithmetic.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import carray, njit, prange
 
-from ramstream.backends.numba.codecs import TILE, decode_tile, encode_tile
+from ramstream.backends.numba.codecs import TILE, decode_tile, encode_bytes
 from ramstream.backends.numba.counter_rng import uniform
 from ramstream.backends.numba.keep import KEEP_ARRAY, KEEP_RANDOM
+from ramstream.backends.numba.sources import ITEMSIZES, voidptr
 
 CONSENSUS_NONE = 0
 CONSENSUS_SUM = 1
@@ -75,16 +77,17 @@ def gta_merge_block(  # type: ignore[no-untyped-def]
     start,
     consensus,
     normalize,
-    lam,
-    out,
+    lams,
+    out_addresses,
     out_code,
     workers,
 ):
     n = base.shape[0]
     n_agents = len(agents)
+    n_outputs = lams.shape[0]
+    out_nbytes = n * ITEMSIZES[out_code]
     n_tiles = (n + TILE - 1) // TILE
     zero, one = np.float32(0.0), np.float32(1.0)
-    lam32 = np.float32(lam)
     total_weight = zero
     for t in range(n_agents):
         total_weight += weights[t]
@@ -95,6 +98,8 @@ def gta_merge_block(  # type: ignore[no-untyped-def]
         agent_bits = np.empty(TILE, np.uint32)
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
+        result_bits = np.empty(TILE, np.uint32)
+        result_vals = result_bits.view(np.float32)
         mixed = np.empty(TILE, np.float32)
         divisor = np.empty(TILE, np.float32)
         majority = np.empty(TILE, np.float32)
@@ -134,9 +139,13 @@ def gta_merge_block(  # type: ignore[no-untyped-def]
             if consensus != CONSENSUS_NONE:
                 _elect(deltas, weights, m, consensus, majority, mixed, divisor)
             for i in range(m):
-                value = mixed[i] / divisor[i] if normalize else mixed[i]
-                base_vals[i] = base_vals[i] + lam32 * value
-            encode_tile(base_bits, lo, m, out_code, out)
+                mixed[i] = mixed[i] / divisor[i] if normalize else mixed[i]
+            for k in range(n_outputs):
+                lam32 = lams[k]
+                for i in range(m):
+                    result_vals[i] = base_vals[i] + lam32 * mixed[i]
+                out = carray(voidptr(out_addresses[k]), out_nbytes, np.uint8)
+                encode_bytes(result_bits, lo, m, out_code, out)
 
 
 @njit(inline="always", cache=True)

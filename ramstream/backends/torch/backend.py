@@ -280,13 +280,16 @@ class TorchBackend:
             self._run(self._source_parts(sources), sources.size, tile)
 
     # -- the GTA family ---------------------------------------------------------------------------
-    def merge_gta(self, arrays: BlockArrays, params: GtaParams, keep: Keep, out: np.ndarray, out_code: int) -> None:
+    def merge_gta(
+        self, arrays: BlockArrays, params: GtaParams, keep: Keep, outs: Sequence[np.ndarray], out_code: int
+    ) -> None:
         n_agents = len(arrays.agents)
         parts = self._array_parts(arrays)
         if isinstance(keep, KeepArray):
             parts += [array_part(np.ascontiguousarray(keep.keep[t])) for t in range(n_agents)]
         codes = self._codes(arrays)
-        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        raw_outs = [out.view(np.uint8) for out in outs]
+        size = int(outs[0].dtype.itemsize) if outs else 1
         total_weight = np.float32(0.0)
         for weight in np.asarray(params.weights, np.float32):
             total_weight = np.float32(total_weight + weight)
@@ -295,7 +298,7 @@ class TorchBackend:
         keep_dtype = _torch_dtype(keep.keep.dtype) if isinstance(keep, KeepArray) else torch.uint8
         with self._scoped():
             weights, scale = self._f32(params.weights), self._f32(params.scale)
-            lam, divisor = self._f32(params.lam), self._f32(total_weight)
+            lams, divisor = [self._f32(x) for x in np.asarray(params.lams)], self._f32(total_weight)
             density = self._f32(keep.density) if isinstance(keep, KeepRandom) else None
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
@@ -308,8 +311,10 @@ class TorchBackend:
                     if isinstance(keep, KeepRandom) and density is not None:
                         alive = uniform(int(keep.keys[t]), self._positions(keep.start + lo, m)) < density[t]
                     deltas.append((delta, alive))
-                merged = merges.merge_gta(base, deltas, weights, params.consensus, params.normalize, divisor, lam)
-                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+                mixed = merges.mix_gta(base, deltas, weights, params.consensus, params.normalize, divisor)
+                for lam, raw_out in zip(lams, raw_outs, strict=True):  # one output at a time on the device
+                    merged = base + lam * mixed
+                    outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
             self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2)
 

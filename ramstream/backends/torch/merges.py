@@ -71,16 +71,16 @@ def weighted_deltas(
     return weight * ((tau * k) * scale), k != 0
 
 
-def merge_gta(
+def mix_gta(
     base: torch.Tensor,
     deltas: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     weights: torch.Tensor,
     consensus: str,
     normalize: bool,
     total_weight: torch.Tensor,
-    lam: torch.Tensor,
 ) -> torch.Tensor:
-    """base + lam * mixed (divided by the divisor with ``normalize``), as ``gta.gta_merge_block``."""
+    """The mixed delta (divided by the divisor with ``normalize``), as ``gta.gta_merge_block``;
+    output k is ``base + lams[k] * mixed``."""
     zero = torch.zeros((), dtype=torch.float32, device=base.device)
     one = torch.ones((), dtype=torch.float32, device=base.device)
     rows = [d if alive is None else torch.where(alive, d, zero) for d, alive in deltas]
@@ -100,8 +100,7 @@ def merge_gta(
             mixed = mixed + torch.where(kept, row, zero)
             divisor = divisor + torch.where(kept, weights[t], zero)
         divisor = torch.where(divisor == zero, one, divisor)
-    value = mixed / divisor if normalize else mixed
-    return base + lam * value
+    return mixed / divisor if normalize else mixed
 
 
 def merge_linear(
