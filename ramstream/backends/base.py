@@ -161,6 +161,10 @@ class Backend(Protocol):
         """(w0 base + sum_t w_t agent_t), divided by the summed weights with ``normalize``."""
         ...
 
+    def has_nonfinite(self, out: np.ndarray, out_code: int) -> bool:
+        """True when the merged block ``out`` (the raw carrier of format ``out_code``) holds NaN/Inf."""
+        ...
+
     def first_nonfinite(self, arrays: BlockArrays) -> int:
         """Block position of the first NaN/Inf in any input, or -1."""
         ...

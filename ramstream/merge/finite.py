@@ -3,7 +3,7 @@
 Inputs with NaN/Inf are refused (unless ``--allow-nonfinite``), so outputs must be too: a merged
 value can pass the output format's range (65504 for f16) or overflow float32 (a huge λ or weight)
 and would be written as Inf, with exit 0. ``check_block`` runs on every merged block right after
-it is computed: two reductions over the raw output, no copy; only a block that fails them is
+it is computed: one scan of the raw output by the backend, no copy; only a block that fails it is
 looked at closely (decoded, compared with its inputs, merged again in float32 for the message).
 """
 
@@ -19,15 +19,6 @@ from ramstream.format.dtypes import FloatCode
 from ramstream.methods.base import BlockMerger
 from ramstream.plan import Block
 
-# Per output carrier: the signed view, and the smallest non-finite pattern with the sign bit clear
-# (as the signed integer) and set (as the unsigned integer). Positive Inf/NaN are the largest
-# signed values, negative Inf/NaN the largest unsigned ones: two max reductions find both.
-_PATTERNS: dict[int, tuple[type[np.integer], type[np.integer], int, int]] = {
-    FloatCode.BF16: (np.int16, np.uint16, 0x7F80, 0xFF80),
-    FloatCode.F16: (np.int16, np.uint16, 0x7C00, 0xFC00),
-    FloatCode.F32: (np.int32, np.uint32, 0x7F800000, 0xFF800000),
-    FloatCode.F64: (np.int64, np.uint64, 0x7FF0000000000000, 0xFFF0000000000000),
-}
 _RANGE: dict[int, str] = {
     FloatCode.BF16: "bf16",
     FloatCode.F16: "f16 (largest 65504)",
@@ -41,14 +32,6 @@ _WIDER: dict[int, str] = {
     FloatCode.BF16: "--out-dtype f32",  # bf16 rounds up to Inf just below float32's largest
     FloatCode.F16: "--out-dtype f32 (or bf16)",
 }
-
-
-def has_nonfinite(out: np.ndarray, out_code: int) -> bool:
-    """True when the raw output block ``out`` (format ``out_code``) holds a NaN or Inf."""
-    if not out.size:
-        return False
-    signed, unsigned, positive, negative = _PATTERNS[out_code]
-    return bool(out.view(signed).max() >= positive or out.view(unsigned).max() >= negative)
 
 
 def check_block(
@@ -70,7 +53,7 @@ def check_block(
     otherwise (``--allow-nonfinite``, or the probe checked them) only positions whose inputs are
     all finite count.
     """
-    if not has_nonfinite(out, out_code):
+    if not out.size or not backend.has_nonfinite(out, out_code):
         return
     bad = np.flatnonzero(~np.isfinite(codecs.decode(out, out_code)))
     if not inputs_finite:

@@ -28,6 +28,7 @@ from ramstream.backends.base import (
     ProbeCounts,
 )
 from ramstream.backends.exact_sum import BINS
+from ramstream.backends.nonfinite import EXPONENT
 from ramstream.backends.numba import della, exact_stats, gta, linear, magnitude, merge_ram, nonfinite, probe
 from ramstream.backends.numba.keep import KEEP_ALL, KEEP_ARRAY, KEEP_RANDOM, NO_DENSITY, NO_KEEP, NO_KEYS
 from ramstream.backends.numba.sources import ITEMSIZES
@@ -149,6 +150,12 @@ class NumbaBackend:
                 out_code,
                 workers,
             )
+
+    def has_nonfinite(self, out: np.ndarray, out_code: int) -> bool:
+        carrier, mask = EXPONENT[out_code]
+        values = out.view(carrier)
+        with self._scoped(values.size) as workers:
+            return bool(nonfinite.count_exponent(values, carrier(mask), workers) > 0)
 
     def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> None:
         with self._scoped(arrays.size) as workers:

@@ -1,4 +1,5 @@
-"""Find the first NaN/Inf in a block, for merges that skip the probe pass (which checks too)."""
+"""NaN/Inf in a block: the first in the inputs, for merges that skip the probe pass (which checks
+too), and whether a merged output holds any (``count_exponent``: one parallel scan)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,17 @@ def first_nonfinite(base, base_code, agents, agent_codes, workers):  # type: ign
         if firsts[w] >= 0:
             return firsts[w]
     return -1
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def count_exponent(values, mask, workers):  # type: ignore[no-untyped-def]
+    """How many of ``values`` (an unsigned carrier) have every bit of ``mask`` set (an exponent
+    field all ones: Inf or NaN)."""
+    n = values.shape[0]
+    counts = np.zeros(workers, np.int64)
+    for w in prange(workers):
+        found = 0
+        for i in range(n * w // workers, n * (w + 1) // workers):
+            found += (values[i] & mask) == mask
+        counts[w] = found
+    return counts.sum()

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from ramstream.backends import nonfinite
 from ramstream.backends.base import (
     HIGH_BINS,
     LOW_BINS,
@@ -317,6 +318,9 @@ class TorchBackend:
                     outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
             self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2)
+
+    def has_nonfinite(self, out: np.ndarray, out_code: int) -> bool:
+        return nonfinite.has_nonfinite(out, out_code)  # the block is in host memory already
 
     def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> None:
         uses_base = np.float32(params.base_weight) != np.float32(0.0)
