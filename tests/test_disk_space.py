@@ -72,7 +72,7 @@ def test_a_sweep_counts_every_candidate(tmp_path: Path, free: int) -> None:
     grid = ("--grid", "task_arithmetic:lambda=0.5,1.0")
     result = invoke("sweep", base, agent, "--out", out, *grid, "--cache-dir", cache)
     assert result.exit_code != 0
-    assert "writing 2 candidates needs " in result.output, result.output
+    assert f"error: {out}: writing 2 candidates needs " in result.output, result.output
     assert needed(result.output) >= 2 * 2 * elements
     assert "Traceback" not in result.output
     assert not cache.exists()

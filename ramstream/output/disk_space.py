@@ -43,12 +43,14 @@ def check_free_space(needs: Sequence[OutputNeed], what: str) -> None:
         device = os.stat(anchor).st_dev
         _, total = by_device.get(device, (anchor, 0))
         by_device[device] = (anchor, total + need.nbytes)
+    # The directory the user named: the output, or the sweep's directory holding the candidates.
+    where = needs[0].out if len(needs) == 1 else Path(os.path.commonpath([n.out for n in needs]))
     for anchor, nbytes in by_device.values():
         free = shutil.disk_usage(anchor).free
         if nbytes > free:
             raise OutputError(
-                f"{needs[0].out if len(needs) == 1 else anchor}: writing {what} needs {_gib(nbytes)} ({nbytes} bytes) "
-                f"on this disk, which has {_gib(free)} free; free space or choose another --out"
+                f"{where}: writing {what} needs {_gib(nbytes)} ({nbytes} bytes) on this disk, which has "
+                f"{_gib(free)} free; free space or choose another --out"
             )
 
 
