@@ -260,17 +260,19 @@ def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(tmp_path: Path, family
     index, out = tmp_path / "index.zarr", tmp_path / "out"
     assert cli("probe", *members(family), "--index", index, "--quiet").returncode == 0
     args = ["merge", *map(str, members(family)), "--out", str(out), "--index", str(index), "--quiet", *SHARDS]
-    # Slow the merge down (a sleep in each block write) so the interrupt lands inside the pass.
+    # Slow the merge down (a sleep in each block write, announced by a file) so the interrupt
+    # lands inside the pass: sent once a write has begun, not after a guessed delay.
+    writing = tmp_path / "writing"
     slow = (
         "import time, sys; from ramstream.io import writer; w = writer.ShardWriter.write_runs\n"
-        "def slow(self, *a, **k):\n    time.sleep(1.0); return w(self, *a, **k)\n"
+        f"def slow(self, *a, **k):\n    open({str(writing)!r}, 'w').close(); time.sleep(2.0); return w(self, *a, **k)\n"
         "writer.ShardWriter.write_runs = slow\nfrom ramstream.cli import main; main()"
     )
     proc = subprocess.Popen([sys.executable, "-c", slow, *args], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not (out / ".ramstream" / "journal").exists() and time.monotonic() < deadline:
+    while not writing.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.5)  # inside the first block's (slowed) write
+    time.sleep(0.2)  # inside the first block's (slowed) write
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
