@@ -263,7 +263,10 @@ def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(tmp_path: Path, family
     # Slow the merge down (a sleep in each block write, announced by a file) so the interrupt
     # lands inside the pass: sent once a write has begun, not after a guessed delay.
     writing = tmp_path / "writing"
+    # Python leaves SIGINT ignored when it starts with it ignored (a job started in the
+    # background by a non-interactive shell): the merge gets Python's usual Ctrl-C handler back.
     slow = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "import time, sys; from ramstream.io import writer; w = writer.ShardWriter.write_runs\n"
         f"def slow(self, *a, **k):\n    open({str(writing)!r}, 'w').close(); time.sleep(2.0); return w(self, *a, **k)\n"
         "writer.ShardWriter.write_runs = slow\nfrom ramstream.cli import main; main()"
