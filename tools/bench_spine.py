@@ -478,14 +478,8 @@ def shape_numel(shape: dict[str, int]) -> list[int]:
     return [2 * v * h, shape["layers"] * per_layer, h]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default="bench-data", help="where the family is written once [bench-data]")
-    parser.add_argument("--memory", default="1GiB", help="--memory for the merges [1GiB]")
-    parser.add_argument("--threads", type=int, default=None, help="--threads for the merges [all cores]")
-    parser.add_argument("--repeat", type=int, default=1, help="repetitions; the median is reported [1]")
-    parser.add_argument("--quick", action="store_true", help="a much smaller family: a smoke run in seconds")
-    parser.add_argument("--json", default=None, help="also write the raw figures to this JSON file")
+def add_quiet_options(parser: argparse.ArgumentParser) -> None:
+    """--wait-quiet and --retries: how a step waits for, and retries after, a busy machine."""
     parser.add_argument(
         "--wait-quiet",
         type=float,
@@ -498,13 +492,29 @@ def main() -> int:
         default=None,
         help="measure a step again when other processes used the CPUs meanwhile [2; 0 with --quick]",
     )
-    args = parser.parse_args()
-    if args.repeat < 1:
-        parser.error("--repeat must be at least 1")
+
+
+def settle_quiet(args: argparse.Namespace) -> None:
+    """Their defaults once --quick is known: a smoke run neither waits nor retries."""
     if args.wait_quiet is None:
         args.wait_quiet = 0.0 if args.quick else 30.0
     if args.retries is None:
         args.retries = 0 if args.quick else 2
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="bench-data", help="where the family is written once [bench-data]")
+    parser.add_argument("--memory", default="1GiB", help="--memory for the merges [1GiB]")
+    parser.add_argument("--threads", type=int, default=None, help="--threads for the merges [all cores]")
+    parser.add_argument("--repeat", type=int, default=1, help="repetitions; the median is reported [1]")
+    parser.add_argument("--quick", action="store_true", help="a much smaller family: a smoke run in seconds")
+    parser.add_argument("--json", default=None, help="also write the raw figures to this JSON file")
+    add_quiet_options(parser)
+    args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    settle_quiet(args)
     return run(args)
 
 

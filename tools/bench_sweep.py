@@ -60,6 +60,7 @@ from bench_spine import (
     FULL,
     QUICK,
     WARMUP,
+    add_quiet_options,
     ensure_family,
     git_commit,
     input_files,
@@ -70,6 +71,7 @@ from bench_spine import (
     numba_cache_state,
     ramstream_cmd,
     read_inputs,
+    settle_quiet,
     shape_numel,
     step,
 )
@@ -409,28 +411,14 @@ def main() -> int:
         help="skip the byte comparison of the separate merges' outputs with the sweep's (first round)",
     )
     parser.add_argument("--json", default=None, help="also write the raw figures to this JSON file")
-    parser.add_argument(
-        "--wait-quiet",
-        type=float,
-        default=None,
-        help="seconds to wait for an idle machine before each step [30; 0 with --quick]",
-    )
-    parser.add_argument(
-        "--retries",
-        type=int,
-        default=None,
-        help="measure a step again when other processes used the CPUs meanwhile [2; 0 with --quick]",
-    )
+    add_quiet_options(parser)
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not args.modes or any(m not in ("warm", "cold") for m in args.modes):
         parser.error("--modes takes warm, cold or both")
-    if args.wait_quiet is None:
-        args.wait_quiet = 0.0 if args.quick else 30.0
-    if args.retries is None:
-        args.retries = 0 if args.quick else 2
+    settle_quiet(args)
     return run(args)
 
 
