@@ -219,13 +219,18 @@ def test_demo_merges_the_shipped_agents_and_scores_them(tmp_path: Path) -> None:
         assert [float(c) for c in cells[:3]] == pytest.approx([record[name][t] for t in tasks.TASKS], abs=0.003)
 
 
-def test_demo_without_torch_still_merges(tmp_path: Path) -> None:
+def demo_without_torch(tmp_path: Path, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``ramstream demo FLAGS --dir tmp_path/demo`` in a process where torch cannot be imported."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "from ramstream.cli import main\n"
-        f"main(['demo', '--dir', {str(tmp_path / 'demo')!r}, '--cache-dir', {str(tmp_path)!r}])\n"
+        f"main(['demo', *{list(flags)!r}, '--dir', {str(tmp_path / 'demo')!r}, '--cache-dir', {str(tmp_path)!r}])\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_without_torch_still_merges(tmp_path: Path) -> None:
+    done = demo_without_torch(tmp_path)
     assert done.returncode == 0, done.stderr
     assert "merged model (RAM+, lambda " in done.stdout
     assert done.stdout.rstrip().endswith("per-task accuracy: needs torch (pip install 'ramstream[torch]')")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from ramstream.lab.tasks import TASKS
 from ramstream.runs.output import parse_method
 from ramstream.sweep.evaluate import check_command
 from ramstream.sweep.grid import parse_grids
+from tests.test_agents_lab import demo_without_torch
 
 
 def test_the_defaults_are_the_methods_own_and_candidates_of_the_grids() -> None:
@@ -76,12 +76,7 @@ def test_demo_sweep_selects_the_best_on_validation_and_scores_it_on_test(tmp_pat
 
 
 def test_demo_sweep_without_torch_refuses_before_any_work(tmp_path: Path) -> None:
-    code = (
-        "import sys; sys.modules['torch'] = None\n"
-        "from ramstream.cli import main\n"
-        f"main(['demo', '--sweep', '--dir', {str(tmp_path / 'demo')!r}, '--cache-dir', {str(tmp_path)!r}])\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = demo_without_torch(tmp_path, "--sweep", timeout=120)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == (
         "error: demo --sweep scores its candidates with the agents lab's evaluator, which needs torch "
