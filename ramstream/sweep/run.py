@@ -147,6 +147,7 @@ def sweep(
     output_dir.check_output_path(root, [m.path for m in family.members])
     output_dir.check_work_paths(root, Path(index) if index else None, options.cache_dir)
     _check_sweep_dir(root, {c.name for c in candidates})
+    key = resolve.family_key(family, eps)  # the inputs recorded scores must have been taken on
     backend = backend_for(options)
     executor = make_executor(backend, options)
     try:
@@ -157,7 +158,7 @@ def sweep(
                 if force or not _finished(output):  # a finished candidate is not touched, not even by a lock
                     output.out.mkdir(exist_ok=True)
                     locks.enter_context(output_dir.lock(output.out))
-            recorded = _recorded_scores(root, evaluate_with, resolve.family_key(family, eps))
+            recorded = _recorded_scores(root, evaluate_with, key)
             _write_sweep_file(root, family, [{**c.to_dict(), "status": "pending"} for c in candidates])
             results = _sweep_into(root, outputs, family, index, force, allow_nonfinite, options, executor)
             entries = [{**r.to_dict(), "settings": dict(c.settings)} for c, r in zip(candidates, results, strict=True)]
@@ -167,7 +168,6 @@ def sweep(
         backend.close()
     if evaluate_with is None:
         return SweepResult(root, tuple(results))
-    key = resolve.family_key(family, eps)
     inputs = [(m.name, m.path) for m in family.members] if eval_inputs else []
     evaluations = _evaluations(evaluate_with, inputs, results, recorded)
     if selection is None:
