@@ -330,12 +330,17 @@ def test_probe_reports_first_nonfinite(
     coverage = np.zeros((workers, 4), np.int64)
     nonfinite = np.full(workers, -7, np.int64)
     failed = np.full(workers, -7, np.int64)
-    probe_block(*on_disk([base, *agents], ["BF16"] * 4), n, 1e-5, masks, overlap, coverage, nonfinite, failed)
+    sources = on_disk([base, *agents], ["BF16"] * 4)
+    probe_block(*sources, n, 1e-5, masks, overlap, coverage, nonfinite, failed)
     first = min(pos for _, pos in where)
-    found = nonfinite[nonfinite >= 0]
-    assert found.size >= 1 and found.min() == first
-    assert set(found.tolist()) <= {pos for _, pos in where}
-    assert ((nonfinite >= 0) | (nonfinite == -1)).all()
+    merged = np.full(workers, -7, np.int64)  # the RAM merge finds them too, in the same read
+    out = np.empty(n, np.uint16)
+    merge_ram_block(*sources, n, 1e-5, np.ones((1, 3), np.float32), addresses(out), BF16, failed, merged)
+    for found_by in (nonfinite, merged):
+        found = found_by[found_by >= 0]
+        assert found.size >= 1 and found.min() == first
+        assert set(found.tolist()) <= {pos for _, pos in where}
+        assert ((found_by >= 0) | (found_by == -1)).all()
 
 
 def test_a_nonfinite_tau_is_inactive(on_disk: Callable[..., Sources]) -> None:
@@ -360,8 +365,10 @@ def test_a_nonfinite_tau_is_inactive(on_disk: Callable[..., Sources]) -> None:
     np.testing.assert_array_equal(coverage[0], [4, 3, 1])
     assert nonfinite[0] == 0
     out = np.zeros(8, np.float32)
-    merge_ram_block(*sources, 8, 1e-5, np.array([[2.0, 2.0]], np.float32), addresses(out), CODES["F32"], failed)
+    lambdas = np.array([[2.0, 2.0]], np.float32)
+    merge_ram_block(*sources, 8, 1e-5, lambdas, addresses(out), CODES["F32"], failed, nonfinite)
     np.testing.assert_array_equal(out, [0.5, 0.5, 0.5, big, 0.375, 0, 0, 0])
+    assert nonfinite[0] == 0  # the merge reports the Inf input as the probe does
 
 
 # -- merge --------------------------------------------------------------------------------------
@@ -419,8 +426,9 @@ def test_merge_ram_block_matches_naive(
     outs = [np.full(n + 9, 77, carrier) for _ in lambdas]
     failed = np.full(workers, -7, np.int64)
     sources = on_disk([base_raw, *agents_raw], dtypes)
-    merge_ram_block(*sources, n, eps, lambdas, addresses(*outs), CODES[out_dtype], failed)
-    assert (failed == -1).all()
+    nonfinite = np.full(workers, -7, np.int64)
+    merge_ram_block(*sources, n, eps, lambdas, addresses(*outs), CODES[out_dtype], failed, nonfinite)
+    assert (failed == -1).all() and (nonfinite == -1).all()
     for out, row in zip(outs, lambdas, strict=True):
         expected = naive_merge(base_f, agents_f, eps, row, out_dtype)
         bad = np.flatnonzero(out[:n].view(np.uint8).reshape(n, -1) != expected.view(np.uint8).reshape(n, -1))
@@ -443,5 +451,5 @@ def test_spine_kernels_report_a_file_that_ends_early(workers: int, on_disk: Call
     assert failed[-1] == 3 and set(failed.tolist()) <= {-1, 3}
     failed[:] = -7
     out = np.zeros(n, np.uint16)
-    merge_ram_block(fds, offsets, codes, n, 1e-5, np.ones((1, 3), np.float32), addresses(out), BF16, failed)
+    merge_ram_block(fds, offsets, codes, n, 1e-5, np.ones((1, 3), np.float32), addresses(out), BF16, failed, nonfinite)
     assert failed[-1] == 3 and set(failed.tolist()) <= {-1, 3}

@@ -15,9 +15,20 @@ import pytest
 from ramstream.backends.numba import gta
 from ramstream.backends.numba.codecs import BF16, F32, TILE
 from ramstream.backends.numba.counter_rng import stream_key, uniforms
+from ramstream.backends.numba.della import della_keep, della_merge_block
 from ramstream.backends.numba.exact_stats import abs_sums_block, gram_block, reduce_workers
 from ramstream.backends.numba.exact_sum import BINS, finish
-from ramstream.backends.numba.keep import KEEP_ALL, KEEP_ARRAY, KEEP_RANDOM, NO_DENSITY, NO_KEEP, NO_KEYS
+from ramstream.backends.numba.keep import (
+    KEEP_ALL,
+    KEEP_ARRAY,
+    KEEP_CUTS,
+    KEEP_RANDOM,
+    NO_CUT_RANGE,
+    NO_CUT_VALUE,
+    NO_DENSITY,
+    NO_KEEP,
+    NO_KEYS,
+)
 from ramstream.backends.numba.linear import merge_linear_block
 from tests.families import bf16_to_f32, f32_to_bf16
 
@@ -76,7 +87,7 @@ def naive_gta(
                 d, alive = WEIGHTS[t] * ((tau * k) * SCALE[t]), k != 0
             else:
                 d = WEIGHTS[t] * (tau * SCALE[t])
-                alive = mode == KEEP_ALL or bool(kept_random[t, i])
+                alive = mode == KEEP_ALL or bool(kept_random[t, i])  # KEEP_CUTS: drawn into kept_random
             deltas.append(np.float32(d) if alive else Z)
         if consensus == gta.CONSENSUS_NONE:
             mixed, divisor = Z, total_weight
@@ -85,7 +96,7 @@ def naive_gta(
         else:
             vote = Z
             for d in deltas:
-                vote = np.float32(vote + (d if consensus == gta.CONSENSUS_SUM else np.sign(d)))
+                vote = np.float32(vote + d)
             mixed, divisor = Z, Z
             for t, d in enumerate(deltas):
                 if (d > 0 and vote >= 0) or (d < 0 and vote < 0):
@@ -100,16 +111,42 @@ CASES = [  # (keep mode, keep dtype, consensus, normalize, lambda)
     (KEEP_ALL, "uint8", gta.CONSENSUS_NONE, False, 1.0),
     (KEEP_ALL, "uint8", gta.CONSENSUS_NONE, True, 0.7),
     (KEEP_ALL, "uint8", gta.CONSENSUS_SUM, True, 1.0),
-    (KEEP_ALL, "uint8", gta.CONSENSUS_COUNT, False, 1.3),
     (KEEP_ARRAY, "uint8", gta.CONSENSUS_SUM, True, 1.0),
     (KEEP_ARRAY, "uint8", gta.CONSENSUS_NONE, False, 0.5),
     (KEEP_ARRAY, "float32", gta.CONSENSUS_SUM, True, 1.0),
     (KEEP_ARRAY, "float32", gta.CONSENSUS_NONE, True, 0.5),
-    (KEEP_ARRAY, "float32", gta.CONSENSUS_COUNT, False, 1.0),
     (KEEP_RANDOM, "uint8", gta.CONSENSUS_NONE, True, 1.0),
     (KEEP_RANDOM, "uint8", gta.CONSENSUS_SUM, False, 2.0),
-    (KEEP_RANDOM, "uint8", gta.CONSENSUS_COUNT, True, 1.0),
+    (KEEP_CUTS, "uint8", gta.CONSENSUS_SUM, True, 1.0),
+    (KEEP_CUTS, "uint8", gta.CONSENSUS_NONE, False, 0.5),
 ]
+
+
+def magnitude_cuts(base: np.ndarray, agents: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two cuts per agent chosen at values that have ties (so the tie ranges matter), one agent
+    with cut 1 above everything, one with an empty cut 0; and the survivors they define, decided
+    here from |tau| bits with Python comparisons."""
+    value = np.zeros((N, 2), np.uint32)
+    ranges = np.zeros((N, 2, 2), np.int64)
+    kept = np.zeros((N, LENGTH), bool)
+    for t in range(N):
+        bits = np.abs(agents[t] - base).astype(np.float32).view(np.uint32)
+        ordered = np.sort(bits)
+        value[t] = (ordered[LENGTH // 4], ordered[3 * LENGTH // 4])
+        ranges[t] = ((100, TILE + 50), (0, TILE - 7))
+        if t == 2:
+            value[t, 1] = 0xFFFFFFFF
+        if t == 3:
+            value[t, 0], ranges[t, 0] = 0, (0, 0)
+
+        def lower(b: int, i: int, v: int, a: int, e: int) -> bool:
+            return b < v or (b == v and a <= i < e)
+
+        for i in range(LENGTH):
+            b = int(bits[i])
+            (v0, v1), ((a0, e0), (a1, e1)) = value[t].tolist(), ranges[t].tolist()
+            kept[t, i] = lower(b, i, v1, a1, e1) and not lower(b, i, v0, a0, e0)
+    return value, ranges, kept
 
 
 @pytest.mark.parametrize(("mode", "keep_dtype", "consensus", "normalize", "lam"), CASES)
@@ -127,6 +164,10 @@ def test_gta_kernel_matches_naive_twin(
     keys = np.array([stream_key(9, t, "w") for t in range(N)], np.uint64)
     density = np.array([0.5, 0.3, 1.0, 0.7, 0.2], np.float32)
     kept_random = np.array([uniforms(keys[t], start, LENGTH) < density[t] for t in range(N)])
+    cut_value, cut_range = NO_CUT_VALUE, NO_CUT_RANGE
+    if mode == KEEP_CUTS:
+        cut_value, cut_range, kept_random = magnitude_cuts(base, agents)
+        assert 0 < kept_random.sum() < kept_random.size
     if keep_dtype == "uint8":
         keep = (rng.random((N, LENGTH)) < 0.6).astype(np.uint8)
     else:
@@ -137,7 +178,7 @@ def test_gta_kernel_matches_naive_twin(
         outs = [np.empty(LENGTH, np.float32) for _ in lams]
         keep_arg = keep if mode == KEEP_ARRAY else NO_KEEP
         keys_arg, density_arg = (keys, density) if mode == KEEP_RANDOM else (NO_KEYS, NO_DENSITY)
-        gta.gta_merge_block(
+        found = gta.gta_merge_block(
             raw_base,
             BF16,
             raw_agents,
@@ -149,6 +190,8 @@ def test_gta_kernel_matches_naive_twin(
             keys_arg,
             density_arg,
             start,
+            cut_value,
+            cut_range,
             consensus,
             normalize,
             lams,
@@ -156,6 +199,7 @@ def test_gta_kernel_matches_naive_twin(
             F32,
             workers,
         )
+        assert found == -1
         for out, want in zip(outs, expected, strict=True):
             np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
 
@@ -189,7 +233,8 @@ def test_linear_kernel_matches_naive_twin(
             total = np.float32(total + WEIGHTS[t] * agents[t][i])
         expected[i] = np.float32(total / divisor) if normalize else total
     out = np.empty(LENGTH, np.uint16)
-    merge_linear_block(raw_base, BF16, w0, raw_agents, np.full(N, BF16, np.int64), WEIGHTS, normalize, out, BF16, 2)
+    codes = np.full(N, BF16, np.int64)
+    assert merge_linear_block(raw_base, BF16, w0, raw_agents, codes, WEIGHTS, normalize, out, BF16, 2) == -1
     np.testing.assert_array_equal(out, f32_to_bf16(expected))
 
 
@@ -288,3 +333,107 @@ def test_exact_sum_kernels_flag_nonfinite(
     nonfinite = np.empty(2, np.int64)
     gram_block(raw_base, BF16, tuple(agents), np.full(N, BF16, np.int64), acc, nonfinite)
     assert nonfinite[nonfinite >= 0].min() == 700
+
+
+# -- one read per block: the merges report NaN/Inf inputs, DELLA prunes inside its merge ---------
+
+
+def _gta_call(raw_base: np.ndarray, raw_agents: tuple[np.ndarray, ...], outs: list[np.ndarray], workers: int) -> int:
+    density = np.full(N, 0.5, np.float32)
+    keys = np.arange(1, N + 1, dtype=np.uint64)
+    found = gta.gta_merge_block(
+        raw_base, BF16, raw_agents, np.full(N, BF16, np.int64), WEIGHTS, SCALE, KEEP_RANDOM, NO_KEEP,
+        keys, density, 0, NO_CUT_VALUE, NO_CUT_RANGE, gta.CONSENSUS_SUM, True,
+        np.ones(len(outs), np.float32), np.array([o.ctypes.data for o in outs], np.int64), BF16, workers,
+    )  # fmt: skip
+    return int(found)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize(
+    "where",
+    [
+        [("base", 2000, np.nan)],
+        [("agent2", TILE + 3, np.inf)],
+        [("agent0", 1500, -np.inf), ("base", 1499, np.nan), ("agent4", 7, np.inf)],
+        [("agent1", LENGTH - 1, np.nan)],
+    ],
+)
+def test_merges_report_their_first_nonfinite_input(
+    inputs: tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray, list[np.ndarray]],
+    workers: int,
+    where: list[tuple[str, int, float]],
+) -> None:
+    """GTA, DELLA and linear merges find NaN/Inf while they merge (no second read): the lowest
+    position over every input, whatever the thread count."""
+    _, _, base, agents = inputs
+    base, agents = base.copy(), [a.copy() for a in agents]
+    for who, position, value in where:
+        (base if who == "base" else agents[int(who[-1])])[position] = value
+    raw_base = _readonly(f32_to_bf16(base))
+    raw_agents = tuple(_readonly(f32_to_bf16(a)) for a in agents)
+    codes = np.full(N, BF16, np.int64)
+    first = min(position for _, position, _ in where)
+    out = np.empty(LENGTH, np.uint16)
+    assert _gta_call(raw_base, raw_agents, [out], workers) == first
+    assert merge_linear_block(raw_base, BF16, Z, raw_agents, codes, WEIGHTS, False, out, BF16, workers) == first
+    mode, lo, width = np.zeros(N, np.int64), np.full(N, 0.3, np.float32), np.full(N, 0.2, np.float32)
+    found = della_merge_block(
+        raw_base, BF16, raw_agents, codes, 0, LENGTH, LENGTH, np.arange(N, dtype=np.uint64), mode, lo, width,
+        False, WEIGHTS, SCALE, gta.CONSENSUS_SUM, True, np.ones(1, np.float32),
+        np.array([out.ctypes.data], np.int64), BF16, workers,
+    )  # fmt: skip
+    assert found == first
+
+
+@pytest.mark.parametrize(
+    ("slices", "rows", "inner", "inverse", "consensus"),
+    [
+        (7, 40, 3, False, gta.CONSENSUS_SUM),
+        (2, 1500, 3, True, gta.CONSENSUS_NONE),
+        (1, 5000, 1, False, gta.CONSENSUS_SUM),
+        (9, 1, 4, True, gta.CONSENSUS_SUM),
+    ],
+)
+def test_della_merge_is_its_keep_then_the_gta_merge(
+    slices: int, rows: int, inner: int, inverse: bool, consensus: int
+) -> None:
+    """Pruning inside the merge (a slice at a time, in cache) gives the bytes of the keep array
+    written by ``della_keep`` and merged by ``gta_merge_block``: for every slice shape, with slices
+    longer than a tile, one row, one slice, and agents kept or dropped whole."""
+    rng = np.random.default_rng(slices * rows)
+    n = slices * rows * inner
+    base = bf16_to_f32(f32_to_bf16(rng.standard_normal(n).astype(np.float32)))
+    agents = [
+        bf16_to_f32(
+            f32_to_bf16(np.where(rng.random(n) < 0.5, base + rng.standard_normal(n).astype(np.float32) * 0.01, base))
+        )
+        for _ in range(N)
+    ]
+    raw_base = _readonly(f32_to_bf16(base))
+    raw_agents = tuple(_readonly(f32_to_bf16(a)) for a in agents)
+    codes = np.full(N, BF16, np.int64)
+    keys = np.array([stream_key(3, t, "della") for t in range(N)], np.uint64)
+    mode = np.array([0, 0, 1, 2, 0], np.int64)  # prune, prune, keep all, drop all, prune
+    lo, width = np.array([0.2, 0.5, 0.1, 0.1, 0.7], np.float32), np.full(N, 0.2, np.float32)
+    start = 5 * slices * rows * inner
+    lams = np.array([1.0, 0.5], np.float32)
+    for workers in (1, 3):
+        keep = np.empty((N, n), np.float32)
+        della_keep(
+            raw_base, BF16, raw_agents, codes, start, rows * inner, rows, keys, mode, lo, width, inverse, keep, workers
+        )
+        want = [np.empty(n, np.uint16) for _ in lams]
+        gta.gta_merge_block(
+            raw_base, BF16, raw_agents, codes, WEIGHTS, SCALE, KEEP_ARRAY, keep, NO_KEYS, NO_DENSITY, 0,
+            NO_CUT_VALUE, NO_CUT_RANGE, consensus, True, lams, np.array([o.ctypes.data for o in want], np.int64),
+            BF16, workers,
+        )  # fmt: skip
+        got = [np.empty(n, np.uint16) for _ in lams]
+        found = della_merge_block(
+            raw_base, BF16, raw_agents, codes, start, rows * inner, rows, keys, mode, lo, width, inverse,
+            WEIGHTS, SCALE, consensus, True, lams, np.array([o.ctypes.data for o in got], np.int64), BF16, workers,
+        )  # fmt: skip
+        assert found == -1
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)

@@ -1,8 +1,8 @@
 """The spine kernels alone: probe and RAM merge over the benchmark family, no index, no output file.
 
 Reads the family that ``tools/bench_spine.py`` wrote (``--data``/full), calls the Numba backend's
-probe and RAM merge block by block on the blocks' sources exactly as the passes do (16 Mi-element
-blocks, every core), and
+probe and RAM merge block by block on the blocks' inputs exactly as the passes do (16 Mi-element
+blocks, every core; the kernels read them through ``sources``), and
 prints the median seconds and elements per second next to one plain read of the inputs. Numba's
 compile happens in an untimed first round.
 
@@ -24,7 +24,7 @@ import numpy as np
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI runs the kernels (before numba loads)
 
 from ramstream.backends.numba.backend import NumbaBackend
-from ramstream.blocks import BlockReader, BlockSources
+from ramstream.blocks import BlockArrays, BlockReader
 from ramstream.format.dtypes import FLOAT_CODES
 from ramstream.format.family import Family, open_family
 from ramstream.io.reader import InputFiles
@@ -34,10 +34,10 @@ BLOCK = 1 << 24
 READ_BUFFER = 64 * 1024 * 1024
 
 
-def block_sources(family: Family, files: InputFiles) -> list[BlockSources]:
-    """Every block's sources, made by the passes' own code (plan, then ``BlockReader``)."""
+def block_arrays(family: Family, files: InputFiles) -> list[BlockArrays]:
+    """Every block's inputs, made by the passes' own code (plan, then ``BlockReader``)."""
     reader = BlockReader(family, make_plan(family, BLOCK), files)
-    return [reader.arrays(block).sources for block in reader.plan.blocks]
+    return [reader.arrays(block) for block in reader.plan.blocks]
 
 
 def main() -> int:
@@ -60,7 +60,7 @@ def main() -> int:
     elements = sum(r.entry.numel for r in family.base.tensors.values() if r.entry.dtype in FLOAT_CODES)
 
     with InputFiles() as files:
-        sources = block_sources(family, files)
+        sources = block_arrays(family, files)
 
         def merge() -> None:
             for b in sources:

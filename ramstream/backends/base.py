@@ -1,9 +1,11 @@
 """The compute-backend contract: every operation the engine runs on a block's data.
 
-A backend gets a block's sources (files, offsets, formats; ``ramstream.blocks.BlockSources``) or
-its arrays (``BlockArrays``: raw views, base first) and small parameter records, and returns
-arrays. It decides how to read and where to compute (Numba threads on the CPU, torch on a GPU...),
-and owns its threads and scratch buffers; callers never pass worker counts or library types.
+A backend gets a block's inputs (``ramstream.blocks.BlockArrays``: it reads them itself through
+``arrays.sources``, files and offsets, or takes the mapped views, base first; its choice) and
+small parameter records, and returns arrays. It decides how to read and where to compute (Numba
+threads on the CPU, torch on a GPU...), and owns its threads and scratch buffers; callers never
+pass worker counts or library types. A merge reads each input once per block: the selection of
+survivors (``Keep``) is evaluated inside its tiles, and it reports the first NaN/Inf input itself.
 
 Every backend gives the same bytes for the same inputs: arithmetic in float32 in the order the
 operations document (the Numba kernels in ``backends/numba/`` are the reference), exact integer
@@ -20,9 +22,9 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from ramstream.blocks import BlockArrays, BlockSources
+from ramstream.blocks import BlockArrays
 
-Consensus = Literal["none", "sum", "count"]
+Consensus = Literal["none", "sum"]
 
 # |tau| bit-pattern histograms (magnitude trimming): see ``abs_high_histogram``.
 HIGH_BINS = 1 << 15
@@ -62,7 +64,24 @@ class KeepRandom:
     start: int
 
 
-Keep = KeepAll | KeepArray | KeepRandom
+@dataclass(frozen=True, eq=False)
+class KeepCuts:
+    """Magnitude trimming decided inside the merge tile from |tau| itself (``Cuts``: element i of
+    agent t survives where it lies in cut 1's lower set and not in cut 0's), so the keep mask is
+    never written, nor read back."""
+
+    cuts: Cuts
+
+
+@dataclass(frozen=True, eq=False)
+class KeepMagprune:
+    """DELLA's MAGPRUNE draw decided inside the merge (the arrays hold whole dim-0 slices; see
+    ``MagpruneParams``): a kept element survives as ``(tau * m) * scale``, m being 1 or 1/p."""
+
+    params: MagpruneParams
+
+
+Keep = KeepAll | KeepArray | KeepRandom | KeepCuts | KeepMagprune
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,29 +154,31 @@ class Backend(Protocol):
         """Where it computes, for progress and status (``cpu``, ``cuda:0``...)."""
         ...
 
-    def probe(self, sources: BlockSources, eps: float, masks: np.ndarray) -> ProbeCounts:
+    def probe(self, arrays: BlockArrays, eps: float, masks: np.ndarray) -> ProbeCounts:
         """Active masks eps < |tau| < Inf (float32, strict) bit-packed into ``masks`` (N, >= ceil(n/8))
         uint8 (bit i % 8 of byte i // 8, little bit order, zero past n), and the overlap counts.
         A NaN/Inf tau (a non-finite input, or a difference that overflows float32) is inactive."""
         ...
 
     def merge_ram(
-        self, sources: BlockSources, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
-    ) -> None:
+        self, arrays: BlockArrays, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
+    ) -> int:
         """RAM into K outputs from one read of the inputs (``lambdas`` (K, N); ``outs[k]`` the block's
         output k): per element c = active agents (as in ``probe``); base where c = 0,
         base + lambdas[k, t] * tau_t where only t is active, base + (sum of active tau in agent
-        order) / c otherwise. Output k is exactly what a call for it alone writes."""
+        order) / c otherwise. Output k is exactly what a call for it alone writes. Returns the
+        block position of the first NaN/Inf input, or -1 (every merge does)."""
         ...
 
     def merge_gta(
         self, arrays: BlockArrays, params: GtaParams, keep: Keep, outs: Sequence[np.ndarray], out_code: int
-    ) -> None:
+    ) -> int:
         """Generalized task arithmetic (the semantics in ``backends/numba/gta.py``) into K outputs,
-        output k with lambda ``params.lams[k]``, each exactly what a call for it alone writes."""
+        output k with lambda ``params.lams[k]``, each exactly what a call for it alone writes.
+        ``KeepMagprune`` needs arrays of whole dim-0 slices."""
         ...
 
-    def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> None:
+    def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> int:
         """(w0 base + sum_t w_t agent_t), divided by the summed weights with ``normalize``."""
         ...
 
@@ -166,7 +187,7 @@ class Backend(Protocol):
         ...
 
     def first_nonfinite(self, arrays: BlockArrays) -> int:
-        """Block position of the first NaN/Inf in any input, or -1."""
+        """Block position of the first NaN/Inf in any input, or -1 (for passes that do not merge)."""
         ...
 
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:

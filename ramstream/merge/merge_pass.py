@@ -99,8 +99,8 @@ class MergedBatch:
 
 
 class MergeBlocks:
-    """Per batch: refuse NaN/Inf inputs (unless the probe vouched), merge each block into its
-    place in the slot's staging buffers, and write them to their shards (durably)."""
+    """Per batch: merge each block into its place in the slot's staging buffers, refuse NaN/Inf
+    inputs (unless the probe vouched) and outputs, and write them to their shards (durably)."""
 
     def __init__(self, job: MergeJob, writer: ShardWriter) -> None:
         self.job = job
@@ -143,12 +143,6 @@ class MergeBlocks:
         run, at = staged.where[i]
         return staged.buffers[run][at : at + block.size * carrier.itemsize].view(carrier), int(FLOAT_CODES[out_dtype])
 
-    def check_inputs(self, arrays: BlockArrays, backend: Backend) -> None:
-        if self.job.check_nonfinite:
-            bad = backend.first_nonfinite(arrays)
-            if bad >= 0:
-                raise arrays.nonfinite_error(bad)
-
     def check_output(self, block: Block, arrays: BlockArrays, backend: Backend, out: np.ndarray, code: int) -> None:
         job = self.job
         name = job.plan.tensors[block.tensor].name
@@ -186,32 +180,37 @@ class Outputs:
 
     def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> list[MergedBatch]:
         staged = [part.stage(batch, slot) for part in self.parts]
-        # The outputs share their inputs: checked for NaN/Inf once, and only when every output
-        # asks (one that does not either lets them through, with all the others, or had its
-        # probe vouch that there are none).
-        check = self.parts[0] if all(p.job.check_nonfinite for p in self.parts) else None
+        # The outputs share their inputs: NaN/Inf in them is refused (the merges report it, having
+        # read every input) only when every output asks (one that does not either lets them
+        # through, with all the others, or had its probe vouch that there are none).
+        check = all(p.job.check_nonfinite for p in self.parts)
         for i, (b, block_arrays) in enumerate(zip(batch.blocks, arrays, strict=True)):
             block = self.parts[0].job.plan.blocks[b]
-            if check is not None:
-                check.check_inputs(block_arrays, backend)
-            for members in self.groups:
-                self._merge(members, i, block, block_arrays, staged, backend)
+            merged = [
+                (members, self._merge(members, i, block, block_arrays, staged, backend)) for members in self.groups
+            ]
+            bad = min((first for _, (first, _) in merged if first >= 0), default=-1)
+            if check and bad >= 0:
+                raise block_arrays.nonfinite_error(bad)
+            for members, (_, outs) in merged:
+                for k, (out, out_code) in zip(members, outs, strict=True):
+                    self.parts[k].check_output(block, block_arrays, backend, out, out_code)
         return [MergedBatch(list(zip(s.runs, s.buffers, strict=True))) for s in staged]
 
     def _merge(
         self, members: list[int], i: int, block: Block, arrays: BlockArrays, staged: list[Staged], backend: Backend
-    ) -> None:
+    ) -> tuple[int, list[tuple[np.ndarray, int]]]:
+        """Merge the block into the outputs of one group: the first NaN/Inf input, and the outputs."""
         parts = [self.parts[k] for k in members]
         outs = [part.out_of(staged[k], i, block) for k, part in zip(members, parts, strict=True)]
         code = outs[0][1]
         first = parts[0].job
         if len(parts) == 1 or first.fused is None:
-            first.merge_block(arrays, block, outs[0][0], code, backend)
+            bad = first.merge_block(arrays, block, outs[0][0], code, backend)
         else:
             owns = [p.job.fused.own for p in parts if p.job.fused is not None]
-            first.fused.merge_many(arrays, block, owns, [out for out, _ in outs], code, backend)
-        for part, (out, out_code) in zip(parts, outs, strict=True):
-            part.check_output(block, arrays, backend, out, out_code)
+            bad = first.fused.merge_many(arrays, block, owns, [out for out, _ in outs], code, backend)
+        return bad, outs
 
     def write(self, batch: Batch, result: list[MergedBatch]) -> None:
         for part, merged in zip(self.parts, result, strict=True):

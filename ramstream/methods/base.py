@@ -27,13 +27,14 @@ class MethodParams(Protocol):
 
 
 # merge_block(arrays, block, out, out_code, backend): write the merged block into ``out`` (the
-# raw carrier of format ``out_code``), computing through ``backend``.
-BlockMerger = Callable[[BlockArrays, Block, np.ndarray, int, Backend], None]
+# raw carrier of format ``out_code``), computing through ``backend``; return the block position
+# of the first NaN/Inf input, or -1 (the merge reads every input anyway: no second read to check).
+BlockMerger = Callable[[BlockArrays, Block, np.ndarray, int, Backend], int]
 
 
 # merge_many(arrays, block, owns, outs, out_code, backend): merge the block into every ``outs[k]``
-# (one read of the inputs), output k with its own argument ``owns[k]``.
-ManyMerger = Callable[[BlockArrays, Block, Sequence[Any], Sequence[np.ndarray], int, Backend], None]
+# (one read of the inputs), output k with its own argument ``owns[k]``; the first NaN/Inf input.
+ManyMerger = Callable[[BlockArrays, Block, Sequence[Any], Sequence[np.ndarray], int, Backend], int]
 
 
 @dataclass(frozen=True)

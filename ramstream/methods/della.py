@@ -28,13 +28,22 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ramstream.backends.base import DROP_EVERYTHING, KEEP_EVERYTHING, PRUNE, Backend, Consensus, MagpruneParams
+from ramstream.backends.base import (
+    DROP_EVERYTHING,
+    KEEP_EVERYTHING,
+    PRUNE,
+    Backend,
+    Consensus,
+    Keep,
+    KeepMagprune,
+    MagpruneParams,
+)
 from ramstream.backends.rng import random_keys
 from ramstream.blocks import BlockArrays
 from ramstream.errors import ConfigError
 from ramstream.methods import options
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import gta_prepared
+from ramstream.methods.gta import Selection, gta_prepared
 from ramstream.methods.trim import l1_factors
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.context import StatsContext
@@ -128,18 +137,30 @@ class Magprune:
     def digest(self) -> str:
         return digest(np.array([self.seed], np.uint64), self.mode, self.lo, self.width)
 
+    def params(self, tensor: TensorPlan, lo: int, n_agents: int, inverse: bool) -> MagpruneParams:
+        """MAGPRUNE over arrays of whole slices of ``tensor`` starting at element ``lo``."""
+        size, rows = geometry(tensor)
+        keys = random_keys(self.seed, n_agents, tensor.name)
+        return MagpruneParams(lo, size, rows, keys, self.mode, self.lo, self.width, inverse)
+
     def keep(
         self, arrays: BlockArrays, tensor: TensorPlan, start: int, stop: int, inverse: bool, backend: Backend
     ) -> np.ndarray:
         """float32 (N, stop - start): 0 where dropped, 1 (or 1/p) where kept. ``arrays`` hold
         elements [start, stop) of the tensor, or lie inside them; rows are read whole."""
-        size, rows = geometry(tensor)
+        size, _ = geometry(tensor)
         lo, hi = start // size * size, min(-(-stop // size) * size, tensor.numel)
-        whole = arrays if arrays.base.shape[0] == hi - lo else arrays.span(lo, hi)
-        keys = random_keys(self.seed, arrays.n_agents, tensor.name)
-        params = MagpruneParams(lo, size, rows, keys, self.mode, self.lo, self.width, inverse)
-        keep = backend.magprune_keep(whole, params)
+        whole = arrays if arrays.size == hi - lo else arrays.span(lo, hi)
+        keep = backend.magprune_keep(whole, self.params(tensor, lo, arrays.n_agents, inverse))
         return keep if (lo, hi) == (start, stop) else np.ascontiguousarray(keep[:, start - lo : stop - lo])
+
+    def selection(self, tensors: list[TensorPlan], inverse: bool) -> Selection:
+        """MAGPRUNE as a merge evaluates it, inside its tiles (merge blocks hold whole slices)."""
+
+        def of(arrays: BlockArrays, block: Block, backend: Backend) -> Keep:
+            return KeepMagprune(self.params(tensors[block.tensor], block.start, arrays.n_agents, inverse))
+
+        return Selection(f"magprune:{self.digest()}:{inverse}", of)
 
 
 def prepare_della(name: str, params: DellaParams, ctx: StatsContext) -> Prepared:
@@ -162,12 +183,15 @@ def prepare_della(name: str, params: DellaParams, ctx: StatsContext) -> Prepared
     normalize = params.normalize
     inverse = params.rescale == "inverse"
 
-    def keep(arrays: BlockArrays, block: Block, backend: Backend) -> np.ndarray:
-        return prune.keep(arrays, tensors[block.tensor], block.start, block.stop, inverse, backend)
-
     per_agent = {"weight": params.weights, "density": params.density, "epsilon": params.epsilon}
     return gta_prepared(
-        per_agent, weights, scale, np.full(n_tensors, lam), consensus=consensus, normalize=normalize, keep=keep
+        per_agent,
+        weights,
+        scale,
+        np.full(n_tensors, lam),
+        consensus=consensus,
+        normalize=normalize,
+        select=prune.selection(tensors, inverse),
     )
 
 

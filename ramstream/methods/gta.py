@@ -3,7 +3,9 @@
 ``gta_prepared`` turns per-tensor constants into the ``Prepared`` (block merger, and fusion with
 merges that differ only in lambda) of every method of the GTA family: task arithmetic, DARE,
 TIES, breadcrumbs, DELLA, model stock.
-Survivors are all elements, a counter-RNG draw (``drop``), or what a keep function returns.
+Survivors are all elements, a counter-RNG draw (``drop``), or what a ``Selection`` describes per
+block (magnitude cuts, MAGPRUNE): a record the backend evaluates inside its merge, so each input
+is read once per block.
 """
 
 from __future__ import annotations
@@ -13,14 +15,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ramstream.backends.base import Backend, Consensus, GtaParams, Keep, KeepAll, KeepArray, KeepRandom
+from ramstream.backends.base import Backend, Consensus, GtaParams, Keep, KeepAll, KeepRandom
 from ramstream.blocks import BlockArrays
 from ramstream.methods.base import Fused, Prepared
 from ramstream.plan import Block
 from ramstream.statistics.magnitude import digest
 
-# keep(arrays, block, backend) -> the block's (N, n) keep multipliers (0 drops an element)
-KeepFunction = Callable[[BlockArrays, Block, Backend], np.ndarray]
+
+@dataclass(frozen=True)
+class Selection:
+    """Which elements survive, per block: ``of(arrays, block, backend)`` returns the block's
+    ``Keep`` record (``KeepCuts``, ``KeepMagprune``...); ``key`` identifies the selection, so
+    merges with equal keys (a sweep's candidates that differ only in lambda) fuse."""
+
+    key: str
+    of: Callable[[BlockArrays, Block, Backend], Keep]
 
 
 @dataclass(frozen=True)
@@ -40,18 +49,17 @@ def gta_prepared(
     consensus: Consensus = "none",
     normalize: bool = False,
     drop: RandomDrop | None = None,
-    keep: KeepFunction | None = None,
+    select: Selection | None = None,
 ) -> Prepared:
     """A GTA method ready to merge: float32 ``weights`` (N,), ``scale`` (tensors, N) and ``lam``
     (tensors,), and ``per_agent`` to report.
 
-    Elements are all kept, dropped at random (``drop``), or kept by ``keep(arrays, block,
-    backend)``, which returns the block's (N, n) keep multipliers (magnitude trimming, DELLA).
-    Without ``keep``, merges that differ only in ``lam`` (task arithmetic or DARE for several
+    Elements are all kept, dropped at random (``drop``), or chosen by ``select`` (magnitude
+    trimming, DELLA). Merges that differ only in ``lam`` (task arithmetic, DARE, TIES... for several
     lambdas) fuse: one kernel call per block writes all of them (``Fused``).
     """
-    if drop is not None and keep is not None:
-        raise ValueError("give drop or keep, not both")
+    if drop is not None and select is not None:
+        raise ValueError("give drop or select, not both")
     weights = np.ascontiguousarray(weights, np.float32)
     scale = np.ascontiguousarray(scale, np.float32)
     lam = np.ascontiguousarray(lam, np.float32)
@@ -63,23 +71,22 @@ def gta_prepared(
         outs: Sequence[np.ndarray],
         out_code: int,
         backend: Backend,
-    ) -> None:
+    ) -> int:
         survivors: Keep
         if drop is not None:
             survivors = KeepRandom(drop.keys[block.tensor], drop.density, block.start)
-        elif keep is not None:
-            survivors = KeepArray(keep(arrays, block, backend))
+        elif select is not None:
+            survivors = select.of(arrays, block, backend)
         else:
             survivors = KeepAll()
         lams = np.array([own[block.tensor] for own in owns], np.float32)
         params = GtaParams(weights, scale[block.tensor], consensus, normalize, lams)
-        backend.merge_gta(arrays, params, survivors, outs, out_code)
+        return backend.merge_gta(arrays, params, survivors, outs, out_code)
 
-    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> None:
-        merge_many(arrays, block, [lam], [out], out_code, backend)
+    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> int:
+        return merge_many(arrays, block, [lam], [out], out_code, backend)
 
-    fused = None
-    if keep is None:  # a keep function is the method's own: equal ones cannot be told apart
-        drawn = () if drop is None else (drop.keys, drop.density)
-        fused = Fused(("gta", digest(weights, scale, consensus, str(normalize), *drawn)), lam, merge_many)
+    drawn = () if drop is None else (drop.keys, drop.density)
+    chosen = () if select is None else (select.key,)
+    fused = Fused(("gta", digest(weights, scale, consensus, str(normalize), *drawn, *chosen)), lam, merge_many)
     return Prepared(merge_block, per_agent, fused)

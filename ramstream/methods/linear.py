@@ -55,8 +55,8 @@ def parse_linear(given: Mapping[str, Any], n_agents: int) -> LinearParams:
 def prepare_linear(params: LinearParams, ctx: StatsContext) -> Prepared:
     record = LinearRecord(np.array(params.weights, np.float32), np.float32(params.base_weight), params.normalize)
 
-    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> None:
-        backend.merge_linear(arrays, record, out, out_code)
+    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> int:
+        return backend.merge_linear(arrays, record, out, out_code)
 
     return Prepared(merge_block, {"weight": params.weights})
 

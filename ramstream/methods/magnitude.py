@@ -192,7 +192,13 @@ def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: Sta
     kept = kept_fraction(counts, n_cuts, [t.numel for t in ctx.plan.tensors if t.merged], params.trim_scope)
     per_agent = {"weight": params.weights, "density": params.density, "kept": kept}
     return gta_prepared(
-        per_agent, weights, scale, np.full(n_tensors, lam), consensus=consensus, normalize=normalize, keep=solved.keep
+        per_agent,
+        weights,
+        scale,
+        np.full(n_tensors, lam),
+        consensus=consensus,
+        normalize=normalize,
+        select=solved.selection(),
     )
 
 

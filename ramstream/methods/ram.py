@@ -89,12 +89,12 @@ def prepare_ram(params: RamParams, ctx: StatsContext) -> Prepared:
         outs: Sequence[np.ndarray],
         out_code: int,
         backend: Backend,
-    ) -> None:
+    ) -> int:
         lambdas = np.stack([own[block.tensor] for own in owns])
-        backend.merge_ram(arrays.sources, eps, lambdas, outs, out_code)
+        return backend.merge_ram(arrays, eps, lambdas, outs, out_code)
 
-    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> None:
-        merge_many(arrays, block, [per_tensor], [out], out_code, backend)
+    def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> int:
+        return merge_many(arrays, block, [per_tensor], [out], out_code, backend)
 
     fused = Fused(("ram", eps), per_tensor, merge_many)  # every RAM variant: only the lambdas differ
     return Prepared(merge_block, {"lambda": tuple(float(x) for x in model)}, fused)

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ramstream.backends.base import ALL, HIGH_BINS, LOW_BINS, Backend, Cuts
+from ramstream.backends.base import ALL, HIGH_BINS, LOW_BINS, Backend, Cuts, KeepCuts
 from ramstream.backends.exact_sum import finish
 from ramstream.blocks import BlockArrays
+from ramstream.methods.gta import Selection
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.context import StatsContext
 from ramstream.statistics.magnitude import (
@@ -68,16 +69,27 @@ class Trim:
         flag = b"first" if self.lower_takes_first else b"last"
         return digest(self.kind, self.value, self.ties, self.first, self.straddle, flag)
 
-    def keep(self, arrays: BlockArrays, block: Block, backend: Backend) -> np.ndarray:
-        """uint8 (N, block.size): 1 where an agent keeps the element."""
-        n_agents = len(arrays.agents)
+    def cuts(self, arrays: BlockArrays, block: Block, backend: Backend) -> Cuts:
+        """The block's cuts, in block positions (the backend decides membership from |tau|)."""
+        n_agents = arrays.n_agents
         cut_v = np.empty((n_agents, 2), np.uint32)
         cut_range = np.zeros((n_agents, 2, 2), np.int64)
         cut_v[:, 1] = ALL  # one cut: everything above it
         for t in range(n_agents):
             for j in range(self.n_cuts):
                 cut_v[t, j], cut_range[t, j] = self._cut(arrays, block, t, j, backend)
-        return backend.cut_keep(arrays, Cuts(cut_v, cut_range))
+        return Cuts(cut_v, cut_range)
+
+    def keep(self, arrays: BlockArrays, block: Block, backend: Backend) -> np.ndarray:
+        """uint8 (N, block.size): 1 where an agent keeps the element (for statistics; a merge
+        takes ``selection``, evaluated inside its tiles)."""
+        return backend.cut_keep(arrays, self.cuts(arrays, block, backend))
+
+    def selection(self) -> Selection:
+        """The cuts as a merge evaluates them: one read of each input per block."""
+        return Selection(
+            "cuts:" + self.digest(), lambda arrays, block, backend: KeepCuts(self.cuts(arrays, block, backend))
+        )
 
     def _cut(self, arrays: BlockArrays, block: Block, t: int, j: int, backend: Backend) -> tuple[int, tuple[int, int]]:
         at = (block.tensor, t, j)

@@ -48,7 +48,7 @@ class ProbeWork:
         at = 0
         for k, block_arrays in enumerate(arrays):
             used = mask_bytes(block_arrays.size)
-            found = backend.probe(block_arrays.sources, self.eps, masks[:, at : at + used])
+            found = backend.probe(block_arrays, self.eps, masks[:, at : at + used])
             if found.first_nonfinite >= 0 and not self.allow_nonfinite:
                 raise block_arrays.nonfinite_error(found.first_nonfinite)
             counts[k] = np.concatenate([found.overlap.reshape(-1), found.coverage])

@@ -1,8 +1,9 @@
 """The Numba backend: today's CPU kernels behind the ``Backend`` protocol.
 
-The spine kernels (probe, RAM merge) ``pread`` their own tiles from descriptors this backend
-opens (and keeps) per file; the others work on the block's mapped views. Each call runs with the
-backend's thread count, scoped to the call: the caller's Numba setting is restored afterwards.
+The spine kernels (probe, RAM merge) ``pread`` their own tiles (``arrays.sources``) from
+descriptors this backend opens (and keeps) per file; the others work on the block's mapped
+views. Each call runs with the backend's thread count, scoped to the call: the caller's Numba
+setting is restored afterwards.
 Per-thread partial rows are allocated and reduced here, so callers never see worker counts.
 """
 
@@ -22,6 +23,8 @@ from ramstream.backends.base import (
     GtaParams,
     Keep,
     KeepArray,
+    KeepCuts,
+    KeepMagprune,
     KeepRandom,
     LinearParams,
     MagpruneParams,
@@ -30,7 +33,17 @@ from ramstream.backends.base import (
 from ramstream.backends.exact_sum import BINS
 from ramstream.backends.nonfinite import EXPONENT
 from ramstream.backends.numba import della, exact_stats, gta, linear, magnitude, merge_ram, nonfinite, probe
-from ramstream.backends.numba.keep import KEEP_ALL, KEEP_ARRAY, KEEP_RANDOM, NO_DENSITY, NO_KEEP, NO_KEYS
+from ramstream.backends.numba.keep import (
+    KEEP_ALL,
+    KEEP_ARRAY,
+    KEEP_CUTS,
+    KEEP_RANDOM,
+    NO_CUT_RANGE,
+    NO_CUT_VALUE,
+    NO_DENSITY,
+    NO_KEEP,
+    NO_KEYS,
+)
 from ramstream.backends.numba.sources import ITEMSIZES
 from ramstream.backends.settings import BackendSettings
 from ramstream.blocks import BlockArrays, BlockSources
@@ -38,7 +51,7 @@ from ramstream.errors import ConfigError
 from ramstream.io.reader import InputFiles
 
 SERIAL_BELOW = 1 << 16  # elements: smaller blocks run on the calling thread alone
-CONSENSUS = {"none": gta.CONSENSUS_NONE, "sum": gta.CONSENSUS_SUM, "count": gta.CONSENSUS_COUNT}
+CONSENSUS = {"none": gta.CONSENSUS_NONE, "sum": gta.CONSENSUS_SUM}
 
 
 def available_threads() -> int:
@@ -89,7 +102,8 @@ class NumbaBackend:
         if first >= 0:
             raise sources.read_error(first)
 
-    def probe(self, sources: BlockSources, eps: float, masks: np.ndarray) -> ProbeCounts:
+    def probe(self, arrays: BlockArrays, eps: float, masks: np.ndarray) -> ProbeCounts:
+        sources = arrays.sources
         n_agents = len(sources.files) - 1
         fds = self._descriptors(sources)
         with self._scoped(sources.size) as workers:
@@ -104,51 +118,104 @@ class NumbaBackend:
         return ProbeCounts(overlap.sum(axis=0), coverage.sum(axis=0), _first(bad))
 
     def merge_ram(
-        self, sources: BlockSources, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
-    ) -> None:
+        self, arrays: BlockArrays, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
+    ) -> int:
+        sources = arrays.sources
         fds = self._descriptors(sources)
         addresses = _addresses(outs, sources.size * int(ITEMSIZES[out_code]))
         lams = np.ascontiguousarray(np.reshape(lambdas, (len(outs), -1)), np.float32)
         with self._scoped(sources.size) as workers:
             failed = np.full(workers, -1, np.int64)
+            bad = np.full(workers, -1, np.int64)
             merge_ram.merge_ram_block(
-                fds, sources.offsets, sources.codes, sources.size, eps, lams, addresses, out_code, failed
+                fds, sources.offsets, sources.codes, sources.size, eps, lams, addresses, out_code, failed, bad
             )
         self._check_reads(sources, failed)
+        return _first(bad)
 
     @staticmethod
     def _keep_args(keep: Keep) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, int]:
-        """(mode, keep array, keys, density, start) as the kernels take them."""
+        """(mode, keep array, keys, density, start) as the statistics kernels take them."""
         if isinstance(keep, KeepRandom):
             return KEEP_RANDOM, NO_KEEP, keep.keys, keep.density, keep.start
         if isinstance(keep, KeepArray):
             return KEEP_ARRAY, keep.keep, NO_KEYS, NO_DENSITY, 0
+        if isinstance(keep, KeepCuts | KeepMagprune):
+            raise TypeError(f"{type(keep).__name__} is evaluated by merge_gta only; pass its mask as KeepArray")
         return KEEP_ALL, NO_KEEP, NO_KEYS, NO_DENSITY, 0
 
     def merge_gta(
         self, arrays: BlockArrays, params: GtaParams, keep: Keep, outs: Sequence[np.ndarray], out_code: int
-    ) -> None:
-        mode, keep_array, keys, density, start = self._keep_args(keep)
+    ) -> int:
         addresses = _addresses(outs, arrays.size * int(ITEMSIZES[out_code]))
+        lams = np.ascontiguousarray(params.lams, np.float32)
+        if isinstance(keep, KeepMagprune):
+            return self._merge_della(arrays, params, keep.params, lams, addresses, out_code)
+        cut_value, cut_range = NO_CUT_VALUE, NO_CUT_RANGE
+        if isinstance(keep, KeepCuts):
+            mode, keep_array, keys, density, start = KEEP_CUTS, NO_KEEP, NO_KEYS, NO_DENSITY, 0
+            cut_value = np.ascontiguousarray(keep.cuts.value, np.uint32)
+            cut_range = np.ascontiguousarray(keep.cuts.range, np.int64)
+        else:
+            mode, keep_array, keys, density, start = self._keep_args(keep)
         with self._scoped(arrays.size) as workers:
-            gta.gta_merge_block(
-                arrays.base,
-                arrays.base_code,
-                arrays.agents,
-                arrays.agent_codes,
-                params.weights,
-                params.scale,
-                mode,
-                keep_array,
-                keys,
-                density,
-                start,
-                CONSENSUS[params.consensus],
-                params.normalize,
-                np.ascontiguousarray(params.lams, np.float32),
-                addresses,
-                out_code,
-                workers,
+            return int(
+                gta.gta_merge_block(
+                    arrays.base,
+                    arrays.base_code,
+                    arrays.agents,
+                    arrays.agent_codes,
+                    params.weights,
+                    params.scale,
+                    mode,
+                    keep_array,
+                    keys,
+                    density,
+                    start,
+                    cut_value,
+                    cut_range,
+                    CONSENSUS[params.consensus],
+                    params.normalize,
+                    lams,
+                    addresses,
+                    out_code,
+                    workers,
+                )
+            )
+
+    def _merge_della(
+        self,
+        arrays: BlockArrays,
+        params: GtaParams,
+        prune: MagpruneParams,
+        lams: np.ndarray,
+        addresses: np.ndarray,
+        out_code: int,
+    ) -> int:
+        with self._scoped(arrays.size) as workers:
+            return int(
+                della.della_merge_block(
+                    arrays.base,
+                    arrays.base_code,
+                    arrays.agents,
+                    arrays.agent_codes,
+                    prune.start,
+                    prune.slice_size,
+                    prune.rows,
+                    prune.keys,
+                    prune.mode,
+                    prune.lo,
+                    prune.width,
+                    prune.inverse,
+                    params.weights,
+                    params.scale,
+                    CONSENSUS[params.consensus],
+                    params.normalize,
+                    lams,
+                    addresses,
+                    out_code,
+                    workers,
+                )
             )
 
     def has_nonfinite(self, out: np.ndarray, out_code: int) -> bool:
@@ -157,19 +224,21 @@ class NumbaBackend:
         with self._scoped(values.size) as workers:
             return bool(nonfinite.count_exponent(values, carrier(mask), workers) > 0)
 
-    def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> None:
+    def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> int:
         with self._scoped(arrays.size) as workers:
-            linear.merge_linear_block(
-                arrays.base,
-                arrays.base_code,
-                params.base_weight,
-                arrays.agents,
-                arrays.agent_codes,
-                params.weights,
-                params.normalize,
-                out,
-                out_code,
-                workers,
+            return int(
+                linear.merge_linear_block(
+                    arrays.base,
+                    arrays.base_code,
+                    params.base_weight,
+                    arrays.agents,
+                    arrays.agent_codes,
+                    params.weights,
+                    params.normalize,
+                    out,
+                    out_code,
+                    workers,
+                )
             )
 
     def first_nonfinite(self, arrays: BlockArrays) -> int:

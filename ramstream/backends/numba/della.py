@@ -18,6 +18,10 @@ flat index in the tensor, so a decision never depends on the block split or the 
 ``keep[t, i]`` receives 0 for a dropped element and, for a kept one, 1 (``inverse`` false) or
 f32(1) / p (``inverse`` true: the paper's 1/p rescale). ``mode[t]``: 0 = prune as above,
 1 = keep every element (density >= 1), 2 = drop every element (density <= 0).
+
+``della_merge_block`` fuses the pruning with the GTA merge (``gta.merge_tile``): a slice is
+pruned into a thread's own keep rows and merged while it is in cache, so a DELLA merge reads
+each input once per block and never writes the (N, n) keep array.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from ramstream.backends.base import KEEP_EVERYTHING as KEEP_ALL
 from ramstream.backends.base import PRUNE
 from ramstream.backends.numba.codecs import TILE, decode_tile
 from ramstream.backends.numba.counter_rng import uniform
+from ramstream.backends.numba.gta import lowest, merge_tile, summed_weight, tile_scratch
+from ramstream.backends.numba.keep import KEEP_ARRAY, NO_CUT_RANGE, NO_CUT_VALUE, NO_DENSITY, NO_KEYS
 
 _LOW32 = np.uint64(0xFFFFFFFF)
 RADIX_BITS = 11
@@ -68,47 +74,120 @@ def _prune_slices(  # type: ignore[no-untyped-def]
     base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse, keep, first, end
 ):
     """Slices [first, end) of the block, by one thread."""
+    scratch = prune_scratch(slice_size, rows)
+    for s in range(first, end):
+        at = s * slice_size
+        prune_slice(
+            base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse,
+            keep, at, scratch,
+        )  # fmt: skip
+
+
+@njit(cache=True)
+def prune_scratch(slice_size, rows):  # type: ignore[no-untyped-def]
+    """One thread's buffers for ``prune_slice``."""
+    return (
+        np.empty((2, slice_size), np.float32),
+        np.empty(rows, np.uint32),
+        np.empty((2, rows), np.int64),
+        np.empty(rows, np.uint64),
+        np.empty(RADIX, np.int64),
+        np.empty(TILE, np.uint32),
+    )
+
+
+@njit(cache=True, error_model="numpy")
+def prune_slice(  # type: ignore[no-untyped-def]
+    base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse, keep, keep_at,
+    scratch,
+):  # fmt: skip
+    """MAGPRUNE over the slice at block position ``at``: ``keep[t, keep_at : keep_at + slice_size]``."""
+    slices, group, orders, packed, count, bits = scratch
+    base_slice, agent_slice = slices[0], slices[1]
+    order, work = orders[0], orders[1]
     inner = slice_size // rows
     one, zero = np.float32(1.0), np.float32(0.0)
     span = np.float32(rows - 1)
-    base_slice = np.empty(slice_size, np.float32)
-    agent_slice = np.empty(slice_size, np.float32)
-    group = np.empty(rows, np.uint32)
-    order = np.empty(rows, np.int64)
-    scratch = np.empty(rows, np.int64)
-    packed = np.empty(rows, np.uint64)
-    count = np.empty(RADIX, np.int64)
-    bits = np.empty(TILE, np.uint32)
     vals = bits.view(np.float32)
+    _decode_range(base, base_code, at, slice_size, bits, vals, base_slice)
+    for t in range(len(agents)):
+        dst = keep[t, keep_at : keep_at + slice_size]
+        if mode[t] != PRUNE:
+            value = one if mode[t] == KEEP_ALL else zero
+            for i in range(slice_size):
+                dst[i] = value
+            continue
+        _decode_range(agents[t], agent_codes[t], at, slice_size, bits, vals, agent_slice)
+        for i in range(slice_size):
+            agent_slice[i] = abs(agent_slice[i] - base_slice[i])
+        magnitude = agent_slice.view(np.uint32)
+        for k in range(inner):
+            for j in range(rows):
+                group[j] = magnitude[j * inner + k]
+            stable_order(group, order, work, packed, count)
+            for rank in range(rows):
+                j = order[rank]
+                norm = np.float32(rank) / span if rows > 1 else np.float32(0.5)
+                p = lo[t] + norm * width[t]
+                i = j * inner + k
+                if uniform(keys[t], start + at + i) >= p:
+                    dst[i] = zero
+                elif inverse:
+                    dst[i] = one / p
+                else:
+                    dst[i] = one
+
+
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def della_merge_block(  # type: ignore[no-untyped-def]
+    base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse,
+    weights, scale, consensus, normalize, lams, out_addresses, out_code, workers,
+):  # fmt: skip
+    """MAGPRUNE and generalized task arithmetic in one read: each thread prunes a slice into its
+    own keep rows (float32 multipliers, as ``della_keep`` writes them) and merges it while it is
+    in cache, with ``gta.merge_tile`` (``KEEP_ARRAY``). Returns the first NaN/Inf input's block
+    position (-1: none)."""
+    n = base.shape[0]
+    n_slices = n // slice_size
+    total_weight = summed_weight(weights)
+    firsts = np.full(workers, -1, np.int64)
+    for w in prange(workers):
+        first, end = n_slices * w // workers, n_slices * (w + 1) // workers
+        if first < end:
+            firsts[w] = _merge_slices(
+                base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse,
+                weights, scale, total_weight, consensus, normalize, lams, out_addresses, out_code, first, end,
+            )  # fmt: skip
+    return lowest(firsts)
+
+
+@njit(cache=True, error_model="numpy")
+def _merge_slices(  # type: ignore[no-untyped-def]
+    base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse,
+    weights, scale, total_weight, consensus, normalize, lams, out_addresses, out_code, first, end,
+):  # fmt: skip
+    """Slices [first, end) of the block, pruned and merged by one thread; its first NaN/Inf."""
+    n = base.shape[0]
+    pruning = prune_scratch(slice_size, rows)
+    keep = np.empty((len(agents), slice_size), np.float32)
+    tiles = tile_scratch(len(agents), consensus)
+    found = -1
     for s in range(first, end):
         at = s * slice_size
-        _decode_range(base, base_code, at, slice_size, bits, vals, base_slice)
-        for t in range(len(agents)):
-            dst = keep[t, at : at + slice_size]
-            if mode[t] != PRUNE:
-                value = one if mode[t] == KEEP_ALL else zero
-                for i in range(slice_size):
-                    dst[i] = value
-                continue
-            _decode_range(agents[t], agent_codes[t], at, slice_size, bits, vals, agent_slice)
-            for i in range(slice_size):
-                agent_slice[i] = abs(agent_slice[i] - base_slice[i])
-            magnitude = agent_slice.view(np.uint32)
-            for k in range(inner):
-                for j in range(rows):
-                    group[j] = magnitude[j * inner + k]
-                stable_order(group, order, scratch, packed, count)
-                for rank in range(rows):
-                    j = order[rank]
-                    norm = np.float32(rank) / span if rows > 1 else np.float32(0.5)
-                    p = lo[t] + norm * width[t]
-                    i = j * inner + k
-                    if uniform(keys[t], start + at + i) >= p:
-                        dst[i] = zero
-                    elif inverse:
-                        dst[i] = one / p
-                    else:
-                        dst[i] = one
+        prune_slice(
+            base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse,
+            keep, 0, pruning,
+        )  # fmt: skip
+        for sub in range(at, at + slice_size, TILE):
+            m = min(TILE, at + slice_size - sub)
+            bad = merge_tile(
+                base, base_code, agents, agent_codes, sub, m, n, weights, scale, total_weight,
+                KEEP_ARRAY, keep, sub - at, NO_KEYS, NO_DENSITY, start + sub, NO_CUT_VALUE, NO_CUT_RANGE,
+                consensus, normalize, lams, out_addresses, out_code, found < 0, tiles,
+            )  # fmt: skip
+            if bad >= 0 and found < 0:
+                found = sub + bad
+    return found
 
 
 @njit(cache=True)

@@ -2,7 +2,9 @@
 breadcrumbs, DELLA and model stock.
 
 ``gta_merge_block(base, base_code, agents, agent_codes, weights, scale, keep_mode, keep, keys,
-density, start, consensus, normalize, lams, out_addresses, out_code, workers)``
+density, start, cut_value, cut_range, consensus, normalize, lams, out_addresses, out_code, workers)``
+returns the block position of the first NaN/Inf in any input (-1: none), found while merging, so
+a merge reads each input once per block.
 
 Inputs (as the passes hand them over; see ``ramstream.blocks.BlockArrays``):
 
@@ -10,22 +12,23 @@ Inputs (as the passes hand them over; see ``ramstream.blocks.BlockArrays``):
 - ``agents``, ``agent_codes``: a tuple of N raw blocks (n,) in one carrier, int64 codes (N,);
 - ``weights``: float32 (N,), agent t's weight w_t;
 - ``scale``: float32 (N,), the rescale factor s_t of agent t's surviving elements (1 for none);
-- ``keep_mode``, ``keep``, ``keys``, ``density``, ``start``: which elements of each delta survive:
-  - ``KEEP_ALL``: every element (``keep``, ``keys``, ``density`` are not read);
-  - ``KEEP_ARRAY``: ``keep`` is (N, n), C-contiguous uint8 or float32, aligned with the block
-    (column i is the block's element i, whatever ``start`` is): element i of
-    agent t is dropped where ``keep[t, i] == 0``, otherwise it survives as ``(tau * keep[t, i]) * s_t``
-    (a 0/1 mask for magnitude trimming or drops computed elsewhere; any float32 multiplier for
-    per-element rescaling);
+- which elements of each delta survive (``keep_mode``; the modes and the placeholders for the
+  arguments a mode does not read are in ``ramstream.backends.numba.keep``):
+  - ``KEEP_ALL``: every element;
+  - ``KEEP_ARRAY``: ``keep`` is (N, n), C-contiguous uint8 or float32, aligned with the block:
+    element i of agent t is dropped where ``keep[t, i] == 0``, otherwise it survives as
+    ``(tau * keep[t, i]) * s_t`` (a 0/1 mask, or any float32 multiplier);
   - ``KEEP_RANDOM``: element i of agent t survives where
     ``counter_rng.uniform(keys[t], start + i) < density[t]`` (float32 comparison; ``start`` is the
-    block's first element within its tensor, ``keys[t]`` = ``counter_rng.stream_key(seed, t, tensor)``),
-    so the draws never depend on the block split; survivors are ``tau * s_t``.
-  The modes and the placeholders for the arrays a mode does not read (``NO_KEEP``, ``NO_KEYS``,
-  ``NO_DENSITY``: all modes share one compiled signature; a float32 ``keep`` compiles a second
-  one) are in ``ramstream.backends.numba.keep``.
-- ``consensus``: ``CONSENSUS_NONE``, ``CONSENSUS_SUM`` (TIES: majority sign = sign of the sum of the
-  weighted deltas, a sum >= 0 counts as +) or ``CONSENSUS_COUNT`` (sign of the sum of their signs);
+    block's first element within its tensor), so the draws never depend on the block split;
+  - ``KEEP_CUTS``: magnitude trimming, decided in the tile from |tau| itself: a cut (V, [a, b)) is
+    the lower set {|tau| bits < V} plus the elements equal to V at block positions a <= i < b
+    (``cut_value`` uint32 (N, 2), ``cut_range`` int64 (N, 2, 2)); element i of agent t survives
+    when it lies in cut 1's lower set and not in cut 0's (exactly ``magnitude.cut_keep``'s mask).
+  Survivors other than ``KEEP_ARRAY``'s are ``tau * s_t``. DELLA's MAGPRUNE, which ranks whole
+  rows, has its own kernel (``della.della_merge_block``) over the same tile function.
+- ``consensus``: ``CONSENSUS_NONE`` or ``CONSENSUS_SUM`` (TIES: majority sign = sign of the sum of
+  the weighted deltas, a sum >= 0 counts as +);
 - ``normalize``: divide the mixed delta by the summed weights (see below);
 - ``lams``: float32 (K,), output k's lambda, the final multiplier of the mixed delta;
 - ``out_addresses``, ``out_code``: the K output blocks' addresses (int64 (K,); raw bytes of the
@@ -54,12 +57,14 @@ from numba import carray, njit, prange
 
 from ramstream.backends.numba.codecs import TILE, decode_tile, encode_bytes
 from ramstream.backends.numba.counter_rng import uniform
-from ramstream.backends.numba.keep import KEEP_ARRAY, KEEP_RANDOM
+from ramstream.backends.numba.keep import KEEP_ARRAY, KEEP_CUTS, KEEP_RANDOM
 from ramstream.backends.numba.sources import ITEMSIZES, voidptr
 
 CONSENSUS_NONE = 0
 CONSENSUS_SUM = 1
-CONSENSUS_COUNT = 2
+
+_ABS = np.uint32(0x7FFFFFFF)
+_EXPONENT = np.uint32(0x7F800000)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -75,6 +80,8 @@ def gta_merge_block(  # type: ignore[no-untyped-def]
     keys,
     density,
     start,
+    cut_value,
+    cut_range,
     consensus,
     normalize,
     lams,
@@ -83,77 +90,159 @@ def gta_merge_block(  # type: ignore[no-untyped-def]
     workers,
 ):
     n = base.shape[0]
-    n_agents = len(agents)
-    n_outputs = lams.shape[0]
-    out_nbytes = n * ITEMSIZES[out_code]
     n_tiles = (n + TILE - 1) // TILE
-    zero, one = np.float32(0.0), np.float32(1.0)
-    total_weight = zero
-    for t in range(n_agents):
-        total_weight += weights[t]
-    if abs(total_weight) < np.float32(1e-8):
-        total_weight = one
+    total_weight = summed_weight(weights)
+    firsts = np.full(workers, -1, np.int64)
     for w in prange(workers):
-        base_bits = np.empty(TILE, np.uint32)
-        agent_bits = np.empty(TILE, np.uint32)
-        base_vals = base_bits.view(np.float32)
-        agent_vals = agent_bits.view(np.float32)
-        result_bits = np.empty(TILE, np.uint32)
-        result_vals = result_bits.view(np.float32)
-        mixed = np.empty(TILE, np.float32)
-        divisor = np.empty(TILE, np.float32)
-        majority = np.empty(TILE, np.float32)
-        deltas = np.empty((n_agents if consensus != CONSENSUS_NONE else 0, TILE), np.float32)
+        scratch = tile_scratch(len(agents), consensus)
         for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
             lo = tile * TILE
-            m = min(TILE, n - lo)
-            decode_tile(base, lo, m, base_code, base_bits)
+            bad = merge_tile(
+                base, base_code, agents, agent_codes, lo, min(TILE, n - lo), n, weights, scale, total_weight,
+                keep_mode, keep, lo, keys, density, start + lo, cut_value, cut_range,
+                consensus, normalize, lams, out_addresses, out_code, firsts[w] < 0, scratch,
+            )  # fmt: skip
+            if bad >= 0 and firsts[w] < 0:
+                firsts[w] = lo + bad
+    return lowest(firsts)
+
+
+@njit(cache=True)
+def summed_weight(weights):  # type: ignore[no-untyped-def]
+    """The float32 sum of the weights in order, 1 where it is below 1e-8 in magnitude."""
+    total = np.float32(0.0)
+    for t in range(weights.shape[0]):
+        total += weights[t]
+    return np.float32(1.0) if abs(total) < np.float32(1e-8) else total
+
+
+@njit(cache=True)
+def lowest(firsts):  # type: ignore[no-untyped-def]
+    """The smallest of the per-thread positions that found something (>= 0), or -1."""
+    found = -1
+    for w in range(firsts.shape[0]):
+        if firsts[w] >= 0 and (found < 0 or firsts[w] < found):
+            found = firsts[w]
+    return found
+
+
+@njit(cache=True)
+def tile_scratch(n_agents, consensus):  # type: ignore[no-untyped-def]
+    """One thread's tile buffers: base, agent and result bits (uint32), then mixed, divisor,
+    majority (float32) and the per-agent deltas the sign election needs."""
+    bits = np.empty((3, TILE), np.uint32)
+    floats = np.empty((3, TILE), np.float32)
+    deltas = np.empty((n_agents if consensus != CONSENSUS_NONE else 0, TILE), np.float32)
+    return bits, floats, deltas
+
+
+@njit(cache=True, error_model="numpy")
+def merge_tile(  # type: ignore[no-untyped-def]
+    base, base_code, agents, agent_codes, lo, m, n, weights, scale, total_weight,
+    keep_mode, keep, keep_lo, keys, density, first, cut_value, cut_range,
+    consensus, normalize, lams, out_addresses, out_code, check, scratch,
+):  # fmt: skip
+    """Merge block positions [lo, lo + m) into the K outputs; ``keep`` column ``keep_lo`` is
+    position ``lo``, ``first`` its element index in the tensor. With ``check``, returns the
+    tile offset of the first NaN/Inf input (-1: none)."""
+    bits, floats, deltas = scratch
+    base_bits, agent_bits, result_bits = bits[0], bits[1], bits[2]
+    base_vals, agent_vals, result_vals = (
+        base_bits.view(np.float32),
+        agent_bits.view(np.float32),
+        result_bits.view(np.float32),
+    )
+    mixed, divisor, majority = floats[0], floats[1], floats[2]
+    zero = np.float32(0.0)
+    decode_tile(base, lo, m, base_code, base_bits)
+    bad = _nonfinite(base_bits, m) if check else False
+    for i in range(m):
+        mixed[i] = zero
+        divisor[i] = total_weight
+    for t in range(len(agents)):
+        decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+        if check:
+            bad = bad or _nonfinite(agent_bits, m)
+        # agent_vals[i] <- w_t * sparse_t (0 where dropped), and a 0/1 survival flag in majority
+        _weighted_deltas(
+            agent_vals, agent_bits, base_vals, m, t, weights[t], scale[t], keep_mode, keep, keep_lo,
+            keys, density, first, cut_value, cut_range, lo, majority,
+        )  # fmt: skip
+        if consensus == CONSENSUS_NONE:
             for i in range(m):
-                mixed[i] = zero
-                divisor[i] = total_weight
-            for t in range(n_agents):
-                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
-                # agent_vals[i] <- w_t * sparse_t (0 where dropped), and a 0/1 survival flag in majority
-                _weighted_deltas(
-                    agent_vals,
-                    base_vals,
-                    m,
-                    t,
-                    weights[t],
-                    scale[t],
-                    keep_mode,
-                    keep,
-                    keys,
-                    density,
-                    start + lo,
-                    lo,
-                    majority,
-                )
-                if consensus == CONSENSUS_NONE:
-                    for i in range(m):
-                        mixed[i] += agent_vals[i] if majority[i] != zero else zero
-                else:
-                    row = deltas[t]
-                    for i in range(m):
-                        row[i] = agent_vals[i] if majority[i] != zero else zero
-            if consensus != CONSENSUS_NONE:
-                _elect(deltas, weights, m, consensus, majority, mixed, divisor)
+                mixed[i] += agent_vals[i] if majority[i] != zero else zero
+        else:
+            row = deltas[t]
             for i in range(m):
-                mixed[i] = mixed[i] / divisor[i] if normalize else mixed[i]
-            for k in range(n_outputs):
-                lam32 = lams[k]
-                for i in range(m):
-                    result_vals[i] = base_vals[i] + lam32 * mixed[i]
-                out = carray(voidptr(out_addresses[k]), out_nbytes, np.uint8)
-                encode_bytes(result_bits, lo, m, out_code, out)
+                row[i] = agent_vals[i] if majority[i] != zero else zero
+    if consensus != CONSENSUS_NONE:
+        _elect(deltas, weights, m, majority, mixed, divisor)
+    for i in range(m):
+        mixed[i] = mixed[i] / divisor[i] if normalize else mixed[i]
+    out_nbytes = n * ITEMSIZES[out_code]
+    for k in range(lams.shape[0]):
+        lam32 = lams[k]
+        for i in range(m):
+            result_vals[i] = base_vals[i] + lam32 * mixed[i]
+        out = carray(voidptr(out_addresses[k]), out_nbytes, np.uint8)
+        encode_bytes(result_bits, lo, m, out_code, out)
+    return first_nonfinite_in(base, base_code, agents, agent_codes, lo, m, agent_bits) if bad else -1
 
 
 @njit(inline="always", cache=True)
-def _weighted_deltas(vals, base_vals, m, t, weight, s, keep_mode, keep, keys, density, first, lo, alive):  # type: ignore[no-untyped-def]
+def _nonfinite(bits, m):  # type: ignore[no-untyped-def]
+    """Whether a decoded tile holds NaN/Inf (an exponent of all ones): an integer OR, which vectorises."""
+    found = np.uint32(0)
+    for i in range(m):
+        found |= np.uint32((bits[i] & _EXPONENT) == _EXPONENT)
+    return found != np.uint32(0)
+
+
+@njit(cache=True)
+def first_nonfinite_in(base, base_code, agents, agent_codes, lo, m, bits):  # type: ignore[no-untyped-def]
+    """The tile offset of the first NaN/Inf in the base or any agent at positions [lo, lo + m)."""
+    first = m
+    for k in range(len(agents) + 1):
+        if k == 0:
+            decode_tile(base, lo, m, base_code, bits)
+        else:
+            decode_tile(agents[k - 1], lo, m, agent_codes[k - 1], bits)
+        for i in range(min(first, m)):
+            if (bits[i] & _EXPONENT) == _EXPONENT:
+                first = i
+                break
+    return first if first < m else -1
+
+
+@njit(inline="always", cache=True)
+def _in_lower(b, i, v, a, e):  # type: ignore[no-untyped-def]
+    return b < v or (b == v and a <= i and i < e)
+
+
+@njit(inline="always", cache=True)
+def _weighted_deltas(  # type: ignore[no-untyped-def]
+    vals,
+    vbits,
+    base_vals,
+    m,
+    t,
+    weight,
+    s,
+    keep_mode,
+    keep,
+    keep_lo,
+    keys,
+    density,
+    first,
+    cut_value,
+    cut_range,
+    lo,
+    alive,
+):
     """vals[i] <- weight * sparse_t[i]; alive[i] <- 1 where element i survives, else 0."""
     zero, one = np.float32(0.0), np.float32(1.0)
     if keep_mode == KEEP_ARRAY:
-        row = keep[t, lo : lo + m]
+        row = keep[t, keep_lo : keep_lo + m]
         for i in range(m):
             k = np.float32(row[i])
             vals[i] = weight * (((vals[i] - base_vals[i]) * k) * s)
@@ -164,6 +253,18 @@ def _weighted_deltas(vals, base_vals, m, t, weight, s, keep_mode, keep, keys, de
         for i in range(m):
             vals[i] = weight * ((vals[i] - base_vals[i]) * s)
             alive[i] = one if uniform(key, first + i) < d else zero
+    elif keep_mode == KEEP_CUTS:
+        v0, v1 = cut_value[t, 0], cut_value[t, 1]
+        a0, e0 = cut_range[t, 0, 0] - lo, cut_range[t, 0, 1] - lo
+        a1, e1 = cut_range[t, 1, 0] - lo, cut_range[t, 1, 1] - lo
+        for i in range(m):
+            vals[i] = vals[i] - base_vals[i]
+        for i in range(m):
+            b = vbits[i] & _ABS
+            inside = _in_lower(b, i, v1, a1, e1) and not _in_lower(b, i, v0, a0, e0)
+            alive[i] = one if inside else zero
+        for i in range(m):
+            vals[i] = weight * (vals[i] * s)
     else:
         for i in range(m):
             vals[i] = weight * ((vals[i] - base_vals[i]) * s)
@@ -171,8 +272,9 @@ def _weighted_deltas(vals, base_vals, m, t, weight, s, keep_mode, keep, keys, de
 
 
 @njit(inline="always", cache=True)
-def _elect(deltas, weights, m, consensus, majority, mixed, divisor):  # type: ignore[no-untyped-def]
-    """TIES sign election over the weighted deltas (N, m): mixed and divisor of the kept ones."""
+def _elect(deltas, weights, m, majority, mixed, divisor):  # type: ignore[no-untyped-def]
+    """TIES sign election over the weighted deltas (N, m), by summed mass: mixed and divisor of
+    the kept ones."""
     zero, one = np.float32(0.0), np.float32(1.0)
     n_agents = deltas.shape[0]
     for i in range(m):
@@ -180,12 +282,8 @@ def _elect(deltas, weights, m, consensus, majority, mixed, divisor):  # type: ig
         divisor[i] = zero
     for t in range(n_agents):
         row = deltas[t]
-        if consensus == CONSENSUS_SUM:
-            for i in range(m):
-                majority[i] += row[i]
-        else:
-            for i in range(m):
-                majority[i] += np.float32(np.sign(row[i]))
+        for i in range(m):
+            majority[i] += row[i]
     for t in range(n_agents):
         row = deltas[t]
         wt = weights[t]

@@ -4,7 +4,8 @@ Per element, in float32: ``total = w_0 * f32(base) + sum_t w_t * f32(agent_t)`` 
 base first, then agents in order, each product rounded before the add; the base is not read and
 takes no part when its weight is 0), then ``total / divisor`` when ``normalize`` (``divisor`` is
 the float32 sum of the base weight and the agent weights, in that order), encoded to the output
-format.
+format. Returns the block position of the first NaN/Inf input (base included, read for that
+alone when its weight is 0), or -1.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import numpy as np
 from numba import njit, prange
 
 from ramstream.backends.numba.codecs import TILE, decode_tile, encode_tile
+from ramstream.backends.numba.gta import first_nonfinite_in, lowest
+
+_EXPONENT = np.uint32(0x7F800000)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -24,6 +28,7 @@ def merge_linear_block(base, base_code, base_weight, agents, agent_codes, weight
     divisor = np.float32(0.0) + w0
     for t in range(n_agents):
         divisor += weights[t]
+    firsts = np.full(workers, -1, np.int64)
     for w in prange(workers):
         agent_bits = np.empty(TILE, np.uint32)
         total_bits = np.empty(TILE, np.uint32)
@@ -34,16 +39,24 @@ def merge_linear_block(base, base_code, base_weight, agents, agent_codes, weight
             m = min(TILE, n - lo)
             for i in range(m):
                 total[i] = np.float32(0.0)
+            found = np.uint32(0)
+            decode_tile(base, lo, m, base_code, agent_bits)
+            for i in range(m):
+                found |= np.uint32((agent_bits[i] & _EXPONENT) == _EXPONENT)
             if w0 != np.float32(0.0):
-                decode_tile(base, lo, m, base_code, agent_bits)
                 for i in range(m):
                     total[i] += w0 * agent_vals[i]
             for t in range(n_agents):
                 decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
                 wt = weights[t]
                 for i in range(m):
+                    found |= np.uint32((agent_bits[i] & _EXPONENT) == _EXPONENT)
+                for i in range(m):
                     total[i] += wt * agent_vals[i]
             if normalize:
                 for i in range(m):
                     total[i] = total[i] / divisor
             encode_tile(total_bits, lo, m, out_code, out)
+            if found and firsts[w] < 0:
+                firsts[w] = lo + first_nonfinite_in(base, base_code, agents, agent_codes, lo, m, agent_bits)
+    return lowest(firsts)

@@ -11,7 +11,8 @@ The block's inputs are read by the kernel itself (``kernels/sources.py``: ``fds`
 ``codes``, base first; ``n`` elements), once for all K outputs; ``lambdas`` is (K, agents);
 ``out_addresses[k]`` is the address of output k's raw bytes (``n`` elements in format
 ``out_code``; the caller keeps them alive): one compiled signature for any K. ``failed[w]`` = -1
-or the input whose read failed.
+or the input whose read failed; ``nonfinite[w]`` = -1 or the first element index whose base or
+agent value is NaN/Inf (found while merging, as the probe does: no second read).
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import numpy as np
 from numba import carray, njit, prange
 
 from ramstream.backends.numba.codecs import TILE, decode_bytes, encode_bytes
+from ramstream.backends.numba.probe import first_nonfinite_of
 from ramstream.backends.numba.sources import ITEMSIZES, read_buffer, read_tile, reads_of, voidptr
+
+_EXPONENT = np.uint32(0x7F800000)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_code, failed):  # type: ignore[no-untyped-def]
+def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_code, failed, nonfinite):  # type: ignore[no-untyped-def]
     n_inputs = fds.shape[0]
     n_outputs = lambdas.shape[0]
     out_nbytes = n * ITEMSIZES[out_code]
@@ -44,6 +48,7 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_cod
         agent_vals = agent_bits.view(np.float32)
         result_vals = result_bits.view(np.float32)
         failed[w] = -1
+        first_bad = -1
         for read in range(n_reads * w // workers, n_reads * (w + 1) // workers):
             read_lo, read_m, failed[w] = read_tile(fds, offsets, codes, n, read, raw)
             if failed[w] >= 0:
@@ -51,15 +56,18 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_cod
             for sub in range(0, read_m, TILE):
                 m = min(TILE, read_m - sub)
                 decode_bytes(raw[0], sub, m, codes[0], base_bits)
+                found = np.uint32(0)
                 for i in range(m):
                     total[i] = zero
                     count[i] = zero
+                    found |= np.uint32((base_bits[i] & _EXPONENT) == _EXPONENT)
                 for k in range(n_outputs):
                     for i in range(m):
                         scaled[k, i] = zero
                 for t in range(n_inputs - 1):
                     decode_bytes(raw[t + 1], sub, m, codes[t + 1], agent_bits)
                     for i in range(m):
+                        found |= np.uint32((agent_bits[i] & _EXPONENT) == _EXPONENT)
                         tau = agent_vals[i] - base_vals[i]
                         active = (abs(tau) > eps32) & (abs(tau) < inf)
                         total[i] += tau if active else zero
@@ -78,3 +86,6 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_cod
                         result_vals[i] = base_vals[i] + merged
                     out = carray(voidptr(out_addresses[k]), out_nbytes, np.uint8)
                     encode_bytes(result_bits, read_lo + sub, m, out_code, out)
+                if found and first_bad < 0:
+                    first_bad = read_lo + sub + first_nonfinite_of(raw, codes, sub, m, base_bits)
+        nonfinite[w] = first_bad

@@ -62,7 +62,7 @@ def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite
                         row[i] = act
                         count[i] += act
                 if bad and first_bad < 0:
-                    first_bad = lo + _first_nonfinite(base_vals, raw, codes, sub, m, agent_bits)
+                    first_bad = lo + first_nonfinite_of(raw, codes, sub, m, agent_bits)
                 _pad(active, count, m)
                 _pack(active, lo, m, masks)
                 _count(active, count, equal, m, overlap[w], coverage[w])
@@ -122,15 +122,12 @@ def _count(active, count, equal, m, overlap_w, coverage_w):  # type: ignore[no-u
 
 
 @njit(cache=True)
-def _first_nonfinite(base_vals, raw, codes, lo, m, bits):  # type: ignore[no-untyped-def]
-    """Offset within the tile of the first non-finite value (base or any agent)."""
+def first_nonfinite_of(raw, codes, lo, m, bits):  # type: ignore[no-untyped-def]
+    """Offset within the tile of the first non-finite value (base or any agent), decoding the
+    read tiles again into ``bits``."""
     first = m
-    for i in range(m):
-        if not np.isfinite(base_vals[i]):
-            first = i
-            break
     vals = bits.view(np.float32)
-    for k in range(1, codes.shape[0]):
+    for k in range(codes.shape[0]):
         decode_bytes(raw[k], lo, m, codes[k], bits)
         for i in range(min(first, m)):
             if not np.isfinite(vals[i]):

@@ -28,6 +28,8 @@ from ramstream.backends.base import (
     GtaParams,
     Keep,
     KeepArray,
+    KeepCuts,
+    KeepMagprune,
     KeepRandom,
     LinearParams,
     MagpruneParams,
@@ -240,7 +242,8 @@ class TorchBackend:
         return found if found < probe.NOWHERE else -1
 
     # -- the spine --------------------------------------------------------------------------------
-    def probe(self, sources: BlockSources, eps: float, masks: np.ndarray) -> ProbeCounts:
+    def probe(self, arrays: BlockArrays, eps: float, masks: np.ndarray) -> ProbeCounts:
+        sources = arrays.sources
         n_agents = len(sources.files) - 1
         codes = [int(c) for c in sources.codes]
         with self._scoped():
@@ -262,28 +265,32 @@ class TorchBackend:
             return ProbeCounts(overlap.sum(0).cpu().numpy(), coverage.sum(0).cpu().numpy(), self._found(first))
 
     def merge_ram(
-        self, sources: BlockSources, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
-    ) -> None:
+        self, arrays: BlockArrays, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
+    ) -> int:
+        sources = arrays.sources
         codes = [int(c) for c in sources.codes]
         raw_outs = [out.view(np.uint8) for out in outs]
         size = int(outs[0].dtype.itemsize) if outs else 1
         with self._scoped():
             eps32 = self._f32(eps)
             lams = [self._f32(row) for row in np.reshape(lambdas, (len(outs), -1))]
+            first = self._first()
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
                 counts = merges.ram_counts(values[0], values[1:], eps32)
                 for lam, raw_out in zip(lams, raw_outs, strict=True):  # one output at a time on the device
                     merged = merges.merge_ram(values[0], values[1:], eps32, lam, counts)
                     outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
             self._run(self._source_parts(sources), sources.size, tile)
+            return self._found(first)
 
     # -- the GTA family ---------------------------------------------------------------------------
     def merge_gta(
         self, arrays: BlockArrays, params: GtaParams, keep: Keep, outs: Sequence[np.ndarray], out_code: int
-    ) -> None:
+    ) -> int:
         n_agents = len(arrays.agents)
         parts = self._array_parts(arrays)
         if isinstance(keep, KeepArray):
@@ -297,35 +304,83 @@ class TorchBackend:
         if abs(total_weight) < np.float32(1e-8):
             total_weight = np.float32(1.0)
         keep_dtype = _torch_dtype(keep.keep.dtype) if isinstance(keep, KeepArray) else torch.uint8
+        align = keep.params.slice_size if isinstance(keep, KeepMagprune) else GROUP
         with self._scoped():
             weights, scale = self._f32(params.weights), self._f32(params.scale)
             lams, divisor = [self._f32(x) for x in np.asarray(params.lams)], self._f32(total_weight)
-            density = self._f32(keep.density) if isinstance(keep, KeepRandom) else None
+            first = self._first()
+            select = self._selection(keep, n_agents)
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                base = codecs.decode(raw[0], codes[0])
+                values = [codecs.decode(r, c) for r, c in zip(raw[: n_agents + 1], codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+                base = values[0]
                 deltas = []
                 for t in range(n_agents):
-                    agent = codecs.decode(raw[1 + t], codes[1 + t])
+                    agent = values[1 + t]
                     keep_t = raw[1 + n_agents + t].view(keep_dtype) if isinstance(keep, KeepArray) else None
+                    if isinstance(keep, KeepMagprune):
+                        keep_t = select(t, lo, m, agent, base)
                     delta, alive = merges.weighted_deltas(agent, base, weights[t], scale[t], keep_t)
-                    if isinstance(keep, KeepRandom) and density is not None:
-                        alive = uniform(int(keep.keys[t]), self._positions(keep.start + lo, m)) < density[t]
+                    if isinstance(keep, KeepRandom | KeepCuts):
+                        alive = select(t, lo, m, agent, base)
                     deltas.append((delta, alive))
                 mixed = merges.mix_gta(base, deltas, weights, params.consensus, params.normalize, divisor)
                 for lam, raw_out in zip(lams, raw_outs, strict=True):  # one output at a time on the device
                     merged = base + lam * mixed
                     outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
-            self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2)
+            self._run(parts, arrays.size, tile, align=align, inputs=2 * n_agents + 4)
+            return self._found(first)
+
+    def _selection(
+        self, keep: Keep, n_agents: int
+    ) -> Callable[[int, int, int, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """``select(t, lo, m, agent, base)``: agent t's survival flags (``KeepRandom``,
+        ``KeepCuts``) or keep multipliers (``KeepMagprune``) over block positions [lo, lo + m),
+        computed on the device from the tile itself."""
+        if isinstance(keep, KeepRandom):
+            density = self._f32(keep.density)
+            return lambda t, lo, m, agent, base: (
+                uniform(int(keep.keys[t]), self._positions(keep.start + lo, m)) < density[t]
+            )
+        if isinstance(keep, KeepCuts):
+            values, ranges = keep.cuts.value.tolist(), keep.cuts.range.tolist()
+
+            def cut(t: int, lo: int, m: int, agent: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+                wide = magnitude.abs_bits(agent, base).to(torch.int64)
+                position = self._positions(lo, m)
+                (v0, v1), ((a0, e0), (a1, e1)) = values[t], ranges[t]
+                return magnitude.in_lower(wide, position, v1, a1, e1) & ~magnitude.in_lower(wide, position, v0, a0, e0)
+
+            return cut
+        if isinstance(keep, KeepMagprune):
+            prune = keep.params
+            lo_p, width = self._f32(prune.lo), self._f32(prune.width)
+
+            def magprune(t: int, lo: int, m: int, agent: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+                return della.keep_values(
+                    magnitude.abs_bits(agent, base),
+                    self._positions(prune.start + lo, m),
+                    prune.slice_size,
+                    prune.rows,
+                    int(prune.keys[t]),
+                    int(prune.mode[t]),
+                    lo_p[t],
+                    width[t],
+                    prune.inverse,
+                )
+
+            return magprune
+        return lambda t, lo, m, agent, base: torch.ones(m, dtype=torch.bool, device=self._device)
 
     def has_nonfinite(self, out: np.ndarray, out_code: int) -> bool:
         return nonfinite.has_nonfinite(out, out_code)  # the block is in host memory already
 
-    def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> None:
+    def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> int:
         uses_base = np.float32(params.base_weight) != np.float32(0.0)
-        parts = self._array_parts(arrays, base=uses_base)
-        codes = self._codes(arrays)[0 if uses_base else 1 :]
+        parts = self._array_parts(arrays)  # the base too: it is checked for NaN/Inf, as every input
+        codes = self._codes(arrays)
         raw_out, size = out.view(np.uint8), out.dtype.itemsize
         divisor = np.float32(0.0) + np.float32(params.base_weight)
         for weight in np.asarray(params.weights, np.float32):
@@ -333,15 +388,16 @@ class TorchBackend:
         with self._scoped():
             weights, base_weight = self._f32(params.weights), self._f32(params.base_weight)
             div = self._f32(divisor) if params.normalize else None
+            first = self._first()
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
-                base = values[0] if uses_base else None
-                agents = values[1:] if uses_base else values
-                merged = merges.merge_linear(base, base_weight, agents, weights, div)
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+                merged = merges.merge_linear(values[0] if uses_base else None, base_weight, values[1:], weights, div)
                 outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
             self._run(parts, arrays.size, tile)
+            return self._found(first)
 
     def first_nonfinite(self, arrays: BlockArrays) -> int:
         codes = self._codes(arrays)

@@ -47,4 +47,4 @@ def first_nonfinite(values: Sequence[torch.Tensor]) -> torch.Tensor:
     for v in values[1:]:
         bad = bad | ~torch.isfinite(v)
     first = torch.argmax(bad.to(torch.uint8))  # the first maximum
-    return torch.where(bad[first], first, NOWHERE)
+    return torch.where(bad.any(), first, NOWHERE)  # a reduction, not an index: no wait for the device
