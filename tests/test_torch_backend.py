@@ -277,6 +277,8 @@ def test_device_cuda_without_a_gpu_is_one_line(odd_family: Family, tmp_path: Pat
         (["--device", "cuda"], "--backend numba computes on the CPU only"),
         (["--gpu-memory", "1GiB"], "--gpu-memory needs --backend torch"),
         (["--backend", "torch", "--device", "gpu"], "--device must be cpu, cuda or cuda:N"),
+        (["--backend", "torch", "--device", "cuda:x"], "--device must be cpu, cuda or cuda:N"),
+        (["--backend", "torch", "--device", "cuda:"], "--device must be cpu, cuda or cuda:N"),
         (["--backend", "torch", "--gpu-memory", "1MiB"], "--gpu-memory must be at least 16MiB"),
     ],
 )

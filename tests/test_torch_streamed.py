@@ -251,13 +251,13 @@ def test_device_memory_stays_within_the_gpu_budget(
 
 
 def test_histograms_too_large_for_the_gpu_budget_are_one_line(tmp_path: Path) -> None:
-    """Ten agents' fine magnitude histograms (two cuts each, and a tile's count: 11 MiB) leave a
-    16 MiB budget too little for the tiles: refused, naming the budget that would do."""
+    """Ten agents' fine magnitude histograms (two cuts each: 10 MiB) leave a 16 MiB budget too
+    little for the tiles: refused, naming the budget that would do."""
     many = build_family(
         tmp_path / "family", shapes=SHAPES, densities=(0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     )
     with simulated_gpu(lambda: SimulatedGpu(budget=16 << 20)), pytest.raises(RamstreamError) as caught:
         _merge(many, tmp_path / "out", "breadcrumbs", {"density": 0.5, "gamma": 0.05}, "torch", device="cpu")
     message = str(caught.value)
-    assert "--gpu-memory 16MiB cannot hold the fine magnitude histograms of 10 agents (11 MiB" in message
-    assert "give --gpu-memory 25MiB or more" in message
+    assert "--gpu-memory 16MiB cannot hold the fine magnitude histograms of 10 agents (10 MiB" in message
+    assert "give --gpu-memory 24MiB or more" in message

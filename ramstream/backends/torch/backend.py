@@ -420,18 +420,17 @@ class TorchBackend:
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
         n_agents = len(arrays.agents)
         codes = self._codes(arrays)
-        # the counts, and each tile's bincount beside them
-        fixed = self._fixed(
-            2 * self.workers * n_agents * HIGH_BINS * 8, f"the magnitude histograms of {n_agents} agents"
-        )
+        size = n_agents * HIGH_BINS + magnitude.SPREAD
+        fixed = self._fixed(self.workers * size * 8, f"the magnitude histograms of {n_agents} agents")
         with self._scoped():
-            counts = self._zeros(self.workers, n_agents, HIGH_BINS)
+            counts = self._zeros(self.workers, size)
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                counts[w] += magnitude.high_counts(torch.stack(self._abs_bits(raw, codes, range(n_agents))))
+                magnitude.add_high_counts(counts[w], torch.stack(self._abs_bits(raw, codes, range(n_agents))))
 
-            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
-            return counts.sum(0).cpu().numpy().astype(np.int32)
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * n_agents + 6, fixed=fixed)
+            total = counts.sum(0)[: n_agents * HIGH_BINS].view(n_agents, HIGH_BINS)
+            return total.cpu().numpy().astype(np.int32)
 
     def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
         targets = np.ascontiguousarray(targets, np.int32)
@@ -440,19 +439,21 @@ class TorchBackend:
         if not wanted:
             return np.zeros((n_agents, n_cuts, LOW_BINS), np.int32)
         codes = self._codes(arrays)
-        held = (self.workers * n_agents * n_cuts + 2) * LOW_BINS * 8  # the counts, a tile's bincount
-        fixed = self._fixed(held, f"the fine magnitude histograms of {n_agents} agents")
+        size = n_agents * n_cuts * LOW_BINS + magnitude.SPREAD
+        fixed = self._fixed(self.workers * size * 8, f"the fine magnitude histograms of {n_agents} agents")
         with self._scoped():
-            counts = self._zeros(self.workers, n_agents, n_cuts, LOW_BINS)
+            counts = self._zeros(self.workers, size)
+            agents = torch.tensor(wanted, dtype=torch.int64, device=self._device)
+            aims = torch.tensor(targets[wanted].tolist(), dtype=torch.int32, device=self._device)
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                for t, bits in zip(wanted, self._abs_bits(raw, codes, wanted), strict=True):
-                    for c in range(n_cuts):
-                        if targets[t, c] >= 0:
-                            counts[w, t, c] += magnitude.low_counts(bits, int(targets[t, c]))
+                bits = torch.stack(self._abs_bits(raw, codes, wanted))
+                magnitude.add_low_counts(counts[w], bits, agents, aims)
 
-            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
-            return counts.sum(0).cpu().numpy().astype(np.int32)
+            inputs = 2 * n_agents + 4 * len(wanted) * n_cuts + 4  # the (K, C, m) index and masks
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=inputs, fixed=fixed)
+            total = counts.sum(0)[: n_agents * n_cuts * LOW_BINS].view(n_agents, n_cuts, LOW_BINS)
+            return total.cpu().numpy().astype(np.int32)
 
     def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
         n_agents = len(arrays.agents)

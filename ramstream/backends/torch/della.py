@@ -37,7 +37,7 @@ def keep_values(
     order = torch.sort(grouped, dim=1, stable=True).indices
     rank = torch.arange(rows, dtype=torch.float32, device=device)
     if rows > 1:
-        norm = rank / torch.tensor(rows - 1, dtype=torch.float32, device=device)
+        norm = rank / torch.full((), rows - 1, dtype=torch.float32, device=device)  # a fill, not a copy from the host
     else:
         norm = torch.full_like(rank, 0.5)
     p_of_rank = lo + norm * width  # (rows,)

@@ -13,9 +13,11 @@ def resolve(name: str | None) -> torch.device:
         return _cuda(None) if torch.cuda.is_available() else torch.device("cpu")
     if name == "cpu":
         return torch.device("cpu")
-    if name == "cuda" or name.startswith("cuda:"):
-        return _cuda(int(name[5:]) if name.startswith("cuda:") else None)
-    raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    if name == "cuda":
+        return _cuda(None)
+    if name.startswith("cuda:") and name[5:].isdigit():
+        return _cuda(int(name[5:]))
+    raise ConfigError(f"--device must be cpu, cuda or cuda:N (N a device number, say cuda:0), got {name!r}")
 
 
 def _cuda(index: int | None) -> torch.device:

@@ -2,9 +2,11 @@
 of the bit patterns of |tau| (exact integer counts) and keep masks from cuts. Integer work only,
 after one float32 subtraction per element.
 
-Histograms count into one flat ``bincount`` per tile: an element that a histogram must not count
-goes to an extra bin past the end, which is dropped, so no boolean indexing (and no wait for the
-device) is needed.
+Histograms are scatter-adds into one flat count buffer per worker (``torch.bincount`` waits for
+the device twice per call and reduces twice more). No bin is hot: an element a histogram must
+not count goes to one of ``SPREAD`` dummy bins past the end, chosen by its position, and the
+elements whose |tau| is exactly 0 (most of a sparse task vector) are counted by a reduction, not
+by a scatter of millions of ones onto one address.
 """
 
 from __future__ import annotations
@@ -19,18 +21,37 @@ def abs_bits(agent: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     return (agent - base).view(torch.int32) & 0x7FFFFFFF
 
 
-def high_counts(bits: torch.Tensor) -> torch.Tensor:
-    """int64 (N, HIGH_BINS): per agent row of ``bits`` (N, m), elements per high half."""
-    n_agents = bits.shape[0]
-    rows = torch.arange(n_agents, device=bits.device).unsqueeze(1) * HIGH_BINS
-    flat = (rows + (bits >> 16)).reshape(-1)
-    return torch.bincount(flat, minlength=n_agents * HIGH_BINS).view(n_agents, HIGH_BINS)
+SPREAD = 1024  # dummy bins past a flat histogram's end
 
 
-def low_counts(bits: torch.Tensor, target: int) -> torch.Tensor:
-    """int64 (LOW_BINS,): the low halves of the elements of ``bits`` (m,) whose high half is ``target``."""
-    flat = torch.where((bits >> 16) == target, bits & 0xFFFF, LOW_BINS)
-    return torch.bincount(flat, minlength=LOW_BINS + 1)[:LOW_BINS]
+def add_high_counts(flat: torch.Tensor, bits: torch.Tensor) -> None:
+    """Add to ``flat`` (int64, N * HIGH_BINS + SPREAD: agent t's bins at t * HIGH_BINS) the high
+    halves of ``bits`` (N, m) int32, agent by row."""
+    n_agents, m = bits.shape
+    device = bits.device
+    rows = torch.arange(n_agents, device=device).unsqueeze(1) * HIGH_BINS
+    zero = bits == 0
+    dummy = n_agents * HIGH_BINS + torch.arange(m, device=device) % SPREAD
+    index = torch.where(zero, dummy.unsqueeze(0), rows + (bits >> 16).to(torch.int64))
+    flat.scatter_add_(0, index.reshape(-1), torch.ones(n_agents * m, dtype=torch.int64, device=device))
+    flat.index_add_(0, rows[:, 0], zero.sum(dim=1))
+
+
+def add_low_counts(flat: torch.Tensor, bits: torch.Tensor, agents: torch.Tensor, targets: torch.Tensor) -> None:
+    """Add to ``flat`` (int64, N * C * LOW_BINS + SPREAD: agent t's cut c at (t * C + c) * LOW_BINS)
+    the low halves of the elements of ``bits`` (K, m) int32 whose high half is their cut's target:
+    row k is agent ``agents[k]`` (int64 (K,)), whose targets are ``targets[k]`` (int32 (K, C); -1
+    matches nothing). Every agent and cut in one scatter."""
+    k, m = bits.shape
+    n_cuts = targets.shape[1]
+    device = bits.device
+    match = (bits >> 16).unsqueeze(1) == targets.unsqueeze(2)  # (K, C, m)
+    zero = match & (bits == 0).unsqueeze(1)
+    first_bin = (agents.unsqueeze(1) * n_cuts + torch.arange(n_cuts, device=device).unsqueeze(0)) * LOW_BINS
+    dummy = flat.shape[0] - SPREAD + torch.arange(m, device=device) % SPREAD
+    index = torch.where(match & ~zero, first_bin.unsqueeze(2) + (bits & 0xFFFF).to(torch.int64).unsqueeze(1), dummy)
+    flat.scatter_add_(0, index.reshape(-1), torch.ones(k * n_cuts * m, dtype=torch.int64, device=device))
+    flat.index_add_(0, first_bin.reshape(-1), zero.sum(dim=2).reshape(-1))
 
 
 def in_lower(bits: torch.Tensor, position: torch.Tensor, value: int, begin: int, end: int) -> torch.Tensor:

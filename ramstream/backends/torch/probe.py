@@ -10,7 +10,6 @@ import torch
 
 from ramstream.backends.torch.merges import active
 
-_BIT_WEIGHTS = (1, 2, 4, 8, 16, 32, 64, 128)
 NOWHERE = 1 << 62  # "no non-finite value": larger than any position
 
 
@@ -24,8 +23,9 @@ def pack(on: torch.Tensor) -> torch.Tensor:
     n_agents, m = on.shape
     padded = torch.zeros((n_agents, -(-m // 8) * 8), dtype=torch.uint8, device=on.device)
     padded[:, :m] = on
-    weights = torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=on.device)
-    return (padded.view(n_agents, -1, 8) * weights).sum(dim=2, dtype=torch.int32).to(torch.uint8)
+    # 1, 2, 4... made on the device (a host list would be a copy, and a wait, per tile)
+    weights = torch.ones(8, dtype=torch.int32, device=on.device) << torch.arange(8, dtype=torch.int32, device=on.device)
+    return (padded.view(n_agents, -1, 8).to(torch.int32) * weights).sum(dim=2, dtype=torch.int32).to(torch.uint8)
 
 
 def counts(on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
