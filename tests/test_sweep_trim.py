@@ -72,10 +72,12 @@ def test_one_pass_refines_every_density_and_each_candidate_is_its_merge(
     swept, cache = tmp_path / "sweep", tmp_path / "cache"
     done = run_sweep(family, swept, GRIDS, "--cache-dir", cache, *SHARDS)
     assert done.exit_code == 0, done.output + done.stderr
-    # the high histogram, then every candidate's low histogram in one read (ram+ reads the probe)
-    assert len(passes) == 2 and passes[0] == ["abs_hi16_v1"], passes
+    # the high histogram, then every candidate's low histogram in one read, then every candidate's
+    # tie boundaries in one more (ram+ reads the probe)
+    assert len(passes) == 3 and passes[0] == ["abs_hi16_v1"], passes
     keys = low_keys(cache)
     assert len(keys) == 4 and sorted(passes[1]) == sorted(keys), passes  # breadcrumbs' two share one
+    assert passes[2] and all(key.startswith("tie_boundary_v1-") for key in passes[2]), passes
     passes.clear()
 
     own = tmp_path / "merges-cache"  # each merge alone, on an index of their own
@@ -85,7 +87,8 @@ def test_one_pass_refines_every_density_and_each_candidate_is_its_merge(
         assert merged.exit_code == 0, merged.output + merged.stderr
         assert tree(swept / name) == tree(reference), name
     assert low_keys(own) == keys  # a merge alone computes the same statistics, under the same keys
-    assert sum(len(p) for p in passes) == 5  # the high histogram and four low ones, a pass each
+    # the high histogram, four low ones and four candidates' tie boundaries, a pass each
+    assert sum(len(p) for p in passes) == 9
     passes.clear()
 
     again = tmp_path / "again"  # and a merge after the sweep reads the sweep's back
@@ -101,7 +104,8 @@ def test_one_magnitude_candidate_runs_its_merges_passes_and_leaves_the_others_al
     swept = tmp_path / "sweep"
     done = run_sweep(family, swept, ("linear", "ties:density=0.4"), "--cache-dir", tmp_path / "cache")
     assert done.exit_code == 0, done.output + done.stderr
-    assert len(passes) == 2 and passes[0] == ["abs_hi16_v1"] and passes[1][0].startswith(LOW), passes
+    assert len(passes) == 3 and passes[0] == ["abs_hi16_v1"] and passes[1][0].startswith(LOW), passes
+    assert passes[2][0].startswith("tie_boundary_v1-"), passes
     for name, flags in (
         ("linear", ("--method", "linear")),
         ("ties-density=0.4", ("--method", "ties", "--density", "0.4")),

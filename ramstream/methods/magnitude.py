@@ -169,11 +169,15 @@ def cut_counts(method: MagnitudeMethod, params: MagnitudeParams) -> tuple[trim.C
 
 
 def refinement(method: MagnitudeMethod, params: MagnitudeParams, ctx: StatsContext) -> tuple[BlockStatistic, ...]:
-    """The low histogram ``prepare_magnitude`` will ask for, known once the high one is: a sweep
-    computes every density's in one pass."""
+    """The statistics ``prepare_magnitude`` will ask for, as far as they are known: the low
+    histogram once the high one is, the tie boundaries once the low one is. A sweep computes
+    every density's in one pass per stage."""
     counts, n_cuts = cut_counts(method, params)
     low = trim.place(ctx, counts, n_cuts, params.trim_scope).low_histogram()
-    return () if low is None else (low,)
+    if low is None:
+        return ()
+    ties = trim.tie_boundaries_ahead(ctx, counts, n_cuts, params.trim_scope, method.outliers)
+    return (low,) if ties is None else (low, ties)
 
 
 def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: StatsContext) -> Prepared:

@@ -13,8 +13,9 @@ upper set takes the first ties: a descending stable sort, as TIES' top-k).
 A method asks for one or two cuts per agent; an element is kept when it lies in cut 1's lower set
 (everything when there is one cut) and not in cut 0's. Inside a block the ties of the lower set
 are a range of positions, found from the per-block tie counts: only the one index block where the
-boundary falls is scanned, and a merge block that starts inside it counts the ties that precede
-it by reading them (``BlockArrays.span``), so the result never depends on the block split.
+boundary falls is scanned, once, for the tensor position where the first group ends
+(``TieBoundary``, cached in the index); any merge block's range follows from it, so the result
+never depends on the block split and a merge reads each input once.
 
 Stage 1 (``place``: each cut's kind, target bin and rank in it) needs only the high histogram,
 which depends on no parameter; it names the low histogram stage 2 needs, so a sweep can compute
@@ -38,6 +39,7 @@ from ramstream.statistics.magnitude import (
     AbsHighHistogram,
     AbsLowHistogram,
     KeptL1,
+    TieBoundary,
     block_values,
     check_finite,
     digest,
@@ -59,6 +61,7 @@ class Trim:
     ties: np.ndarray  # int64: elements of the tensor equal to V
     first: np.ndarray  # int64: how many of them, first in the tie order, form the "first" group
     straddle: np.ndarray  # int64 (..., 3): index block holding the last of the first group: start, stop, ties before
+    boundary: np.ndarray  # int64: the ties of the first group are those at tensor positions below it
     lower_takes_first: bool
 
     @property
@@ -69,65 +72,39 @@ class Trim:
         flag = b"first" if self.lower_takes_first else b"last"
         return digest(self.kind, self.value, self.ties, self.first, self.straddle, flag)
 
-    def cuts(self, arrays: BlockArrays, block: Block, backend: Backend) -> Cuts:
+    def cuts(self, block: Block) -> Cuts:
         """The block's cuts, in block positions (the backend decides membership from |tau|)."""
-        n_agents = arrays.n_agents
+        n_agents = self.kind.shape[1]
         cut_v = np.empty((n_agents, 2), np.uint32)
         cut_range = np.zeros((n_agents, 2, 2), np.int64)
         cut_v[:, 1] = ALL  # one cut: everything above it
         for t in range(n_agents):
             for j in range(self.n_cuts):
-                cut_v[t, j], cut_range[t, j] = self._cut(arrays, block, t, j, backend)
+                cut_v[t, j], cut_range[t, j] = self._cut(block, t, j)
         return Cuts(cut_v, cut_range)
 
     def keep(self, arrays: BlockArrays, block: Block, backend: Backend) -> np.ndarray:
         """uint8 (N, block.size): 1 where an agent keeps the element (for statistics; a merge
         takes ``selection``, evaluated inside its tiles)."""
-        return backend.cut_keep(arrays, self.cuts(arrays, block, backend))
+        return backend.cut_keep(arrays, self.cuts(block))
 
     def selection(self) -> Selection:
         """The cuts as a merge evaluates them: one read of each input per block."""
-        return Selection(
-            "cuts:" + self.digest(), lambda arrays, block, backend: KeepCuts(self.cuts(arrays, block, backend))
-        )
+        return Selection("cuts:" + self.digest(), lambda arrays, block, backend: KeepCuts(self.cuts(block)))
 
-    def _cut(self, arrays: BlockArrays, block: Block, t: int, j: int, backend: Backend) -> tuple[int, tuple[int, int]]:
+    def _cut(self, block: Block, t: int, j: int) -> tuple[int, tuple[int, int]]:
         at = (block.tensor, t, j)
         kind = self.kind[at]
         if kind == EMPTY:
             return 0, (0, 0)
         if kind == FULL:
             return int(ALL), (0, 0)
-        v = int(self.value[at])
-        limit = self._first_limit(
-            arrays, block, t, v, int(self.first[at]), int(self.ties[at]), self.straddle[at], backend
-        )
-        return v, ((0, limit) if self.lower_takes_first else (limit, block.size))
+        limit = self._first_limit(block, at)
+        return int(self.value[at]), ((0, limit) if self.lower_takes_first else (limit, block.size))
 
-    @staticmethod
-    def _first_limit(
-        arrays: BlockArrays, block: Block, t: int, v: int, first: int, ties: int, straddle: np.ndarray, backend: Backend
-    ) -> int:
+    def _first_limit(self, block: Block, at: tuple[int, int, int]) -> int:
         """The block position P such that the ties of the first group are those before P."""
-        size = block.size
-        if first == 0:
-            return 0
-        if first == ties:
-            return size
-        s0, s1, before = (int(x) for x in straddle)
-        if block.stop <= s0:
-            return size
-        if block.start >= s1:
-            return 0
-        if block.start > s0:  # the block starts inside the index block where the group ends
-            head = arrays.span(s0, block.start)
-            before += backend.find_tie(head, t, v, 0, 0)[1]
-        begin = max(s0, block.start) - block.start
-        need = first - before
-        if need <= 0:
-            return begin
-        pos, _ = backend.find_tie(arrays, t, v, begin, need)
-        return size if pos < 0 else pos + 1
+        return int(min(max(int(self.boundary[at]) - block.start, 0), block.size))
 
     def l1_factors(self, ctx: StatsContext, name: str) -> np.ndarray:
         """float32 (tensors, N): mergekit's L1 norm matching, sum|tau| / sum|tau kept| per tensor
@@ -188,7 +165,55 @@ def place(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str) -> Plac
 
 
 def solve(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_takes_first: bool) -> Trim:
-    """Gather the two histograms (two passes over the blocks, cached in the index) and solve the cuts."""
+    """Gather the two histograms (two passes over the blocks, cached in the index), solve the cuts
+    and find where their tie groups end (a third pass, over the blocks where they end)."""
+    kind, value, ties, first, straddle = _solved(ctx, counts, n_cuts, scope, lower_takes_first)
+    boundary = np.where(first >= ties, _numel(ctx), 0).astype(np.int64)
+    stat = _tie_statistic(kind, value, ties, first, straddle, lower_takes_first)
+    if stat is not None:
+        ctx.compute(stat)
+        inside = (kind == REAL) & (first > 0) & (first < ties)
+        for ti, found in tensor_totals(ctx, stat):
+            boundary[ti] = np.where(inside[ti], found, boundary[ti])
+    return Trim(kind, value, ties, first, straddle, boundary, lower_takes_first)
+
+
+def tie_boundaries_ahead(
+    ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_takes_first: bool
+) -> TieBoundary | None:
+    """Stage 3's statistic, once the low histogram is in the index (None until then, or when no
+    tie group ends inside a tensor): a sweep finds every candidate's tie boundaries in one pass."""
+    low = place(ctx, counts, n_cuts, scope).low_histogram()
+    if low is None or not ctx.has(low):
+        return None
+    return _tie_statistic(*_solved(ctx, counts, n_cuts, scope, lower_takes_first), lower_takes_first)
+
+
+def _numel(ctx: StatsContext) -> np.ndarray:
+    return np.array([t.numel for t in ctx.plan.tensors], np.int64)[:, None, None]
+
+
+def _tie_statistic(
+    kind: np.ndarray,
+    value: np.ndarray,
+    ties: np.ndarray,
+    first: np.ndarray,
+    straddle: np.ndarray,
+    lower_takes_first: bool,
+) -> TieBoundary | None:
+    """Where the tie groups that end inside a tensor end: the tensor position below which its
+    ties form the group, found by scanning the one index block where it ends (cached)."""
+    if not ((kind == REAL) & (first > 0) & (first < ties)).any():
+        return None
+    flag = b"first" if lower_takes_first else b"last"
+    return TieBoundary(digest(kind, value, ties, first, straddle, flag), value, first, straddle)
+
+
+def _solved(
+    ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_takes_first: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The cuts from the two histograms: kind, value, ties, first group and straddle per tensor,
+    agent and cut."""
     placed = place(ctx, counts, n_cuts, scope)
     kind, targets, rank, merged = placed.kind, placed.targets, placed.rank, placed.merged
     plan = ctx.plan
@@ -220,7 +245,7 @@ def solve(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_t
             ties[ti] = per_block[blocks.start : blocks.stop].sum(axis=0)
     first = _first_group(plan.tensors, merged, kind, ties, lower, scope, lower_takes_first)
     straddle = _straddles(ctx, merged, per_block, first, ties)
-    return Trim(kind, value, ties, first, straddle, lower_takes_first)
+    return kind, value, ties, first, straddle
 
 
 def _locate(hist: np.ndarray, c: int) -> tuple[int, int]:

@@ -194,18 +194,27 @@ def merge_outputs(
 
 def compute_ahead(outputs: Sequence[OutputPlan], contexts: Sequence[StatsContext]) -> None:
     """The statistics the outputs' methods will ask for that are known before they prepare (TIES'
-    and breadcrumbs' low histograms, one per density), computed in one pass, each under its own
-    key: each method then reads its own back, as its merge alone would have computed it."""
-    wanted: dict[str, BlockStatistic] = {}
-    first: StatsContext | None = None
-    for output, ctx in zip(outputs, contexts, strict=True):
-        ahead = output.spec.statistics_ahead
-        stats = ahead(output.params, ctx) if ahead is not None else ()
-        if stats and first is None:
-            first = ctx  # a context that uses the index anyway: asking did not change its card
-        wanted.update((s.key, s) for s in stats if s.key not in wanted)
-    if first is not None:
+    and breadcrumbs' low histograms, then their tie boundaries, one per density), computed in one
+    pass per stage, each under its own key: each method then reads its own back, as its merge
+    alone would have computed it. A stage's statistics name the next stage's, so the methods are
+    asked again until they name nothing new."""
+    asked: set[str] = set()
+    while True:
+        wanted: dict[str, BlockStatistic] = {}
+        first: StatsContext | None = None
+        for output, ctx in zip(outputs, contexts, strict=True):
+            ahead = output.spec.statistics_ahead
+            stats = ahead(output.params, ctx) if ahead is not None else ()
+            if stats and first is None:
+                first = ctx  # a context that uses the index anyway: asking did not change its card
+            wanted.update((s.key, s) for s in stats if s.key not in wanted)
+        if first is None or set(wanted) <= asked:
+            return
+        asked |= set(wanted)
         first.compute(*wanted.values())
+        for ctx in contexts:  # the next stage's questions read what this one stored
+            if ctx is not first:
+                ctx.refresh()
 
 
 def finish_output(output: OutputPlan, job: MergeJob, prepared: Prepared, ctx: StatsContext, work: Path) -> None:

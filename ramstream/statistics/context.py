@@ -121,6 +121,16 @@ class StatsContext:
         blocks = range(len(self.store.plan.blocks))
         return [self.partials(stat, blocks) for stat in stats]
 
+    def refresh(self) -> None:
+        """See what another context wrote to the same index since this one opened it."""
+        if self._store is not None:
+            self._store = self._open()
+            self._partials_cache = None
+
+    def has(self, stat: BlockStatistic) -> bool:
+        """Whether the index holds every block's partial of ``stat``."""
+        return bool(self.store.statistic_complete(stat.key))
+
     def compute(self, *stats: BlockStatistic) -> None:
         """Compute what is missing of each statistic (in one pass), without reading it back:
         large partials are then read a few blocks at a time with ``partials``."""

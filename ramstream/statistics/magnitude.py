@@ -5,6 +5,10 @@
 - ``AbsLowHistogram`` (``stats/abs_lo16_v1-<digest>``, int32 (N, C, 65536) per block): per agent
   and cut, the low halves of the elements whose high half is the cut's target bin. The digest is
   that of the targets (tensors, N, C), which the high histogram decided.
+- ``TieBoundary`` (``stats/tie_boundary_v1-<digest>``, int64 (N, C) per block): where each cut's
+  first group of ties (``methods/trim.py``) ends, 1 + the tensor position of its last tie, in the
+  one block where it ends (0 in the others): with it, a merge knows every block's tie ranges
+  without scanning for them. The digest is that of the solved cuts.
 - ``KeptL1`` (``stats/<name>_l1_v1-<digest>``, int64 (N, 2, BINS + 1) per block): exact sums of
   |tau| and of |tau| over the kept elements, for L1 norm-matching rescales. The selector decides
   what is kept; the digest names everything the selection depends on.
@@ -85,6 +89,40 @@ class AbsLowHistogram:
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
         return backend.abs_low_histogram(arrays, self.targets[block.tensor])
+
+
+@dataclass(frozen=True, eq=False)
+class TieBoundary:
+    """The cuts' tie boundaries (see the module docstring). ``straddle[tensor, t, c]`` is the
+    index block (start, stop, ties before it) where cut c of agent t's first group ends, and
+    ``value`` / ``first`` the cut's value and the size of its first group."""
+
+    cuts: str  # digest of the solved cuts
+    value: np.ndarray = field(compare=False)  # uint32 (tensors, N, C)
+    first: np.ndarray = field(compare=False)  # int64 (tensors, N, C)
+    straddle: np.ndarray = field(compare=False)  # int64 (tensors, N, C, 3)
+
+    @property
+    def key(self) -> str:
+        return f"tie_boundary_v1-{self.cuts}"
+
+    def shape(self, n_agents: int) -> tuple[int, ...]:
+        return (n_agents, self.value.shape[2])
+
+    @property
+    def dtype(self) -> str:
+        return "int64"
+
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        out = np.zeros((arrays.n_agents, self.value.shape[2]), np.int64)
+        for t, c in zip(*np.nonzero(self.straddle[block.tensor, :, :, 1] == block.stop), strict=True):
+            start, stop, before = (int(x) for x in self.straddle[block.tensor, t, c])
+            if (start, stop) != (block.start, block.stop):
+                continue
+            need = int(self.first[block.tensor, t, c]) - before
+            position, _ = backend.find_tie(arrays, int(t), int(self.value[block.tensor, t, c]), 0, need)
+            out[t, c] = block.start + position + 1
+        return out
 
 
 # selector(arrays, block, tensor, backend) -> (N, block.size) array, nonzero where kept
