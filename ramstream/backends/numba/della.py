@@ -39,7 +39,7 @@ from ramstream.backends.numba.keep import KEEP_ARRAY, NO_CUT_RANGE, NO_CUT_VALUE
 _LOW32 = np.uint64(0xFFFFFFFF)
 RADIX_BITS = 11
 RADIX = 1 << RADIX_BITS
-_DIGIT = np.uint32(RADIX - 1)
+_DIGIT64 = np.uint64(RADIX - 1)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -89,7 +89,7 @@ def prune_scratch(slice_size, rows):  # type: ignore[no-untyped-def]
     return (
         np.empty((2, slice_size), np.float32),
         np.empty(rows, np.uint32),
-        np.empty((2, rows), np.int64),
+        np.empty((4, rows), np.int64),
         np.empty(rows, np.uint64),
         np.empty(RADIX, np.int64),
         np.empty(TILE, np.uint32),
@@ -104,7 +104,7 @@ def prune_slice(  # type: ignore[no-untyped-def]
     """MAGPRUNE over the slice at block position ``at``: ``keep[t, keep_at : keep_at + slice_size]``."""
     slices, group, orders, packed, count, bits = scratch
     base_slice, agent_slice = slices[0], slices[1]
-    order, work = orders[0], orders[1]
+    order, work, index, rank_of = orders[0], orders[1], orders[2], orders[3]
     inner = slice_size // rows
     one, zero = np.float32(1.0), np.float32(0.0)
     span = np.float32(rows - 1)
@@ -121,21 +121,29 @@ def prune_slice(  # type: ignore[no-untyped-def]
         for i in range(slice_size):
             agent_slice[i] = abs(agent_slice[i] - base_slice[i])
         magnitude = agent_slice.view(np.uint32)
+        key, lo_t, width_t = keys[t], lo[t], width[t]
         for k in range(inner):
+            # |tau| = 0 (most of a sparse task vector) is the smallest key: those elements take the
+            # first ranks in index order, as the stable sort gives them; only the rest is sorted
+            zeros, nonzero = 0, 0
+            for j in range(rows):  # a compaction without branches (half the elements may be 0)
+                b = magnitude[j * inner + k]
+                is_zero = np.int64(b == 0)
+                rank_of[j] = zeros  # kept for a zero; a nonzero's is set after the sort
+                group[nonzero] = b  # kept for a nonzero; a zero's is overwritten next
+                index[nonzero] = j
+                zeros += is_zero
+                nonzero += 1 - is_zero
+            stable_order(group[:nonzero], order[:nonzero], work[:nonzero], packed[:nonzero], count)
+            for r in range(nonzero):
+                rank_of[index[order[r]]] = zeros + r
+            # in element order (rank_of is the inverse permutation): the loop vectorises
             for j in range(rows):
-                group[j] = magnitude[j * inner + k]
-            stable_order(group, order, work, packed, count)
-            for rank in range(rows):
-                j = order[rank]
-                norm = np.float32(rank) / span if rows > 1 else np.float32(0.5)
-                p = lo[t] + norm * width[t]
+                norm = np.float32(rank_of[j]) / span if rows > 1 else np.float32(0.5)
+                p = lo_t + norm * width_t
                 i = j * inner + k
-                if uniform(keys[t], start + at + i) >= p:
-                    dst[i] = zero
-                elif inverse:
-                    dst[i] = one / p
-                else:
-                    dst[i] = one
+                kept = one / p if inverse else one
+                dst[i] = kept if uniform(key, start + at + i) < p else zero
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -192,37 +200,40 @@ def _merge_slices(  # type: ignore[no-untyped-def]
 
 @njit(cache=True)
 def stable_order(keys, order, scratch, packed, count):  # type: ignore[no-untyped-def]
-    """order <- the indices of ``keys`` (uint32) in ascending order, equal keys by index: an LSD
-    radix sort (three stable passes of 11 bits) for long rows, a sort of (key << 32 | index) for
-    short ones."""
+    """order <- the indices of ``keys`` (uint32) in ascending order, equal keys by index: pairs
+    (key << 32 | index) sorted, by a sort for short rows, by an LSD radix sort (stable passes of
+    11 bits, ping-ponging between ``packed`` and ``scratch``, which carry the keys along, so a pass
+    reads them in order; a pass whose digit is the same for all is skipped) for long ones."""
     n = keys.shape[0]
+    for j in range(n):
+        packed[j] = (np.uint64(keys[j]) << np.uint64(32)) | np.uint64(j)
     if n < 64:
-        for j in range(n):
-            packed[j] = (np.uint64(keys[j]) << np.uint64(32)) | np.uint64(j)
         packed.sort()
         for j in range(n):
             order[j] = np.int64(packed[j] & _LOW32)
         return
-    for j in range(n):
-        order[j] = j
-    for shift in range(0, 32, RADIX_BITS):
-        digit_shift = np.uint32(shift)
+    source, target = packed, scratch.view(np.uint64)
+    for shift in range(32, 64, RADIX_BITS):
+        digit_shift = np.uint64(shift)
         for d in range(RADIX):
             count[d] = 0
         for j in range(n):
-            count[(keys[j] >> digit_shift) & _DIGIT] += 1
+            count[(source[j] >> digit_shift) & _DIGIT64] += 1
+        if count[(source[0] >> digit_shift) & _DIGIT64] == n:
+            continue  # one digit for all: the order stays (the low bits of bf16 differences)
         total = 0
         for d in range(RADIX):
             c = count[d]
             count[d] = total
             total += c
         for j in range(n):
-            o = order[j]
-            d = (keys[o] >> digit_shift) & _DIGIT
-            scratch[count[d]] = o
+            v = source[j]
+            d = (v >> digit_shift) & _DIGIT64
+            target[count[d]] = v
             count[d] += 1
-        for j in range(n):
-            order[j] = scratch[j]
+        source, target = target, source
+    for j in range(n):
+        order[j] = np.int64(source[j] & _LOW32)
 
 
 @njit(inline="always", cache=True)
