@@ -59,6 +59,7 @@ GOALS = {"ties": 1.5, "dare_ties": 1.5, "della": 3.0}
 # The CLI in this process, with the merge pass timed: ``run_merges`` as ``runs.output`` calls it.
 _TIMED_MERGE = """
 import json, sys, time
+import ramstream
 import ramstream.runs.output as output
 from ramstream.cli import main
 spent = []
@@ -74,7 +75,7 @@ try:
     main(sys.argv[2:], prog_name="ramstream", standalone_mode=False)
 finally:
     with open(sys.argv[1], "w") as f:
-        json.dump({"merge_pass": sum(spent)}, f)
+        json.dump({"merge_pass": sum(spent), "code": ramstream.__file__}, f)
 """
 
 
@@ -95,6 +96,8 @@ class Version:
         self.numba_cache = data / ("numba-cache" if root is None else f"numba-cache-{label}")
 
     def activate(self) -> None:
+        """Children run this version's code: ``python -c`` imports from its working directory first."""
+        os.chdir(self.root or REPO)
         os.environ["NUMBA_CACHE_DIR"] = str(self.numba_cache)
         if self.root is None:
             os.environ.pop("PYTHONPATH", None)
@@ -179,7 +182,11 @@ def timed_merge(
     doc = measure(argv, runs / "measure.json")
     fig = {"wall": float(doc["wall"]), "cpu": float(doc["user"]) + float(doc["sys"])}  # type: ignore[arg-type]
     fig["rss_mib"] = float(doc["maxrss_mib"])  # type: ignore[arg-type]
-    fig["merge_pass"] = float(json.loads(timing.read_text())["merge_pass"])
+    timed = json.loads(timing.read_text())
+    fig["merge_pass"] = float(timed["merge_pass"])
+    expected = (version.root or REPO) / "ramstream" / "__init__.py"
+    if Path(timed["code"]).resolve() != expected.resolve():  # a merge of other code measures nothing
+        sys.exit(f"{version.label}: the merge ran {timed['code']}, not {expected}")
     shutil.rmtree(out)
     return fig
 

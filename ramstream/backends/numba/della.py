@@ -39,7 +39,6 @@ from ramstream.backends.numba.keep import KEEP_ARRAY, NO_CUT_RANGE, NO_CUT_VALUE
 _LOW32 = np.uint64(0xFFFFFFFF)
 RADIX_BITS = 11
 RADIX = 1 << RADIX_BITS
-_DIGIT64 = np.uint64(RADIX - 1)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -88,8 +87,7 @@ def prune_scratch(slice_size, rows):  # type: ignore[no-untyped-def]
     """One thread's buffers for ``prune_slice``."""
     return (
         np.empty((2, slice_size), np.float32),
-        np.empty(rows, np.uint32),
-        np.empty((4, rows), np.int64),
+        np.empty((2, rows), np.int64),
         np.empty(rows, np.uint64),
         np.empty(RADIX, np.int64),
         np.empty(TILE, np.uint32),
@@ -102,9 +100,9 @@ def prune_slice(  # type: ignore[no-untyped-def]
     scratch,
 ):  # fmt: skip
     """MAGPRUNE over the slice at block position ``at``: ``keep[t, keep_at : keep_at + slice_size]``."""
-    slices, group, orders, packed, count, bits = scratch
+    slices, orders, packed, count, bits = scratch
     base_slice, agent_slice = slices[0], slices[1]
-    order, work, index, rank_of = orders[0], orders[1], orders[2], orders[3]
+    work, rank_of = orders[0], orders[1]
     inner = slice_size // rows
     one, zero = np.float32(1.0), np.float32(0.0)
     span = np.float32(rows - 1)
@@ -130,13 +128,12 @@ def prune_slice(  # type: ignore[no-untyped-def]
                 b = magnitude[j * inner + k]
                 is_zero = np.int64(b == 0)
                 rank_of[j] = zeros  # kept for a zero; a nonzero's is set after the sort
-                group[nonzero] = b  # kept for a nonzero; a zero's is overwritten next
-                index[nonzero] = j
+                packed[nonzero] = (np.uint64(b) << np.uint64(32)) | np.uint64(j)  # a zero's is overwritten next
                 zeros += is_zero
                 nonzero += 1 - is_zero
-            stable_order(group[:nonzero], order[:nonzero], work[:nonzero], packed[:nonzero], count)
+            ordered = sort_pairs(packed[:nonzero], work[:nonzero].view(np.uint64), count)
             for r in range(nonzero):
-                rank_of[index[order[r]]] = zeros + r
+                rank_of[np.int64(ordered[r] & _LOW32)] = zeros + r
             # in element order (rank_of is the inverse permutation): the loop vectorises
             for j in range(rows):
                 norm = np.float32(rank_of[j]) / span if rows > 1 else np.float32(0.5)
@@ -200,40 +197,62 @@ def _merge_slices(  # type: ignore[no-untyped-def]
 
 @njit(cache=True)
 def stable_order(keys, order, scratch, packed, count):  # type: ignore[no-untyped-def]
-    """order <- the indices of ``keys`` (uint32) in ascending order, equal keys by index: pairs
-    (key << 32 | index) sorted, by a sort for short rows, by an LSD radix sort (stable passes of
-    11 bits, ping-ponging between ``packed`` and ``scratch``, which carry the keys along, so a pass
-    reads them in order; a pass whose digit is the same for all is skipped) for long ones."""
+    """order <- the indices of ``keys`` (uint32) in ascending order, equal keys by index."""
     n = keys.shape[0]
     for j in range(n):
         packed[j] = (np.uint64(keys[j]) << np.uint64(32)) | np.uint64(j)
+    ordered = sort_pairs(packed, scratch.view(np.uint64), count)
+    for j in range(n):
+        order[j] = np.int64(ordered[j] & _LOW32)
+
+
+@njit(cache=True)
+def sort_pairs(packed, scratch, count):  # type: ignore[no-untyped-def]
+    """``packed`` (key << 32 | index, uint64) sorted ascending, in ``packed`` or ``scratch``
+    (returned): by a sort for short rows, by an LSD radix sort for long ones (stable passes of
+    at most 11 bits over the key bits that differ, ping-ponging between the two buffers, which
+    carry the keys along, so a pass reads them in order)."""
+    n = packed.shape[0]
     if n < 64:
         packed.sort()
-        for j in range(n):
-            order[j] = np.int64(packed[j] & _LOW32)
-        return
-    source, target = packed, scratch.view(np.uint64)
-    for shift in range(32, 64, RADIX_BITS):
-        digit_shift = np.uint64(shift)
-        for d in range(RADIX):
+        return packed
+    # Only the bits that differ between keys need passes (|tau| of bf16 weights spans a few
+    # binades: about 14 bits), so the passes are fewer and their digits narrower than 32 / 11.
+    ones, common = np.uint64(0), np.uint64(0xFFFFFFFFFFFFFFFF)
+    for j in range(n):
+        ones |= packed[j]
+        common &= packed[j]
+    varying = (ones ^ common) >> np.uint64(32)
+    low = 0
+    while low < 32 and not (varying >> np.uint64(low)) & np.uint64(1):
+        low += 1
+    high = 31
+    while high > low and not (varying >> np.uint64(high)) & np.uint64(1):
+        high -= 1
+    span = high - low + 1 if low < 32 else 0
+    passes = (span + RADIX_BITS - 1) // RADIX_BITS
+    digit = (span + passes - 1) // passes if passes else 0
+    bins = 1 << digit
+    mask = np.uint64(bins - 1)
+    source, target = packed, scratch
+    for k in range(passes):
+        digit_shift = np.uint64(32 + low + k * digit)
+        for d in range(bins):
             count[d] = 0
         for j in range(n):
-            count[(source[j] >> digit_shift) & _DIGIT64] += 1
-        if count[(source[0] >> digit_shift) & _DIGIT64] == n:
-            continue  # one digit for all: the order stays (the low bits of bf16 differences)
+            count[(source[j] >> digit_shift) & mask] += 1
         total = 0
-        for d in range(RADIX):
+        for d in range(bins):
             c = count[d]
             count[d] = total
             total += c
         for j in range(n):
             v = source[j]
-            d = (v >> digit_shift) & _DIGIT64
+            d = (v >> digit_shift) & mask
             target[count[d]] = v
             count[d] += 1
         source, target = target, source
-    for j in range(n):
-        order[j] = np.int64(source[j] & _LOW32)
+    return source
 
 
 @njit(inline="always", cache=True)
