@@ -33,8 +33,9 @@ from ramstream.backends.base import KEEP_EVERYTHING as KEEP_ALL
 from ramstream.backends.base import PRUNE
 from ramstream.backends.numba.codecs import TILE, decode_tile
 from ramstream.backends.numba.counter_rng import uniform
-from ramstream.backends.numba.gta import lowest, merge_tile, summed_weight, tile_scratch
+from ramstream.backends.numba.gta import merge_tile, summed_weight, tile_scratch
 from ramstream.backends.numba.keep import KEEP_ARRAY, NO_CUT_RANGE, NO_CUT_VALUE, NO_DENSITY, NO_KEYS
+from ramstream.backends.numba.nonfinite import lowest
 
 _LOW32 = np.uint64(0xFFFFFFFF)
 RADIX_BITS = 11

@@ -58,13 +58,13 @@ from numba import carray, njit, prange
 from ramstream.backends.numba.codecs import TILE, decode_tile, encode_bytes
 from ramstream.backends.numba.counter_rng import uniform
 from ramstream.backends.numba.keep import KEEP_ARRAY, KEEP_CUTS, KEEP_RANDOM
+from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest, tile_nonfinite
 from ramstream.backends.numba.sources import ITEMSIZES, voidptr
 
 CONSENSUS_NONE = 0
 CONSENSUS_SUM = 1
 
 _ABS = np.uint32(0x7FFFFFFF)
-_EXPONENT = np.uint32(0x7F800000)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -117,16 +117,6 @@ def summed_weight(weights):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def lowest(firsts):  # type: ignore[no-untyped-def]
-    """The smallest of the per-thread positions that found something (>= 0), or -1."""
-    found = -1
-    for w in range(firsts.shape[0]):
-        if firsts[w] >= 0 and (found < 0 or firsts[w] < found):
-            found = firsts[w]
-    return found
-
-
-@njit(cache=True)
 def tile_scratch(n_agents, consensus):  # type: ignore[no-untyped-def]
     """One thread's tile buffers: base, agent and result bits (uint32), then mixed, divisor,
     majority (float32) and the per-agent deltas the sign election needs."""
@@ -155,14 +145,14 @@ def merge_tile(  # type: ignore[no-untyped-def]
     mixed, divisor, majority = floats[0], floats[1], floats[2]
     zero = np.float32(0.0)
     decode_tile(base, lo, m, base_code, base_bits)
-    bad = _nonfinite(base_bits, m) if check else False
+    bad = tile_nonfinite(base_bits, m) if check else False
     for i in range(m):
         mixed[i] = zero
         divisor[i] = total_weight
     for t in range(len(agents)):
         decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
         if check:
-            bad = bad or _nonfinite(agent_bits, m)
+            bad = bad or tile_nonfinite(agent_bits, m)
         # agent_vals[i] <- w_t * sparse_t (0 where dropped), and a 0/1 survival flag in majority
         _weighted_deltas(
             agent_vals, agent_bits, base_vals, m, t, weights[t], scale[t], keep_mode, keep, keep_lo,
@@ -187,31 +177,6 @@ def merge_tile(  # type: ignore[no-untyped-def]
         out = carray(voidptr(out_addresses[k]), out_nbytes, np.uint8)
         encode_bytes(result_bits, lo, m, out_code, out)
     return first_nonfinite_in(base, base_code, agents, agent_codes, lo, m, agent_bits) if bad else -1
-
-
-@njit(inline="always", cache=True)
-def _nonfinite(bits, m):  # type: ignore[no-untyped-def]
-    """Whether a decoded tile holds NaN/Inf (an exponent of all ones): an integer OR, which vectorises."""
-    found = np.uint32(0)
-    for i in range(m):
-        found |= np.uint32((bits[i] & _EXPONENT) == _EXPONENT)
-    return found != np.uint32(0)
-
-
-@njit(cache=True)
-def first_nonfinite_in(base, base_code, agents, agent_codes, lo, m, bits):  # type: ignore[no-untyped-def]
-    """The tile offset of the first NaN/Inf in the base or any agent at positions [lo, lo + m)."""
-    first = m
-    for k in range(len(agents) + 1):
-        if k == 0:
-            decode_tile(base, lo, m, base_code, bits)
-        else:
-            decode_tile(agents[k - 1], lo, m, agent_codes[k - 1], bits)
-        for i in range(min(first, m)):
-            if (bits[i] & _EXPONENT) == _EXPONENT:
-                first = i
-                break
-    return first if first < m else -1
 
 
 @njit(inline="always", cache=True)

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from ramstream.backends.numba.codecs import TILE, decode_tile, encode_tile
-from ramstream.backends.numba.gta import first_nonfinite_in, lowest
+from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest
 
 _EXPONENT = np.uint32(0x7F800000)
 

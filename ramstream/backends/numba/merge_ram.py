@@ -12,7 +12,8 @@ The block's inputs are read by the kernel itself (``kernels/sources.py``: ``fds`
 ``out_addresses[k]`` is the address of output k's raw bytes (``n`` elements in format
 ``out_code``; the caller keeps them alive): one compiled signature for any K. ``failed[w]`` = -1
 or the input whose read failed; ``nonfinite[w]`` = -1 or the first element index whose base or
-agent value is NaN/Inf (found while merging, as the probe does: no second read).
+agent value is NaN/Inf (found while merging: a NaN/Inf input makes tau NaN/Inf, which the
+activity test already compares, so a tile is searched only where one was seen; no second read).
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from numba import carray, njit, prange
 from ramstream.backends.numba.codecs import TILE, decode_bytes, encode_bytes
 from ramstream.backends.numba.probe import first_nonfinite_of
 from ramstream.backends.numba.sources import ITEMSIZES, read_buffer, read_tile, reads_of, voidptr
-
-_EXPONENT = np.uint32(0x7F800000)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -44,6 +43,7 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_cod
         total = np.empty(TILE, np.float32)
         scaled = np.empty((n_outputs, TILE), np.float32)
         count = np.empty(TILE, np.float32)
+        odd = np.empty(TILE, np.uint8)
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
         result_vals = result_bits.view(np.float32)
@@ -56,22 +56,22 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_cod
             for sub in range(0, read_m, TILE):
                 m = min(TILE, read_m - sub)
                 decode_bytes(raw[0], sub, m, codes[0], base_bits)
-                found = np.uint32(0)
                 for i in range(m):
                     total[i] = zero
                     count[i] = zero
-                    found |= np.uint32((base_bits[i] & _EXPONENT) == _EXPONENT)
+                    odd[i] = 0
                 for k in range(n_outputs):
                     for i in range(m):
                         scaled[k, i] = zero
                 for t in range(n_inputs - 1):
                     decode_bytes(raw[t + 1], sub, m, codes[t + 1], agent_bits)
                     for i in range(m):
-                        found |= np.uint32((agent_bits[i] & _EXPONENT) == _EXPONENT)
                         tau = agent_vals[i] - base_vals[i]
-                        active = (abs(tau) > eps32) & (abs(tau) < inf)
+                        finite = abs(tau) < inf
+                        active = (abs(tau) > eps32) & finite
                         total[i] += tau if active else zero
                         count[i] += one if active else zero
+                        odd[i] |= np.uint8(not finite)  # a NaN/Inf input makes tau NaN/Inf
                     for k in range(n_outputs):
                         lam = lambdas[k, t]
                         for i in range(m):
@@ -86,6 +86,7 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_cod
                         result_vals[i] = base_vals[i] + merged
                     out = carray(voidptr(out_addresses[k]), out_nbytes, np.uint8)
                     encode_bytes(result_bits, read_lo + sub, m, out_code, out)
-                if found and first_bad < 0:
-                    first_bad = read_lo + sub + first_nonfinite_of(raw, codes, sub, m, base_bits)
+                if first_bad < 0 and odd[:m].max() > 0:  # or a finite difference overflowed: look
+                    found = first_nonfinite_of(raw, codes, sub, m, base_bits)
+                    first_bad = read_lo + sub + found if found < m else -1
         nonfinite[w] = first_bad

@@ -8,6 +8,8 @@ from numba import njit, prange
 
 from ramstream.backends.numba.codecs import TILE, decode_tile
 
+_EXPONENT = np.uint32(0x7F800000)
+
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def first_nonfinite(base, base_code, agents, agent_codes, workers):  # type: ignore[no-untyped-def]
@@ -15,34 +17,52 @@ def first_nonfinite(base, base_code, agents, agent_codes, workers):  # type: ign
     n = base.shape[0]
     n_tiles = (n + TILE - 1) // TILE
     firsts = np.full(workers, -1, np.int64)
-    zero = np.float32(0.0)
     for w in prange(workers):
         bits = np.empty(TILE, np.uint32)
-        vals = bits.view(np.float32)
         for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
             lo = tile * TILE
-            m = min(TILE, n - lo)
-            first = m
-            for k in range(len(agents) + 1):
-                if k == 0:
-                    decode_tile(base, lo, m, base_code, bits)
-                else:
-                    decode_tile(agents[k - 1], lo, m, agent_codes[k - 1], bits)
-                bad = np.int32(0)
-                for i in range(m):
-                    bad += np.int32(vals[i] - vals[i] != zero)
-                if bad:
-                    for i in range(min(first, m)):
-                        if vals[i] - vals[i] != zero:
-                            first = i
-                            break
-            if first < m:
-                firsts[w] = lo + first
+            found = first_nonfinite_in(base, base_code, agents, agent_codes, lo, min(TILE, n - lo), bits)
+            if found >= 0:
+                firsts[w] = lo + found
                 break
-    for w in range(workers):
-        if firsts[w] >= 0:
-            return firsts[w]
-    return -1
+    return lowest(firsts)
+
+
+@njit(cache=True)
+def first_nonfinite_in(base, base_code, agents, agent_codes, lo, m, bits):  # type: ignore[no-untyped-def]
+    """The tile offset of the first NaN/Inf in the base or any agent at positions [lo, lo + m), or -1."""
+    first = m
+    for k in range(len(agents) + 1):
+        if k == 0:
+            decode_tile(base, lo, m, base_code, bits)
+        else:
+            decode_tile(agents[k - 1], lo, m, agent_codes[k - 1], bits)
+        if tile_nonfinite(bits, m):
+            for i in range(min(first, m)):
+                if (bits[i] & _EXPONENT) == _EXPONENT:
+                    first = i
+                    break
+    return first if first < m else -1
+
+
+@njit(inline="always", cache=True)
+def tile_nonfinite(bits, m):  # type: ignore[no-untyped-def]
+    """Whether a decoded tile (float32 bits) holds NaN/Inf, an exponent of all ones: an integer
+    OR, which vectorises."""
+    found = np.uint32(0)
+    for i in range(m):
+        found |= np.uint32((bits[i] & _EXPONENT) == _EXPONENT)
+    return found != np.uint32(0)
+
+
+@njit(cache=True)
+def lowest(firsts):  # type: ignore[no-untyped-def]
+    """The smallest of the per-thread positions that found something (>= 0), or -1."""
+    found = -1
+    for w in range(firsts.shape[0]):
+        if firsts[w] >= 0 and (found < 0 or firsts[w] < found):
+            found = firsts[w]
+    return found
 
 
 @njit(parallel=True, nogil=True, cache=True)
