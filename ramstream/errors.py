@@ -51,6 +51,10 @@ class ConfigError(RamstreamError):
     """Options that are invalid or contradict each other."""
 
 
+class DeviceError(RamstreamError):
+    """The GPU failed: out of memory (other processes, or a budget too large), or a CUDA error."""
+
+
 class MissingDependencyError(RamstreamError):
     """An optional dependency (matplotlib for plots, pandas for DataFrames) that is not installed."""
 

@@ -106,3 +106,10 @@ class ForgetfulGpu(SimulatedGpu):
 
     def compute_waits(self, event: Event) -> None:
         pass
+
+
+class FullGpu(SimulatedGpu):
+    """A GPU whose memory other processes took: a device allocation fails as CUDA's does."""
+
+    def device_buffer(self, host: torch.Tensor) -> torch.Tensor:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB (simulated)")

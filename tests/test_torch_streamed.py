@@ -26,7 +26,7 @@ from ramstream.backends.torch import backend as torch_backend  # noqa: E402
 from ramstream.backends.torch.staging import MIN_PIECE, InputRing, Part, pieces, slot_bytes  # noqa: E402
 from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError, RamstreamError  # noqa: E402
 from tests.families import Family, build_family  # noqa: E402
-from tests.simulated_gpu import ForgetfulGpu, SimulatedGpu  # noqa: E402
+from tests.simulated_gpu import ForgetfulGpu, FullGpu, SimulatedGpu  # noqa: E402
 from tests.test_backends import METHODS, NumbaBytes, _merge  # noqa: E402
 
 SHAPES = {
@@ -261,3 +261,15 @@ def test_histograms_too_large_for_the_gpu_budget_are_one_line(tmp_path: Path) ->
     message = str(caught.value)
     assert "--gpu-memory 16MiB cannot hold the fine magnitude histograms of 10 agents (10 MiB" in message
     assert "give --gpu-memory 24MiB or more" in message
+
+
+def test_a_gpu_out_of_memory_is_one_line_naming_the_budget(family: Family, tmp_path: Path) -> None:
+    """CUDA's out-of-memory error, raised when the device buffers are allocated, reaches the user
+    as one line naming --gpu-memory, and nothing that looks finished is left."""
+    out = tmp_path / "out"
+    with simulated_gpu(lambda: FullGpu()), pytest.raises(RamstreamError) as caught:
+        _merge(family, out, "ties", {"density": 0.5}, "torch", device="cpu")
+    message = str(caught.value)
+    assert "\n" not in message and "ran out of memory" in message, message
+    assert "--gpu-memory (16MiB)" in message and "give a smaller --gpu-memory" in message, message
+    assert not (out / "ramstream_merge.json").exists()

@@ -43,7 +43,7 @@ from ramstream.backends.torch.staging import ALIGN, InputRing, OutputRing, Part,
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
 from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.config import show_size
-from ramstream.errors import ConfigError
+from ramstream.errors import ConfigError, DeviceError
 from ramstream.format.dtypes import FloatCode
 from ramstream.io.reader import InputFiles
 
@@ -87,13 +87,19 @@ class TorchBackend:
         else:
             self._gpu_budget, self._slot, self._pool = 0, 0, None
             self.workers = self.threads  # CPU: one range of tiles per thread
-        self._rings = [
-            (
-                InputRing(streams, DEPTH, self._slot, self._pool, self.threads),
-                OutputRing(streams, DEPTH, self._slot // 2, self._pool),
-            )
-            for _ in range(self.workers)
-        ]
+        try:
+            with self._device_errors():  # the rings' device buffers are allocated now
+                self._rings = [
+                    (
+                        InputRing(streams, DEPTH, self._slot, self._pool, self.threads),
+                        OutputRing(streams, DEPTH, self._slot // 2, self._pool),
+                    )
+                    for _ in range(self.workers)
+                ]
+        except BaseException:
+            if self._pool is not None:
+                self._pool.shutdown()
+            raise
         self._workers_pool: ThreadPoolExecutor | None = None
         self._files = InputFiles()
 
@@ -110,10 +116,29 @@ class TorchBackend:
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads if self._streamed else 1)
         try:
-            with torch.inference_mode():
+            with self._device_errors(), torch.inference_mode():
                 yield
         finally:
             torch.set_num_threads(before)
+
+    @contextmanager
+    def _device_errors(self) -> Iterator[None]:
+        """CUDA's out-of-memory and other errors as one line that says what to do."""
+        try:
+            yield
+        except torch.cuda.OutOfMemoryError as error:
+            raise DeviceError(
+                f"{self.device} ran out of memory ({_first_line(error)}); other processes may hold GPU memory, or "
+                f"--gpu-memory ({show_size(self._gpu_budget)}) is more than the GPU can give: give a smaller "
+                "--gpu-memory, or free the GPU"
+            ) from error
+        except RuntimeError as error:
+            if "CUDA" not in str(error):
+                raise
+            raise DeviceError(
+                f"{self.device} failed: {_first_line(error)}; run again (the merge resumes), with a smaller "
+                "--gpu-memory or --device cpu if it fails again"
+            ) from error
 
     def _tile_elems(self, parts: Sequence[Part], inputs: int, align: int, fixed: int = 0) -> int:
         """Elements per tile: a multiple of ``align`` (at least one), within the staging slot and,
@@ -182,11 +207,14 @@ class TorchBackend:
                         begun.append(inputs.begin(parts, *tiles[k + 1]))
                     tile(w, lo, m, staged, outputs)
                     inputs.consumed()
-        except BaseException:  # a failed read or tile: nothing more may land in the caller's buffers
-            for staging in begun:
-                wait(staging.reads)  # nor in the ring's, which the next call reuses
-            outputs.discard()
-            raise
+        except BaseException as first:  # a failed read or tile: nothing more may land in the caller's buffers
+            try:
+                for staging in begun:
+                    wait(staging.reads)  # nor in the ring's, which the next call reuses
+                outputs.discard()
+            except Exception:  # a failing GPU fails again here: the first error is the one to report
+                pass
+            raise first
         outputs.flush()
 
     def _cpu_pool(self) -> ThreadPoolExecutor:
@@ -592,6 +620,10 @@ class TorchBackend:
             if pool is not None:
                 pool.shutdown()
         self._files.close()
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _read_error(sources: BlockSources, k: int) -> Callable[[], Exception]:
