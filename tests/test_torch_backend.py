@@ -241,7 +241,7 @@ def test_tiles_smaller_than_a_block_give_the_numba_bytes(
     across tiles); DELLA rounds a tile up to whole slices."""
     expected = _merge(odd_family, tmp_path / "numba" / "out", method, given, "numba")
     monkeypatch.setattr(torch_backend, "CPU_TILE", 64)
-    assert _merge(odd_family, tmp_path / "torch" / "out", method, given, "torch") == expected
+    assert _merge(odd_family, tmp_path / "torch" / "out", method, given, "torch", device="cpu") == expected
 
 
 # -- errors a user can cause ----------------------------------------------------------------------
@@ -394,7 +394,7 @@ def test_cuda_codecs_and_rng_give_the_cpu_bits(code: FloatCode) -> None:
 
 def test_a_torch_backend_scopes_its_threads_and_sets_no_environment(odd_family: Family, tmp_path: Path) -> None:
     before, threads = dict(os.environ), torch.get_num_threads()
-    _merge(odd_family, tmp_path / "out", "ties", {"density": 0.3}, "torch")
+    _merge(odd_family, tmp_path / "out", "ties", {"density": 0.3}, "torch", device="cpu")
     assert dict(os.environ) == before and torch.get_num_threads() == threads
 
 

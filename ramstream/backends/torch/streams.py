@@ -108,15 +108,20 @@ class CpuStreams:
 
 
 class CudaStreams:
-    """A copy stream beside the device's current (compute) stream."""
+    """A copy stream beside the compute stream: the current stream of the thread that launches the
+    tile's kernels, taken at each use (a caller that runs ramstream inside its own stream gets its
+    kernels ordered on that stream, not on the one current when the backend was built)."""
 
     separate = True
     DEFAULT_FRACTION = 0.5  # of the device's free memory, without --gpu-memory
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.compute = torch.cuda.current_stream(device)
         self.copy = torch.cuda.Stream(device)
+
+    @property
+    def compute(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
 
     def budget(self, given: int | None) -> int:
         if given is not None:
