@@ -273,3 +273,21 @@ def test_a_gpu_out_of_memory_is_one_line_naming_the_budget(family: Family, tmp_p
     assert "\n" not in message and "ran out of memory" in message, message
     assert "--gpu-memory (16MiB)" in message and "give a smaller --gpu-memory" in message, message
     assert not (out / "ramstream_merge.json").exists()
+
+
+def test_a_probe_of_many_agents_stays_within_the_gpu_budget(tmp_path: Path) -> None:
+    """The probe's overlap counts of 64 agents (64 x 64 pairs per element, were they all held at
+    once) stay inside the 16 MiB budget like every other temporary, and equal Numba's."""
+    shapes = {"model.layers.0.mlp.up_proj.weight": (64, 512)}
+    many = build_family(tmp_path / "family", shapes=shapes, densities=tuple(0.01 + 0.015 * k for k in range(64)))
+    budget = 16 << 20
+    expected = _merge(many, tmp_path / "numba" / "out", "ram+", {}, "numba", block_elems=1 << 15)
+    with simulated_gpu(lambda: SimulatedGpu(budget=budget, delay=(0.0, 0.0)), work_bytes=torch_backend.WORK_BYTES):
+        got: dict[str, bytes] = {}
+        peak = _peak_torch_bytes(
+            lambda: got.update(
+                _merge(many, tmp_path / "torch" / "out", "ram+", {}, "torch", device="cpu", block_elems=1 << 15)
+            )
+        )
+    assert got == expected
+    assert peak <= budget, f"{peak / 2**20:.1f} MiB"

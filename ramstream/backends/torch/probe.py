@@ -31,13 +31,12 @@ def pack(on: torch.Tensor) -> torch.Tensor:
 def counts(on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int64 overlap (N, N): [t, k-1] elements where t and exactly k agents are active, and
     coverage (N+1,): [k] elements where exactly k agents are active (integer sums of masks: exact,
-    and no atomics)."""
+    and no atomics). One k at a time: an (N, m) temporary, never (N, N, m), so many agents stay
+    within the tile's budget."""
     n_agents = on.shape[0]
     count = on.sum(dim=0)  # int64 (m,)
-    ks = torch.arange(n_agents + 1, device=on.device).unsqueeze(1)
-    exactly = count.unsqueeze(0) == ks  # (N+1, m): exactly k agents active
-    coverage = exactly.sum(dim=1)
-    overlap = (on.unsqueeze(1) & exactly[1:].unsqueeze(0)).sum(dim=2)
+    coverage = torch.stack([(count == k).sum() for k in range(n_agents + 1)])
+    overlap = torch.stack([(on & (count == k)).sum(dim=1) for k in range(1, n_agents + 1)], dim=1)
     return overlap, coverage
 
 
