@@ -186,10 +186,6 @@ class Backend(Protocol):
         """True when the merged block ``out`` (the raw carrier of format ``out_code``) holds NaN/Inf."""
         ...
 
-    def first_nonfinite(self, arrays: BlockArrays) -> int:
-        """Block position of the first NaN/Inf in any input, or -1 (for passes that do not merge)."""
-        ...
-
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
         """int32 (N, HIGH_BINS): per agent, elements per high half (bits >> 16) of |tau| (float32)."""
         ...

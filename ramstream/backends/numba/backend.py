@@ -241,12 +241,6 @@ class NumbaBackend:
                 )
             )
 
-    def first_nonfinite(self, arrays: BlockArrays) -> int:
-        with self._scoped(arrays.size) as workers:
-            return int(
-                nonfinite.first_nonfinite(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, workers)
-            )
-
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
         with self._scoped(arrays.size) as workers:
             counts = np.zeros((workers, len(arrays.agents), HIGH_BINS), np.int32)

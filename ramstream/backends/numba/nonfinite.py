@@ -1,31 +1,15 @@
-"""NaN/Inf in a block: the first in the inputs, for merges that skip the probe pass (which checks
-too), and whether a merged output holds any (``count_exponent``: one parallel scan)."""
+"""NaN/Inf in a block: the first in a tile's inputs, for the merge kernels that report it (they
+look only where a cheap test saw one), and whether a merged output holds any
+(``count_exponent``: one parallel scan)."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-from ramstream.backends.numba.codecs import TILE, decode_tile
+from ramstream.backends.numba.codecs import decode_tile
 
 _EXPONENT = np.uint32(0x7F800000)
-
-
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def first_nonfinite(base, base_code, agents, agent_codes, workers):  # type: ignore[no-untyped-def]
-    """The lowest element index at which the base or any agent is NaN or Inf, or -1."""
-    n = base.shape[0]
-    n_tiles = (n + TILE - 1) // TILE
-    firsts = np.full(workers, -1, np.int64)
-    for w in prange(workers):
-        bits = np.empty(TILE, np.uint32)
-        for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
-            lo = tile * TILE
-            found = first_nonfinite_in(base, base_code, agents, agent_codes, lo, min(TILE, n - lo), bits)
-            if found >= 0:
-                firsts[w] = lo + found
-                break
-    return lowest(firsts)
 
 
 @njit(cache=True)

@@ -427,18 +427,6 @@ class TorchBackend:
             self._run(parts, arrays.size, tile)
             return self._found(first)
 
-    def first_nonfinite(self, arrays: BlockArrays) -> int:
-        codes = self._codes(arrays)
-        with self._scoped():
-            first = self._first()
-
-            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
-                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
-
-            self._run(self._array_parts(arrays), arrays.size, tile)
-            return self._found(first)
-
     # -- magnitudes -------------------------------------------------------------------------------
     @staticmethod
     def _abs_bits(raw: list[torch.Tensor], codes: list[int], agents: Sequence[int]) -> list[torch.Tensor]:
