@@ -173,10 +173,11 @@ def refinement(method: MagnitudeMethod, params: MagnitudeParams, ctx: StatsConte
     histogram once the high one is, the tie boundaries once the low one is. A sweep computes
     every density's in one pass per stage."""
     counts, n_cuts = cut_counts(method, params)
-    low = trim.place(ctx, counts, n_cuts, params.trim_scope).low_histogram()
+    placed = trim.place(ctx, counts, n_cuts, params.trim_scope)
+    low = placed.low_histogram()
     if low is None:
         return ()
-    ties = trim.tie_boundaries_ahead(ctx, counts, n_cuts, params.trim_scope, method.outliers)
+    ties = trim.tie_boundaries_ahead(ctx, placed, params.trim_scope, method.outliers)
     return (low,) if ties is None else (low, ties)
 
 

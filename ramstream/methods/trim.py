@@ -167,26 +167,26 @@ def place(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str) -> Plac
 def solve(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_takes_first: bool) -> Trim:
     """Gather the two histograms (two passes over the blocks, cached in the index), solve the cuts
     and find where their tie groups end (a third pass, over the blocks where they end)."""
-    kind, value, ties, first, straddle = _solved(ctx, counts, n_cuts, scope, lower_takes_first)
+    kind, value, ties, first, straddle = _solved(ctx, place(ctx, counts, n_cuts, scope), scope, lower_takes_first)
     boundary = np.where(first >= ties, _numel(ctx), 0).astype(np.int64)
     stat = _tie_statistic(kind, value, ties, first, straddle, lower_takes_first)
     if stat is not None:
         ctx.compute(stat)
-        inside = (kind == REAL) & (first > 0) & (first < ties)
+        inside = _ends_inside(kind, ties, first)
         for ti, found in tensor_totals(ctx, stat):
             boundary[ti] = np.where(inside[ti], found, boundary[ti])
     return Trim(kind, value, ties, first, straddle, boundary, lower_takes_first)
 
 
 def tie_boundaries_ahead(
-    ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_takes_first: bool
+    ctx: StatsContext, placed: Placement, scope: str, lower_takes_first: bool
 ) -> TieBoundary | None:
-    """Stage 3's statistic, once the low histogram is in the index (None until then, or when no
-    tie group ends inside a tensor): a sweep finds every candidate's tie boundaries in one pass."""
-    low = place(ctx, counts, n_cuts, scope).low_histogram()
+    """Stage 3's statistic, once stage 2's low histogram is in the index (None until then, or when
+    no tie group ends inside a tensor): a sweep finds every candidate's tie boundaries in one pass."""
+    low = placed.low_histogram()
     if low is None or not ctx.has(low):
         return None
-    return _tie_statistic(*_solved(ctx, counts, n_cuts, scope, lower_takes_first), lower_takes_first)
+    return _tie_statistic(*_solved(ctx, placed, scope, lower_takes_first), lower_takes_first)
 
 
 def _numel(ctx: StatsContext) -> np.ndarray:
@@ -203,18 +203,23 @@ def _tie_statistic(
 ) -> TieBoundary | None:
     """Where the tie groups that end inside a tensor end: the tensor position below which its
     ties form the group, found by scanning the one index block where it ends (cached)."""
-    if not ((kind == REAL) & (first > 0) & (first < ties)).any():
+    if not _ends_inside(kind, ties, first).any():
         return None
     flag = b"first" if lower_takes_first else b"last"
     return TieBoundary(digest(kind, value, ties, first, straddle, flag), value, first, straddle)
 
 
+def _ends_inside(kind: np.ndarray, ties: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Where a cut's first group of ties ends inside its tensor (neither none nor all of them)."""
+    return (kind == REAL) & (first > 0) & (first < ties)
+
+
 def _solved(
-    ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_takes_first: bool
+    ctx: StatsContext, placed: Placement, scope: str, lower_takes_first: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The cuts from the two histograms: kind, value, ties, first group and straddle per tensor,
-    agent and cut."""
-    placed = place(ctx, counts, n_cuts, scope)
+    """The cuts from stage 1's placement and the low histogram: kind, value, ties, first group and
+    straddle per tensor, agent and cut."""
+    n_cuts = placed.kind.shape[2]
     kind, targets, rank, merged = placed.kind, placed.targets, placed.rank, placed.merged
     plan = ctx.plan
     n_agents = len(ctx.family.agents)
