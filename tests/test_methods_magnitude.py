@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ramstream.api import MergeResult, merge
-from ramstream.backends.numba.della import RADIX, stable_order
+from ramstream.backends.numba.della import RADIX, sort_pairs
 from ramstream.config import RunOptions
 from ramstream.errors import ConfigError
 from ramstream.index.store import open_index_store
@@ -202,8 +202,9 @@ def test_della_rank_order_is_a_stable_sort(keys: list[int]) -> None:
     """Rows shorter than 64 sort packed (key, index) pairs, longer ones by radix: both stable."""
     values = np.array(keys, np.uint32)
     n = len(values)
-    order, scratch, packed = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.uint64)
-    stable_order(values, order, scratch, packed, np.empty(RADIX, np.int64))
+    packed = (values.astype(np.uint64) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+    ordered = sort_pairs(packed, np.empty(n, np.uint64), np.empty(RADIX, np.int64))
+    order = (ordered & np.uint64(0xFFFFFFFF)).astype(np.int64)
     np.testing.assert_array_equal(order, np.argsort(values, kind="stable"))
 
 

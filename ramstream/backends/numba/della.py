@@ -197,17 +197,6 @@ def _merge_slices(  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def stable_order(keys, order, scratch, packed, count):  # type: ignore[no-untyped-def]
-    """order <- the indices of ``keys`` (uint32) in ascending order, equal keys by index."""
-    n = keys.shape[0]
-    for j in range(n):
-        packed[j] = (np.uint64(keys[j]) << np.uint64(32)) | np.uint64(j)
-    ordered = sort_pairs(packed, scratch.view(np.uint64), count)
-    for j in range(n):
-        order[j] = np.int64(ordered[j] & _LOW32)
-
-
-@njit(cache=True)
 def sort_pairs(packed, scratch, count):  # type: ignore[no-untyped-def]
     """``packed`` (key << 32 | index, uint64) sorted ascending, in ``packed`` or ``scratch``
     (returned): by a sort for short rows, by an LSD radix sort for long ones (stable passes of
