@@ -375,13 +375,9 @@ class TorchBackend:
         if isinstance(keep, KeepCuts):
             values, ranges = keep.cuts.value.tolist(), keep.cuts.range.tolist()
 
-            def cut(t: int, lo: int, m: int, agent: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-                wide = magnitude.abs_bits(agent, base).to(torch.int64)
-                position = self._positions(lo, m)
-                (v0, v1), ((a0, e0), (a1, e1)) = values[t], ranges[t]
-                return magnitude.in_lower(wide, position, v1, a1, e1) & ~magnitude.in_lower(wide, position, v0, a0, e0)
-
-            return cut
+            return lambda t, lo, m, agent, base: magnitude.kept_by_cuts(
+                magnitude.abs_bits(agent, base), self._positions(lo, m), values[t], ranges[t]
+            )
         if isinstance(keep, KeepMagprune):
             prune = keep.params
             lo_p, width = self._f32(prune.lo), self._f32(prune.width)
@@ -480,13 +476,8 @@ class TorchBackend:
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 position = self._positions(lo, m)
-                rows = []
-                for t, bits in enumerate(self._abs_bits(raw, codes, range(n_agents))):
-                    wide = bits.to(torch.int64)
-                    (v0, v1), ((a0, e0), (a1, e1)) = values[t], ranges[t]
-                    upper = magnitude.in_lower(wide, position, v1, a1, e1)
-                    lower = magnitude.in_lower(wide, position, v0, a0, e0)
-                    rows.append(upper & ~lower)
+                bits = self._abs_bits(raw, codes, range(n_agents))
+                rows = [magnitude.kept_by_cuts(bits[t], position, values[t], ranges[t]) for t in range(n_agents)]
                 outputs.put(torch.stack(rows).to(torch.uint8), self._sink(keep, lo, lo + m))
 
             self._run(self._array_parts(arrays), arrays.size, tile)

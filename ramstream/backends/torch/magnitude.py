@@ -54,6 +54,16 @@ def add_low_counts(flat: torch.Tensor, bits: torch.Tensor, agents: torch.Tensor,
     flat.index_add_(0, first_bin.reshape(-1), zero.sum(dim=2).reshape(-1))
 
 
+def kept_by_cuts(
+    bits: torch.Tensor, position: torch.Tensor, values: list[int], ranges: list[list[int]]
+) -> torch.Tensor:
+    """bool: in cut 1's lower set and not in cut 0's, for one agent's |tau| ``bits`` (int32) at
+    block ``position``s, its cuts' ``values`` (2,) and tie ``ranges`` (2, 2)."""
+    wide = bits.to(torch.int64)
+    (v0, v1), ((a0, e0), (a1, e1)) = values, ranges
+    return in_lower(wide, position, v1, a1, e1) & ~in_lower(wide, position, v0, a0, e0)
+
+
 def in_lower(bits: torch.Tensor, position: torch.Tensor, value: int, begin: int, end: int) -> torch.Tensor:
     """A cut's lower set: bits < value, or bits == value at block positions [begin, end) (``bits``
     int64: a cut value may be 0xFFFFFFFF)."""
