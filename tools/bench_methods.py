@@ -34,16 +34,16 @@ from bench_spine import (  # a sibling tool, found through sys.path
     FULL,
     QUICK,
     REPO,
-    add_quiet_options,
+    add_run_options,
     ensure_family,
     git_commit,
     input_files,
     log,
     machine,
     measure,
+    parse_run_args,
     ramstream_cmd,
     read_inputs,
-    settle_quiet,
     step,
 )
 
@@ -225,21 +225,11 @@ def report(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default="bench-data", help="where the family is written once [bench-data]")
-    parser.add_argument("--memory", default="1GiB", help="--memory for the merges [1GiB]")
-    parser.add_argument("--threads", type=int, default=None, help="--threads for the merges [all cores]")
+    add_run_options(parser)
     parser.add_argument("--methods", default=",".join(METHODS), help=f"which, ram+ included [{','.join(METHODS)}]")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds; the medians are reported [1]")
-    parser.add_argument("--quick", action="store_true", help="a much smaller family: a smoke run in seconds")
     parser.add_argument("--before", default=None, help="also measure this git revision, interleaved (say HEAD~1)")
     parser.add_argument("--keep", action="store_true", help="keep the cache and outputs under DATA/runs-methods")
-    parser.add_argument("--json", default=None, help="also write the raw figures to this JSON file")
-    add_quiet_options(parser)
-    args = parser.parse_args()
-    if args.repeat < 1:
-        parser.error("--repeat must be at least 1")
-    settle_quiet(args)
-    return run(args)
+    return run(parse_run_args(parser))
 
 
 if __name__ == "__main__":

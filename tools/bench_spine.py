@@ -502,20 +502,31 @@ def settle_quiet(args: argparse.Namespace) -> None:
         args.retries = 0 if args.quick else 2
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the benchmarks that merge the spine's family: where it lives, the merges'
+    --memory and --threads, rounds, a quick family, a JSON copy, and how to wait for quiet."""
     parser.add_argument("--data", default="bench-data", help="where the family is written once [bench-data]")
     parser.add_argument("--memory", default="1GiB", help="--memory for the merges [1GiB]")
     parser.add_argument("--threads", type=int, default=None, help="--threads for the merges [all cores]")
-    parser.add_argument("--repeat", type=int, default=1, help="repetitions; the median is reported [1]")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; the median is reported [1]")
     parser.add_argument("--quick", action="store_true", help="a much smaller family: a smoke run in seconds")
     parser.add_argument("--json", default=None, help="also write the raw figures to this JSON file")
     add_quiet_options(parser)
+
+
+def parse_run_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse, check --repeat, and settle the quiet options' defaults."""
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     settle_quiet(args)
-    return run(args)
+    return args
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_options(parser)
+    return run(parse_run_args(parser))
 
 
 if __name__ == "__main__":
