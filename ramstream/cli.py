@@ -88,6 +88,47 @@ class FloatList(click.ParamType):
             self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
 
 
+def _yaml_flow(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(" ".join(str(exc).split())) from None
+
+
+class SettingValue(click.ParamType):
+    """A number, or a gradient / filters in YAML flow syntax, as in a mergekit config:
+    ``0.5``, ``[0, 0.5, 1]``, ``[{filter: self_attn, value: [0, 1]}, {value: 0.5}]``."""
+
+    name = "value"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            parsed = _yaml_flow(value)
+        except ValueError as exc:
+            self.fail(f"{value!r} is not a number, a gradient [a, b, ...] or filters in YAML flow ({exc})", param, ctx)
+        if parsed is None or isinstance(parsed, bool) or not isinstance(parsed, (int, float, str, list, dict)):
+            self.fail(f"{value!r} is not a number, a gradient [a, b, ...] or filters in YAML flow", param, ctx)
+        return parsed
+
+
+class SettingList(FloatList):
+    """Comma-separated values, one per agent or one for every agent; each a number, or (where a
+    method varies the parameter per tensor) a gradient or filters in YAML flow syntax."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[Any]:
+        if isinstance(value, list) or not any(c in str(value) for c in "[{"):
+            return super().convert(value, param, ctx)
+        try:
+            parsed = _yaml_flow(f"[{value}]")
+        except ValueError as exc:
+            self.fail(f"{value!r} is not a comma-separated list of values ({exc})", param, ctx)
+        return list(parsed)
+
+
 class Size(click.ParamType):
     name = "size"
 
@@ -259,7 +300,23 @@ def _method_options(f: F) -> F:
     """The baselines' options; per-agent ones take comma-separated lists (one value for all)."""
     per_agent = "one value per agent, comma-separated, or one for all"
     options: list[tuple[tuple[str, ...], dict[str, Any]]] = [
-        (("--weights",), {"type": FloatList(), "help": f"Agent weights w_t ({per_agent})."}),
+        (("--weights",), {"type": SettingList(), "help": f"Agent weights w_t ({per_agent})."}),
+        (
+            ("--t",),
+            {"type": SettingValue(), "help": "slerp: 0 gives the base, 1 the agent (a number, gradient or filters)."},
+        ),
+        (
+            ("--no-base",),
+            {"is_flag": True, "default": None, "help": "nuslerp/multislerp: BASE is a model like the agents."},
+        ),
+        (
+            ("--normalize-weights/--no-normalize-weights",),
+            {"default": None, "help": "multislerp: divide the weights by their sum [default: on]."},
+        ),
+        (("--nuslerp-row-wise",), {"type": bool, "help": "nuslerp: mergekit's nuslerp_row_wise."}),
+        (("--nuslerp-flatten",), {"type": bool, "help": "nuslerp: whole tensors as vectors [default: true]."}),
+        (("--max-iter",), {"type": click.IntRange(min=0), "help": "karcher: iterations at most [default: 10]."}),
+        (("--tol",), {"type": float, "help": "karcher: convergence tolerance [default: 1e-5]."}),
         (("--base-weight",), {"type": float, "help": "linear: the base's own weight [default: 0, no part]."}),
         (("--lambda", "lambda_"), {"type": float, "help": "Multiplier of the merged task vector."}),
         (("--density",), {"type": FloatList(), "help": f"Fraction of each task vector kept ({per_agent})."}),

@@ -27,9 +27,13 @@ like any other (mergekit adds ``base_model`` to linear's inputs when it is not l
 passes its weight as ``base_weight``), for the other methods it is the base. Relative paths are
 relative to the working directory, as in mergekit; a model that is no existing path and reads as
 ``org/name[@revision]`` is a Hugging Face hub id, resolved when the checkpoints are opened.
-Everything else is refused by name, in one line: slices, modules, gradients (lists of values),
-per-tensor filters, LoRA (``model+lora``), tokenizer merging, parameters the method does not
-read, and any ``dtype`` other than float32 (ramstream's arithmetic is float32, always; see
+Gradients (lists of values over the layers) and filters (``{filter: self_attn, value: ...}``)
+are read for the parameters ramstream varies per tensor (slerp's ``t``, the spherical methods'
+``weight``; see ``methods.tensor_settings``). nuslerp, multislerp and karcher run without a
+base_model as mergekit does: the first model becomes ramstream's BASE, a model like the others
+(``no_base``). Everything else is refused by name, in one line: slices, modules, gradients and
+filters of other parameters, LoRA (``model+lora``), tokenizer merging, parameters the method does
+not read, and any ``dtype`` other than float32 (ramstream's arithmetic is float32, always; see
 docs/methods.md).
 """
 
@@ -60,6 +64,7 @@ class Param:
     scope: Scope
     kind: Kind
     default: float | bool | None = None
+    varying: bool = False  # takes gradients and filters (a value per tensor)
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ class MethodMap:
     params: tuple[Param, ...]
     fixed: tuple[tuple[str, Any], ...] = ()
     implied: tuple[tuple[str, Any], ...] = ()
+    base: Literal["required", "optional"] = "required"  # optional: without base_model, BASE is a model
+    agents: tuple[int, int | None] = (1, None)  # how many models besides the base (min, max)
 
 
 WEIGHT = Param("weight", "weights", "model", "float")
@@ -82,6 +89,8 @@ NORMALIZE = Param("normalize", "normalize", "shared", "bool")
 RESCALE = Param("rescale", "rescale", "shared", "bool")
 RAM_EPSILON = Param("epsilon", "eps", "shared", "float", 1e-5)
 INT8_MASK = Param("int8_mask", "int8_mask", "shared", "bool", False)
+T = Param("t", "t", "shared", "float", varying=True)
+SPHERE_WEIGHT = Param("weight", "weights", "model", "float", varying=True)
 
 _GTA = (WEIGHT, LAMBDA, NORMALIZE)
 _SPARSE = (*_GTA, DENSITY, RESCALE)
@@ -105,6 +114,27 @@ METHODS: dict[str, MethodMap] = {
         fixed=(("rho_scope", "tensor"),),
         implied=(("alpha", 0.2),),
     ),
+    "slerp": MethodMap("slerp", (T,), agents=(1, 1)),
+    "nuslerp": MethodMap(
+        "nuslerp",
+        (
+            SPHERE_WEIGHT,
+            Param("nuslerp_row_wise", "nuslerp_row_wise", "shared", "bool", False),
+            Param("nuslerp_flatten", "nuslerp_flatten", "shared", "bool", True),
+        ),
+        base="optional",
+        agents=(2, 2),
+    ),
+    "multislerp": MethodMap(
+        "multislerp",
+        (SPHERE_WEIGHT, Param("normalize_weights", "normalize_weights", "shared", "bool", True)),
+        base="optional",
+    ),
+    "karcher": MethodMap(
+        "karcher",
+        (Param("max_iter", "max_iter", "shared", "float", 10), Param("tol", "tol", "shared", "float", 1e-5)),
+        base="optional",
+    ),
 }
 
 # Parameters mergekit declares that ramstream takes at mergekit's default only: ones that change
@@ -121,6 +151,7 @@ _DEFAULT_ONLY: dict[str, dict[str, tuple[Param, str]]] = {
         m: {"int8_mask": (INT8_MASK, _INERT)}
         for m in ("ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear")
     },
+    "multislerp": {"eps": (Param("eps", "eps", "shared", "float", 1e-8), "is not supported: only eps: 1e-8")},
     "model_stock": {
         "filter_wise": (
             Param("filter_wise", "filter_wise", "shared", "bool", False),
@@ -157,6 +188,13 @@ FLAGS = {
     "normalize": "--normalize/--no-normalize",
     "trim_scope": "--trim-scope",
     "rescale": "--rescale",
+    "t": "--t",
+    "no_base": "--no-base",
+    "normalize_weights": "--normalize-weights",
+    "nuslerp_row_wise": "--nuslerp-row-wise",
+    "nuslerp_flatten": "--nuslerp-flatten",
+    "max_iter": "--max-iter",
+    "tol": "--tol",
 }
 _API_KEYS = ("method", "r", "alpha", "rho_scope", "lambda_rule", "eps", "out_dtype")
 
@@ -235,6 +273,8 @@ def parse(doc: Any, source: Path) -> ConfigMerge:
     top = _parameters(doc.get("parameters"), "parameters", fail)
     if name == "linear":
         return _linear(source, base, inputs, top, settings, fail)
+    if base is None and spec.base == "optional":
+        return _without_base(source, name, spec, inputs, top, settings, fail)
     if base is None:
         raise fail(f"base_model is required: {name} merges task vectors against a base")
     else:
@@ -244,10 +284,39 @@ def parse(doc: Any, source: Path) -> ConfigMerge:
         inputs = [(path, params) for path, params in inputs if not _same(path, base)]
         if not inputs:
             raise fail("models lists no model other than base_model: nothing to merge")
+    _count(name, spec, len(inputs), fail)
     agents = tuple(path for path, _ in inputs)
     settings.update(_method_settings(name, spec, top, [params for _, params in inputs], fail))
     settings.update(dict(spec.fixed))
     return ConfigMerge(source, base, agents, settings)
+
+
+def _count(name: str, spec: MethodMap, models: int, fail: Fail, extra: str = "") -> None:
+    low, high = spec.agents
+    if models < low or (high is not None and models > high):
+        wanted = f"exactly {low}" if low == high else f"at least {low}" if high is None else f"{low} to {high}"
+        raise fail(f"{name} merges {wanted} model(s) besides base_model; the config lists {models}{extra}")
+
+
+def _without_base(
+    source: Path,
+    name: str,
+    spec: MethodMap,
+    inputs: list[tuple[Path, dict[str, Any]]],
+    top: dict[str, Any],
+    settings: dict[str, Any],
+    fail: Fail,
+) -> ConfigMerge:
+    """A method that merges the models themselves when there is no base_model (nuslerp,
+    multislerp, karcher): ramstream's BASE is the first model, and ``no_base`` says it is a
+    model like the others."""
+    if len(inputs) < 2:
+        raise fail(f"{name} without base_model needs at least two models")
+    _count(name, spec, len(inputs), fail, " (here without base_model: all of them)")
+    settings.update(_method_settings(name, spec, top, [params for _, params in inputs], fail))
+    if name != "karcher":  # karcher treats the base as one more input anyway
+        settings["no_base"] = True
+    return ConfigMerge(source, inputs[0][0], tuple(path for path, _ in inputs[1:]), settings)
 
 
 def _linear(
@@ -347,15 +416,18 @@ def _parameters(value: Any, where: str, fail: Fail) -> dict[str, Any]:
         return {}
     if not isinstance(value, Mapping):
         raise fail(f"{where}.parameters must be a mapping of parameter names to values")
-    out = {}
-    for key, setting in value.items():
-        if isinstance(setting, list):
-            kind = "per-tensor filters" if any(isinstance(s, Mapping) for s in setting) else "gradients"
-            raise fail(f"{where}.{key}: {kind} (lists of values) are not supported; give one value")
-        if isinstance(setting, Mapping):
-            raise fail(f"{where}.{key}: per-tensor filters are not supported; give one value")
-        out[str(key)] = setting
-    return out
+    return {str(key): setting for key, setting in value.items()}
+
+
+def _refuse_varying(param: Param | None, key: str, value: Any, where: str, fail: Fail) -> None:
+    """Gradients and filters where ramstream cannot vary the parameter per tensor yet."""
+    if (param is not None and param.varying) or not isinstance(value, (list, Mapping)):
+        return
+    kind = "gradients" if isinstance(value, list) and not any(isinstance(s, Mapping) for s in value) else "filters"
+    raise fail(
+        f"{where}.{key}: per-tensor {kind} are not supported for {key} yet (they are for slerp's t and the "
+        "spherical methods' weight); give one value"
+    )
 
 
 def _method_settings(
@@ -366,6 +438,7 @@ def _method_settings(
     scopes = [("parameters", top), *((f"models[{i}]", p) for i, p in enumerate(per_model))]
     for where, params in scopes:
         for key, value in params.items():
+            _refuse_varying(known.get(key), key, value, where, fail)
             if key in default_only:
                 param, reason = default_only[key]
                 if _value(param, value, where, fail) != param.default:
@@ -377,12 +450,63 @@ def _method_settings(
                 raise fail(f"{where}.{key}: {key} is one value for the whole merge: set it in the top-level parameters")
     settings: dict[str, Any] = {}
     for param in spec.params:
-        if param.scope == "shared":
+        if param.varying:
+            settings.update(_varying(param, top, per_model, name, fail))
+        elif param.scope == "shared":
             if param.name in top:
                 settings[param.option] = _value(param, top[param.name], "parameters", fail)
         elif param.name in top or any(param.name in p for p in per_model):
             settings[param.option] = [_model_value(param, top, p, i, name, fail) for i, p in enumerate(per_model)]
     return settings
+
+
+def _varying(
+    param: Param, top: dict[str, Any], per_model: list[dict[str, Any]], name: str, fail: Fail
+) -> dict[str, Any]:
+    """A parameter that may differ per tensor, as ``methods.tensor_settings`` reads it: the
+    model's setting first, then the top-level one, then mergekit's default."""
+    if param.scope == "shared":
+        value = _chain(param, [top.get(param.name)], "parameters", fail)
+        return {} if value is None else {param.option: value}
+    if param.name not in top and not any(param.name in p for p in per_model):
+        return {}
+    values = []
+    for i, p in enumerate(per_model):
+        value = _chain(param, [p.get(param.name), top.get(param.name)], f"models[{i}]", fail)
+        if value is None:
+            raise fail(f"models[{i}]: {param.name} is missing; {name} needs one for every model when any has one")
+        values.append(value)
+    return {param.option: values}
+
+
+def _chain(param: Param, scopes: list[Any], where: str, fail: Fail) -> Any:
+    """The scopes' settings as one list of conditions, tried in order (the method's parser,
+    ``methods.tensor_settings``, reads it); a plain value when that is all there is."""
+    conditions: list[Any] = []
+    for value in scopes:
+        if value is None:
+            continue
+        if isinstance(value, Mapping):
+            conditions.append(value)
+        elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            conditions += value
+        elif isinstance(value, list) and any(isinstance(v, (list, Mapping)) for v in value):
+            raise fail(f"{where}.{param.name}: a gradient is a list of numbers, got {value!r}")
+        else:
+            conditions.append({"value": value})
+    default = _default(param)
+    if default is not None:
+        conditions.append({"value": default})
+    if not conditions:
+        return None
+    first = conditions[0]
+    if "filter" not in first and len(first) == 1 and "value" in first:
+        return first["value"]  # it applies everywhere: the rest are never asked
+    return conditions
+
+
+def _default(param: Param) -> float | None:
+    return None if param.default is None else float(param.default)
 
 
 def _model_value(param: Param, top: dict[str, Any], params: dict[str, Any], i: int, name: str, fail: Fail) -> Any:

@@ -294,11 +294,19 @@ def test_exact_sum_kernels_match_fractions(
         assert finish(sums[t, 1]) == _grouped_exact(np.where(mask[t] != 0, taus[t], 0.0).tolist())
     pairs = [(a, b) for a in range(N) for b in range(a, N)]
     acc = np.zeros((workers, len(pairs), BINS + 1), np.int64)
-    gram_block(raw_base, BF16, raw_agents, codes, acc, nonfinite)
+    gram_block(raw_base, BF16, raw_agents, codes, False, acc, nonfinite)
     gram = np.asarray(reduce_workers(acc))
     signed = [(a - base).astype(np.float64) for a in agents]
     for k, (a, b) in enumerate(pairs):
         assert finish(gram[k]) == _grouped_exact((signed[a] * signed[b]).tolist())
+    # over the weights themselves, the base first
+    weights = [base.astype(np.float64), *(a.astype(np.float64) for a in agents)]
+    pairs = [(a, b) for a in range(N + 1) for b in range(a, N + 1)]
+    acc = np.zeros((workers, len(pairs), BINS + 1), np.int64)
+    gram_block(raw_base, BF16, raw_agents, codes, True, acc, nonfinite)
+    gram = np.asarray(reduce_workers(acc))
+    for k, (a, b) in enumerate(pairs):
+        assert finish(gram[k]) == _grouped_exact((weights[a] * weights[b]).tolist())
 
 
 def test_exact_sums_add_across_blocks(
@@ -312,7 +320,7 @@ def test_exact_sums_add_across_blocks(
     def partial(lo: int, hi: int) -> np.ndarray:
         acc = np.zeros((2, pairs, BINS + 1), np.int64)
         part = tuple(_readonly(a[lo:hi]) for a in raw_agents)
-        gram_block(_readonly(raw_base[lo:hi]), BF16, part, codes, acc, np.empty(2, np.int64))
+        gram_block(_readonly(raw_base[lo:hi]), BF16, part, codes, False, acc, np.empty(2, np.int64))
         return np.asarray(reduce_workers(acc))
 
     whole = partial(0, LENGTH)
@@ -331,7 +339,7 @@ def test_exact_sum_kernels_flag_nonfinite(
     agents[2] = _readonly(bad)
     acc = np.zeros((2, N * (N + 1) // 2, BINS + 1), np.int64)
     nonfinite = np.empty(2, np.int64)
-    gram_block(raw_base, BF16, tuple(agents), np.full(N, BF16, np.int64), acc, nonfinite)
+    gram_block(raw_base, BF16, tuple(agents), np.full(N, BF16, np.int64), False, acc, nonfinite)
     assert nonfinite[nonfinite >= 0].min() == 700
 
 

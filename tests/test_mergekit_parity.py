@@ -58,7 +58,8 @@ SEED = 7
 
 # name -> (mergekit merge_method, top-level parameters, per-agent parameters, the base model's
 # entry in models: its parameters, None (not listed) or "appended" (not listed; linear only:
-# base_model given all the same, so mergekit appends it to the inputs))
+# base_model given all the same, so mergekit appends it to the inputs), or "absent" (no
+# base_model: the base file is the first model, taking the first per-agent parameters))
 Case = tuple[str, dict[str, Any], list[dict[str, Any]], dict[str, Any] | str | None]
 WEIGHTS = [{"weight": 0.7}, {"weight": 0.5}, {"weight": 1.0}]
 DETERMINISTIC: dict[str, Case] = {
@@ -80,6 +81,25 @@ DETERMINISTIC: dict[str, Case] = {
     "breadcrumbs": ("breadcrumbs", {"density": 0.5, "gamma": 0.05}, WEIGHTS, None),
     "breadcrumbs_ties": ("breadcrumbs_ties", {"density": 0.3, "gamma": 0.01}, WEIGHTS, None),
     "model_stock": ("model_stock", {}, [{}, {}, {}], {}),
+    "slerp": ("slerp", {"t": 0.3}, [{}], {}),
+    "slerp-filters-gradients": (
+        "slerp",
+        {
+            "t": [
+                {"filter": "self_attn", "value": [0.1, 0.9]},
+                {"filter": "mlp", "value": [0.8, 0.25]},
+                {"value": 0.6},
+            ]
+        },
+        [{}],
+        {},
+    ),
+    "nuslerp": ("nuslerp", {}, [{"weight": 0.3}, {"weight": 0.9}], None),
+    "nuslerp-no-base": ("nuslerp", {}, [{"weight": 1.0}, {"weight": [0.2, 2.0]}], "absent"),
+    "multislerp": ("multislerp", {}, WEIGHTS, None),
+    "multislerp-no-base": ("multislerp", {"normalize_weights": False}, [{"weight": 0.4}, {"weight": 0.6}], "absent"),
+    "karcher": ("karcher", {}, [{}, {}, {}], None),
+    "karcher-tol": ("karcher", {"max_iter": 3, "tol": 1e-3}, [{}, {}], "absent"),
 }
 RANDOM: dict[str, Case] = {
     "dare_linear": ("dare_linear", {"density": 0.5, "weight": 1.0}, [{}, {}, {}], None),
@@ -141,7 +161,13 @@ def write_config(path: Path, fam: Family, case: Case, agents: int | None = None)
     for agent, params in zip(fam.agents[: agents or len(per_agent)], per_agent, strict=True):
         models.append({"model": str(agent), **({"parameters": params} if params else {})})
     doc: dict[str, Any] = {"merge_method": method, "models": models}
-    if method != "linear" or base_entry is not None:  # mergekit's linear weighs a base_model as an input
+    if base_entry == "absent":  # the models alone (nuslerp, multislerp, karcher): the base is the first
+        models.insert(0, {"model": str(fam.base), **({"parameters": per_agent[0]} if per_agent[0] else {})})
+        models[1:] = [
+            {"model": str(agent), **({"parameters": params} if params else {})}
+            for agent, params in zip(fam.agents, per_agent[1:], strict=False)
+        ]
+    elif method != "linear" or base_entry is not None:  # mergekit's linear weighs a base_model as an input
         doc["base_model"] = str(fam.base)
     if top:
         doc["parameters"] = top

@@ -210,8 +210,10 @@ class Backend(Protocol):
         order, then added exactly."""
         ...
 
-    def gram(self, arrays: BlockArrays) -> ExactSums:
-        """Exact sums of tau_a * tau_b for every pair a <= b ((0,0), (0,1), ...): (pairs, BINS + 1)."""
+    def gram(self, arrays: BlockArrays, weights: bool = False) -> ExactSums:
+        """Exact sums of tau_a * tau_b for every pair a <= b ((0,0), (0,1), ...): (pairs, BINS + 1);
+        with ``weights``, of x_a * x_b over the weights themselves, the base first (N + 1 vectors).
+        A NaN/Inf value counts as 0 and is reported."""
         ...
 
     def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from ramstream.errors import CorruptFileError
@@ -28,6 +29,16 @@ COPIED_FILES = (
     "chat_template.json",
     "generation_config.json",
 )
+
+
+# A decoder layer's tensors: ``model.layers.3.``, GPT-2's ``h.3.``, ``blocks.3.``...
+LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
+
+
+def layer_of(name: str) -> int | None:
+    """The layer a tensor belongs to, from its name; None outside the layers (embeddings, head)."""
+    match = LAYER.search(name)
+    return None if match is None else int(match.group(1))
 
 
 def shard_names(index: Path) -> list[str]:

@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ramstream.format.names import LAYER
+
 Kind = Literal["embedding", "attention", "mlp", "norm", "head", "other"]
 KIND_ORDER: tuple[Kind, ...] = ("embedding", "attention", "mlp", "norm", "other", "head")
 
-_LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
 _CONTAINERS = ("model.", "transformer.", "language_model.", "decoder.", "encoder.")
 _EXPERT = re.compile(r"(^|\.)experts\.\d+\.")
 _NORM = re.compile(r"(norm|(^|[._])ln(_?\w*)?$)")
@@ -44,7 +45,7 @@ class Role:
 
 
 def role_of(name: str) -> Role:
-    match = _LAYER.search(name)
+    match = LAYER.search(name)
     if match is not None:
         layer: int | None = int(match.group(1))
         module = name[match.end() :]

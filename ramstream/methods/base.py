@@ -78,6 +78,9 @@ class MethodSpec:
     # it runs, asking the context only what ``prepare`` would: a sweep computes its candidates'
     # together, in one pass, rather than a pass per candidate. None where there are none.
     statistics_ahead: Callable[[Any, StatsContext], tuple[BlockStatistic, ...]] | None = None
+    # check(params, tensor names) -> None: refuse, before any work, parameters the model's tensors
+    # contradict (a filter matching no tensor, a gradient longer than the layers).
+    check: Callable[[Any, Sequence[str]], None] | None = None
 
 
 def refuse_unknown(method: str, options: Mapping[str, Any], allowed: set[str]) -> None:

@@ -8,7 +8,7 @@ from ramstream.registry import Registry
 
 def _builtin_methods() -> list[MethodSpec]:
     """Every method ramstream ships, in the order ``--help`` lists them."""
-    from ramstream.methods import dare, della, linear, magnitude, model_stock, ram, task_arithmetic
+    from ramstream.methods import dare, della, linear, magnitude, model_stock, ram, slerp, sphere_mean, task_arithmetic
 
     return [
         *(ram.ram_spec(name) for name in ram.RAM_METHODS),
@@ -19,6 +19,10 @@ def _builtin_methods() -> list[MethodSpec]:
         model_stock.MODEL_STOCK,
         *(magnitude.magnitude_spec(name) for name in magnitude.MAGNITUDE_METHODS),
         *(della.della_spec(name) for name in della.DELLA_METHODS),
+        slerp.SLERP,
+        slerp.NUSLERP,
+        sphere_mean.MULTISLERP,
+        sphere_mean.KARCHER,
     ]
 
 

@@ -95,6 +95,8 @@ def plan_output(
 ) -> OutputPlan:
     """The output's dtypes and run record; a broken base config.json or tokenizer file is refused
     now, not after the merge pass."""
+    if spec.check is not None:
+        spec.check(params, list(family.base.tensors))
     dtypes = out_dtypes(family, out_dtype)
     merged_config(base_files(family.base).config, family, dtypes)
     run = {

@@ -1,4 +1,5 @@
-"""Exact per-tensor sums over task vectors: DARE's L1 norms and model stock's Gram matrix.
+"""Exact per-tensor sums: DARE's L1 norms, model stock's Gram matrix of the task vectors, the
+spherical methods' Gram matrix of the weights.
 
 A block's partial is a set of renormalised ``exact_sum`` accumulator rows (int64); the rows of a
 tensor's blocks add without overflow (fewer than 2**31 blocks) and ``finish`` rounds the exact
@@ -80,6 +81,31 @@ class TaskVectorGram:
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
         result = backend.gram(arrays)
         _check_finite(result.first_nonfinite, arrays, self.allow_nonfinite)
+        return result.sums
+
+
+@dataclass(frozen=True)
+class WeightGram:
+    """Exact sums of x_a * x_b over the weights themselves, the base first (vector 0), for every
+    pair a <= b (``pairs(N + 1)`` order): the spherical methods' norms and angles."""
+
+    allow_nonfinite: bool = False  # NaN/Inf elements count as 0 instead of raising (not in the key)
+
+    @property
+    def key(self) -> str:
+        return "weight_gram_v1"
+
+    def shape(self, n_agents: int) -> tuple[int, ...]:
+        return (len(pairs(n_agents + 1)), BINS + 1)
+
+    @property
+    def dtype(self) -> str:
+        return "int64"
+
+    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        result = backend.gram(arrays, weights=True)
+        if result.first_nonfinite >= 0 and not self.allow_nonfinite:
+            raise arrays.nonfinite_error(result.first_nonfinite)
         return result.sums
 
 

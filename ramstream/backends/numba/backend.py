@@ -300,13 +300,13 @@ class NumbaBackend:
             total = np.asarray(exact_stats.reduce_workers(acc)).reshape(n_agents, 2, BINS + 1)
         return ExactSums(total, _first(bad))
 
-    def gram(self, arrays: BlockArrays) -> ExactSums:
-        n_agents = len(arrays.agents)
-        n_pairs = n_agents * (n_agents + 1) // 2
+    def gram(self, arrays: BlockArrays, weights: bool = False) -> ExactSums:
+        n_vectors = len(arrays.agents) + (1 if weights else 0)
+        n_pairs = n_vectors * (n_vectors + 1) // 2
         with self._scoped(arrays.size) as workers:
             acc = np.zeros((workers, n_pairs, BINS + 1), np.int64)
             bad = np.empty(workers, np.int64)
-            exact_stats.gram_block(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, acc, bad)
+            exact_stats.gram_block(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, weights, acc, bad)
             total = np.asarray(exact_stats.reduce_workers(acc))
         return ExactSums(total, _first(bad))
 

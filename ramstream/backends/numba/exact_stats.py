@@ -11,9 +11,10 @@ either those DARE keeps (``KEEP_RANDOM``: ``counter_rng.uniform(keys[t], start +
 or those a keep mask marks (``KEEP_ARRAY``: ``keep[t, i] != 0``; magnitude ranks, DELLA's draws);
 the modes of ``ramstream.backends.numba.keep``.
 ``gram_block``: per pair a <= b (in the order (0,0), (0,1), ..., (0,N-1), (1,1), ...),
-sum tau_a * tau_b (the product of two float32 values is exact in float64).
+sum tau_a * tau_b (the product of two float32 values is exact in float64); or the same sums over
+the weights themselves, the base's first (the spherical methods).
 
-Both record in ``nonfinite[w]`` the first element whose task vector is NaN/Inf (or -1), and
+Both record in ``nonfinite[w]`` the first element whose value (task vector or weight) is NaN/Inf (or -1), and
 count such elements as 0, so an accumulator never sees a non-finite value.
 """
 
@@ -78,10 +79,13 @@ def abs_sums_block(base, base_code, agents, agent_codes, keep_mode, keys, densit
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def gram_block(base, base_code, agents, agent_codes, acc, nonfinite):  # type: ignore[no-untyped-def]
-    """acc: int64 (workers, N (N + 1) / 2, BINS + 1) zeroed."""
+def gram_block(base, base_code, agents, agent_codes, weights, acc, nonfinite):  # type: ignore[no-untyped-def]
+    """acc: int64 (workers, V (V + 1) / 2, BINS + 1) zeroed, over V = N task vectors, or with
+    ``weights`` over the V = N + 1 weights themselves (the base first, then the agents)."""
     n = base.shape[0]
     n_agents = len(agents)
+    first = 1 if weights else 0
+    n_vectors = n_agents + first
     workers = acc.shape[0]
     n_tiles = (n + TILE - 1) // TILE
     zero = np.float32(0.0)
@@ -90,26 +94,34 @@ def gram_block(base, base_code, agents, agent_codes, acc, nonfinite):  # type: i
         agent_bits = np.empty(TILE, np.uint32)
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
-        taus = np.empty((n_agents, TILE), np.float32)
+        rows = np.empty((n_vectors, TILE), np.float32)
         sums = np.empty(TILE // GROUP, np.float64)
         first_bad = -1
         for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
             lo = tile * TILE
             m = min(TILE, n - lo)
             decode_tile(base, lo, m, base_code, base_bits)
+            if weights:
+                row = rows[0]
+                for i in range(m):
+                    value = base_vals[i]
+                    if value - value != zero:
+                        first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
+                        value = zero
+                    row[i] = value
             for t in range(n_agents):
                 decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
-                row = taus[t]
+                row = rows[first + t]
                 for i in range(m):
-                    tau = agent_vals[i] - base_vals[i]
-                    if tau - tau != zero:
+                    value = agent_vals[i] if weights else agent_vals[i] - base_vals[i]
+                    if value - value != zero:
                         first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
-                        tau = zero
-                    row[i] = tau
+                        value = zero
+                    row[i] = value
             pair = 0
-            for a in range(n_agents):
-                for b in range(a, n_agents):
-                    for g in range(_group_sums(taus[a], taus[b], True, m, sums)):
+            for a in range(n_vectors):
+                for b in range(a, n_vectors):
+                    for g in range(_group_sums(rows[a], rows[b], True, m, sums)):
                         add(acc[w, pair], sums[g])
                     pair += 1
         nonfinite[w] = first_bad

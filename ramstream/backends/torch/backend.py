@@ -539,9 +539,10 @@ class TorchBackend:
             sums = renormalised(total).reshape(n_agents, 2, BINS + 1)
             return ExactSums(sums, self._found(first))
 
-    def gram(self, arrays: BlockArrays) -> ExactSums:
+    def gram(self, arrays: BlockArrays, weights: bool = False) -> ExactSums:
         n_agents = len(arrays.agents)
-        pairs = [(a, b) for a in range(n_agents) for b in range(a, n_agents)]
+        n_vectors = n_agents + (1 if weights else 0)
+        pairs = [(a, b) for a in range(n_vectors) for b in range(a, n_vectors)]
         codes = self._codes(arrays)
         with self._scoped():
             zero = torch.zeros((), dtype=torch.float32, device=self._device)
@@ -552,15 +553,18 @@ class TorchBackend:
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 base = codecs.decode(raw[0], codes[0])
-                taus = []
+                values = [base] if weights else []
                 for t in range(n_agents):
-                    tau = codecs.decode(raw[1 + t], codes[1 + t]) - base
-                    first[w] = torch.minimum(first[w], probe.first_nonfinite([tau]) + lo)
-                    taus.append(torch.where(torch.isfinite(tau), tau, zero))
-                stacked = torch.stack(taus)
+                    agent = codecs.decode(raw[1 + t], codes[1 + t])
+                    values.append(agent if weights else agent - base)
+                rows = []
+                for value in values:
+                    first[w] = torch.minimum(first[w], probe.first_nonfinite([value]) + lo)
+                    rows.append(torch.where(torch.isfinite(value), value, zero))
+                stacked = torch.stack(rows)
                 exact_sums.accumulate(acc[w], exact_sums.product_group_sums(stacked[left], stacked[right]))
 
-            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_agents + 1)
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_vectors + 1)
             return ExactSums(renormalised(acc.sum(0).cpu().numpy()), self._found(first))
 
     # -- DELLA ------------------------------------------------------------------------------------
