@@ -41,7 +41,8 @@ from click.testing import CliRunner
 from ramstream.cli import main
 from ramstream.demo.samples import FamilyShape
 from ramstream.methods.registry import method_names
-from tests.families import Family, bf16_to_f32, build_family, read_model_dir, read_safetensors
+from tests import reference_sphere
+from tests.families import Family, bf16_to_f32, build_family, f32_to_bf16, read_model_dir, read_safetensors
 
 pytestmark = pytest.mark.slow
 
@@ -303,8 +304,48 @@ def test_deterministic_method_matches_mergekit(runs: Runs, name: str, record_pro
     result = compare(read_output(ramstream_merge(runs, name)), read_output(runs.mergekit[name]), runs.family)
     print("\n" + result.line(name))
     record_property("parity", result.line(name))
+    if name in FLOAT32_ITERATES:  # see test_spherical_means_differ_where_mergekit_rounds_in_float32
+        assert result.share >= 0.9995, result.line(name)
+        return
     assert result.share >= MIN_IDENTICAL, result.line(name)
     assert result.max_ulp <= 1, result.line(name)
+
+
+# mergekit computes multislerp's and karcher's intermediate vectors (unit vectors, means,
+# tangents) as float32 tensors, each rounded per element; ramstream computes their coefficients in
+# float64 from exact sums and rounds once. Where the two outputs differ, ramstream's is the float64
+# result rounded (checked against tests/reference_sphere.py) and mergekit's is not.
+FLOAT32_ITERATES = {"multislerp": [0, 1, 2], "karcher": [-1, 0, 1, 2]}
+
+
+@pytest.mark.parametrize("name", sorted(FLOAT32_ITERATES))
+def test_spherical_means_differ_where_mergekit_rounds_in_float32(runs: Runs, name: str) -> None:
+    need(name)
+    ours = read_output(ramstream_merge(runs, name))
+    theirs = read_output(runs.mergekit[name])
+    fam = runs.family
+    differ = ours_exact = exact_total = total = 0
+    for tensor, raw in ours.items():
+        base = fam.base_values[tensor].astype(np.float64).ravel()
+        inputs = [
+            base if m < 0 else fam.agent_values[m][tensor].astype(np.float64).ravel() for m in FLOAT32_ITERATES[name]
+        ]
+        if name == "karcher":
+            exact = reference_sphere.karcher(inputs)
+        else:
+            exact = base + reference_sphere.multislerp([v - base for v in inputs], [0.7, 0.5, 1.0])
+        want = f32_to_bf16(exact.astype(np.float32))
+        apart = raw != theirs[tensor]
+        differ += int(apart.sum())
+        ours_exact += int((raw[apart] == want[apart]).sum())
+        exact_total += int((raw == want).sum())
+        total += raw.size
+    print(
+        f"\n{name}: {differ} differ from mergekit, {ours_exact} of them ours = float64 reference; "
+        f"ours = reference on {exact_total}/{total}"
+    )
+    assert exact_total / total >= MIN_IDENTICAL
+    assert ours_exact >= 0.9 * differ
 
 
 def boundary_values(method: str, tau_abs: np.ndarray, density: float, gamma: float) -> list[float]:
