@@ -8,7 +8,9 @@ method, one mergekit YAML config that both tools run:
     ramstream merge --config X.yml --out OUT --seed 0 --quiet (--memory 1GiB, no index cached)
 
 with ``dtype: float32`` and ``out_dtype: bfloat16``: task_arithmetic, ties (density 0.2),
-dare_ties (density 0.5) and ram (weights 1). Each command runs in a fresh process started by a
+dare_ties (density 0.5), ram (weights 1), slerp (the base and the first agent, t by filter
+and gradient as the hub's slerp configs write it) and multislerp (weights 1); ``--methods`` picks
+some. Each command runs in a fresh process started by a
 small wrapper that reads its wall time and peak RSS from ``getrusage(RUSAGE_CHILDREN)`` (wait4),
 so neither the benchmark's memory nor another command's leaks into a figure. ramstream starts
 each merge with an empty cache directory: its statistics passes (ties' histograms, ram's probe)
@@ -43,19 +45,26 @@ METHODS: dict[str, dict[str, Any]] = {
     "ties": {"weight": 1.0, "density": 0.2},
     "dare_ties": {"weight": 1.0, "density": 0.5},
     "ram": {},
+    "slerp": {},  # the base and the first agent, t as the hub's slerp configs set it (below)
+    "multislerp": {"weight": 1.0},
 }
+SLERP_T = [{"filter": "self_attn", "value": [0, 0.5, 0.3, 0.7, 1]}, {"filter": "mlp", "value": [1, 0.5, 0.7, 0.3, 0]}]
 SEED = 0
 
 
-def write_config(path: Path, method: str, base: Path, agents: list[Path]) -> None:
+def write_config(path: Path, method: str, base: Path, agents: list[Path], layers: int) -> None:
     params = METHODS[method]
-    doc = {
+    doc: dict[str, Any] = {
         "merge_method": method,
         "base_model": str(base),
         "models": [{"model": str(a), **({"parameters": params} if params else {})} for a in agents],
         "dtype": "float32",
         "out_dtype": "bfloat16",
     }
+    if method == "slerp":
+        doc["models"] = [{"model": str(base)}, {"model": str(agents[0])}]
+        # a gradient longer than the layers is refused: small families take one t
+        doc["parameters"] = {"t": [*SLERP_T, {"value": 0.5}] if layers >= 5 else 0.5}
     path.write_text(json.dumps(doc, indent=1))  # JSON is YAML
 
 
@@ -81,9 +90,9 @@ def commands(method: str, config: Path, out: Path, cache: Path, args: argparse.N
 def warm_numba(data: Path, runs: Path, args: argparse.Namespace) -> None:
     """One tiny merge per method compiles ramstream's kernels into the benchmark's numba cache."""
     wbase, wagents = spine.ensure_family(data / "warmup", spine.WARMUP)
-    for method in METHODS:
+    for method in args.methods:
         config = runs / f"warm-{method}.yml"
-        write_config(config, method, wbase, wagents)
+        write_config(config, method, wbase, wagents, spine.WARMUP["layers"])
         argv = commands(method, config, runs / f"warm-{method}", runs / f"warm-cache-{method}", args)["ramstream"]
         spine.measure(argv, runs / "measure.json")
 
@@ -109,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
     }
 
     figures: dict[str, dict[str, dict[str, float]]] = {}
-    for method in METHODS:
+    for method in args.methods:
         config = runs / f"{method}.yml"
-        write_config(config, method, base, agents)
+        write_config(config, method, base, agents, shape["layers"])
         out, cache = runs / method, runs / f"cache-{method}"
         argv = commands(method, config, out, cache, args)
         figures[method] = {}
@@ -287,7 +296,14 @@ def main() -> int:
         "--wait-quiet", type=float, default=None, help="seconds to wait for an idle machine before each step [30]"
     )
     parser.add_argument("--retries", type=int, default=None, help="measure a disturbed step again [1]")
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)} [all]"
+    )
     args = parser.parse_args()
+    args.methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        parser.error(f"unknown method(s): {', '.join(unknown)}")
     if args.wait_quiet is None:
         args.wait_quiet = 0.0 if args.quick else 30.0
     if args.retries is None:
