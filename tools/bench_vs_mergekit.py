@@ -296,9 +296,7 @@ def main() -> int:
         "--wait-quiet", type=float, default=None, help="seconds to wait for an idle machine before each step [30]"
     )
     parser.add_argument("--retries", type=int, default=None, help="measure a disturbed step again [1]")
-    parser.add_argument(
-        "--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)} [all]"
-    )
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)} [all]")
     args = parser.parse_args()
     args.methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(args.methods) - set(METHODS))
