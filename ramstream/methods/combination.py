@@ -3,7 +3,7 @@
 slerp, nuslerp, multislerp and karcher look at whole tensors as vectors: their norms and the
 angles between them decide, per tensor, a few coefficients, and the merged tensor is the inputs
 combined with them. So a method needs the exact Gram matrix of its vectors per tensor (one
-statistics pass: ``WeightGram`` over the weights, ``TaskVectorGram`` over the task vectors; exact
+statistics pass: ``Gram`` over the weights or over the task vectors; exact
 sums, so every backend, block size and executor gets the same matrix), computes the coefficients
 in float64 by the method's own formula written over the Gram matrix (its iterations too: a
 vector the method builds is a combination of the inputs, and its dot products follow from the
@@ -29,7 +29,7 @@ from ramstream.methods.base import Prepared
 from ramstream.methods.gta import gta_prepared
 from ramstream.plan import Block
 from ramstream.statistics.context import StatsContext
-from ramstream.statistics.exact_sums import TaskVectorGram, WeightGram, pairs, tensor_sums
+from ramstream.statistics.exact_sums import Gram, pairs, tensor_sums
 
 # A method's coefficients for one tensor: (its index, its Gram matrix) -> one per vector.
 Coefficients = Callable[[int, np.ndarray], np.ndarray]
@@ -40,8 +40,7 @@ def grams(ctx: StatsContext, weights: bool) -> np.ndarray:
     or of the task vectors (V = N)."""
     n_agents = len(ctx.family.agents)
     n_vectors = n_agents + 1 if weights else n_agents
-    stat = WeightGram(ctx.allow_nonfinite) if weights else TaskVectorGram(ctx.allow_nonfinite)
-    sums = tensor_sums(ctx, stat)
+    sums = tensor_sums(ctx, Gram(weights, ctx.allow_nonfinite))
     out = np.zeros((len(sums), n_vectors, n_vectors), np.float64)
     for k, (a, b) in enumerate(pairs(n_vectors)):
         out[:, a, b] = sums[:, k]

@@ -1,6 +1,6 @@
 """Model stock (arXiv 2403.19522), as mergekit's ``model_stock`` with ``filter_wise: false``.
 
-Per tensor, from exact sums over the agents' task vectors (``TaskVectorGram``, float64):
+Per tensor, from exact sums over the agents' task vectors (``Gram``, float64):
 
     cos_ab = clamp(<tau_a, tau_b> / max(|tau_a| |tau_b|, 1e-6), -1, 1)      for each pair a < b
     cos    = mean of cos_ab over the pairs (summed in pair order)
@@ -26,7 +26,7 @@ from ramstream.errors import ConfigError
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
 from ramstream.methods.gta import gta_prepared
 from ramstream.statistics.context import StatsContext
-from ramstream.statistics.exact_sums import TaskVectorGram, pairs, tensor_sums
+from ramstream.statistics.exact_sums import Gram, pairs, tensor_sums
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def interpolation(gram: np.ndarray, n_agents: int) -> float:
 
 def prepare_model_stock(params: ModelStockParams, ctx: StatsContext) -> Prepared:
     n_agents = len(ctx.family.agents)
-    grams = tensor_sums(ctx, TaskVectorGram(ctx.allow_nonfinite))
+    grams = tensor_sums(ctx, Gram(allow_nonfinite=ctx.allow_nonfinite))
     t = np.array([interpolation(g, n_agents) for g in grams], np.float64).astype(np.float32)
     return gta_prepared({}, np.ones(n_agents, np.float32), np.ones((len(t), n_agents), np.float32), t, normalize=True)
 

@@ -46,18 +46,20 @@ def slerp_coefficients(t: float, norm0: float, norm1: float, dot: float) -> tupl
     n0 = norm0 if norm0 > SLERP_NORM_EPS else 1.0
     n1 = norm1 if norm1 > SLERP_NORM_EPS else 1.0
     d = min(max(dot / (n0 * n1), -1.0), 1.0)
-    if abs(d) > SLERP_DOT_THRESHOLD:
-        return 1.0 - t, t
-    theta = math.acos(d)
-    s = math.sin(theta)
-    return math.sin((1.0 - t) * theta) / s, math.sin(t * theta) / s
+    return _arc(t, d, abs(d) > SLERP_DOT_THRESHOLD)
 
 
 def nuslerp_coefficients(t: float, norm0: float, norm1: float, dot: float) -> tuple[float, float]:
     """mergekit's nuslerp coefficients (flattened) from the two norms and the dot product."""
     cos = dot / (max(norm0, NUSLERP_NORM_CLAMP) * max(norm1, NUSLERP_NORM_CLAMP))
     cos = min(max(cos, -1.0), 1.0)
-    if 1.0 - cos * cos <= NUSLERP_EPS**2:
+    return _arc(t, cos, 1.0 - cos * cos <= NUSLERP_EPS**2)
+
+
+def _arc(t: float, cos: float, linear: bool) -> tuple[float, float]:
+    """The interpolation's two coefficients: along the arc of angle acos(cos), or the straight
+    line where the method deems the vectors (anti)parallel."""
+    if linear:
         return 1.0 - t, t
     theta = math.acos(cos)
     s = math.sin(theta)
@@ -130,25 +132,8 @@ def parse_nuslerp(given: Mapping[str, Any], n_agents: int) -> NuslerpParams:
     row_wise = options.boolean("nuslerp_row_wise", given.get("nuslerp_row_wise", False))
     if "weights" not in given:
         raise ConfigError("--weights is required with --method nuslerp (one per model; t = w1 / (w0 + w1))")
-    weights = per_model_settings("weights", given["weights"], models)
+    weights = ts.per_model("weights", given["weights"], models)
     return NuslerpParams(weights, no_base, row_wise)
-
-
-def per_model_settings(name: str, value: Any, count: int) -> tuple[ts.Setting, ...]:
-    """One setting per model: a list of ``count`` settings, or one setting for all."""
-    if isinstance(value, (list, tuple)) and len(value) == count and count > 1 and not _one_setting(value):
-        return tuple(ts.parse(name, v) for v in value)
-    if isinstance(value, (list, tuple)) and len(value) == 1:
-        return (ts.parse(name, value[0]),) * count
-    if isinstance(value, (list, tuple)) and not _one_setting(value):
-        flag = options.flag_name(name)
-        raise ConfigError(f"{flag} needs one value per model ({count}) or one for all, got {len(value)}")
-    return (ts.parse(name, value),) * count
-
-
-def _one_setting(value: Sequence[Any]) -> bool:
-    """A list of conditions is one setting (for every model), not one value per model."""
-    return all(isinstance(v, Mapping) for v in value)
 
 
 def prepare_nuslerp(params: NuslerpParams, ctx: StatsContext) -> Prepared:

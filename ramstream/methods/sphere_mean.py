@@ -35,7 +35,6 @@ from ramstream.methods import options
 from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
 from ramstream.methods.combination import combination_prepared, dot, norm, spread, tensor_names, unit
-from ramstream.methods.slerp import per_model_settings
 from ramstream.statistics.context import StatsContext
 
 MULTISLERP_EPS = 1e-8
@@ -61,7 +60,7 @@ def parse_multislerp(given: Mapping[str, Any], n_agents: int) -> MultislerpParam
     models = n_agents + 1 if no_base else n_agents
     if "weights" not in given:
         raise ConfigError("--weights is required with --method multislerp (one per model, or one for all)")
-    weights = per_model_settings("weights", given["weights"], models)
+    weights = ts.per_model("weights", given["weights"], models)
     normalize = options.boolean("normalize_weights", given.get("normalize_weights", True))
     return MultislerpParams(weights, normalize, no_base)
 

@@ -72,7 +72,25 @@ Setting = float | Varying
 
 def parse(name: str, value: Any) -> Setting:
     """A number, or a gradient / conditions as mergekit's YAML writes them."""
-    rules = _rules(name, value)
+    return _setting(name, _rules(name, value))
+
+
+def per_model(name: str, value: Any, count: int) -> tuple[Setting, ...]:
+    """One setting per model: a list of ``count`` settings, or one setting for all (a list of
+    conditions is one setting, not one value per model)."""
+    one = isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value)
+    if isinstance(value, (list, tuple)) and len(value) == count and count > 1 and not one:
+        return tuple(parse(name, v) for v in value)
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        return (parse(name, value[0]),) * count
+    if isinstance(value, (list, tuple)) and not one:
+        flag = options.flag_name(name)
+        raise ConfigError(f"{flag} needs one value per model ({count}) or one for all, got {len(value)}")
+    return (parse(name, value),) * count
+
+
+def _setting(name: str, rules: list[Rule]) -> Setting:
+    """One number where a single rule without a filter gives one value everywhere."""
     if len(rules) == 1 and rules[0].filter is None and len(rules[0].values) == 1:
         return rules[0].values[0]
     return Varying(name, tuple(rules))
@@ -88,11 +106,7 @@ def chain(name: str, scopes: Sequence[Any], default: float | None) -> Setting | 
     if default is not None:
         rules.append(Rule(None, (default,)))
     rules = _reachable(rules)
-    if not rules:
-        return None
-    if len(rules) == 1 and rules[0].filter is None and len(rules[0].values) == 1:
-        return rules[0].values[0]
-    return Varying(name, tuple(rules))
+    return _setting(name, rules) if rules else None
 
 
 def _reachable(rules: list[Rule]) -> list[Rule]:
@@ -158,12 +172,13 @@ def _yaml_number(value: Any) -> Any:
 
 def layer_positions(names: Sequence[str]) -> np.ndarray:
     """Each tensor's x in [0, 1] for gradients: i / (L - 1) in layer i (1 when L = 1), 0 outside."""
+    count = n_layers(names)
     layers = [layer_of(n) for n in names]
-    count = max((i for i in layers if i is not None), default=-1) + 1
     return np.array([0.0 if i is None else (i / (count - 1) if count > 1 else 1.0) for i in layers], np.float64)
 
 
 def n_layers(names: Sequence[str]) -> int:
+    """One more than the highest layer number in the names (0 without layers)."""
     return max((i for i in (layer_of(n) for n in names) if i is not None), default=-1) + 1
 
 

@@ -62,50 +62,28 @@ class DareL1Sums:
 
 
 @dataclass(frozen=True)
-class TaskVectorGram:
-    """Exact sums of tau_a * tau_b for every pair a <= b (``pairs(N)`` order)."""
+class Gram:
+    """Exact sums of v_a * v_b for every pair a <= b (``pairs(V)`` order) over the agents' task
+    vectors (V = N; model stock), or with ``weights`` over the weights themselves, the base first
+    (V = N + 1; the spherical methods' norms and angles)."""
 
+    weights: bool = False
     allow_nonfinite: bool = False  # NaN/Inf elements count as 0 instead of raising (not in the key)
 
     @property
     def key(self) -> str:
-        return "gram_v1"
+        return "weight_gram_v1" if self.weights else "gram_v1"
 
     def shape(self, n_agents: int) -> tuple[int, ...]:
-        return (len(pairs(n_agents)), BINS + 1)
+        return (len(pairs(n_agents + 1 if self.weights else n_agents)), BINS + 1)
 
     @property
     def dtype(self) -> str:
         return "int64"
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
-        result = backend.gram(arrays)
+        result = backend.gram(arrays, weights=self.weights)
         _check_finite(result.first_nonfinite, arrays, self.allow_nonfinite)
-        return result.sums
-
-
-@dataclass(frozen=True)
-class WeightGram:
-    """Exact sums of x_a * x_b over the weights themselves, the base first (vector 0), for every
-    pair a <= b (``pairs(N + 1)`` order): the spherical methods' norms and angles."""
-
-    allow_nonfinite: bool = False  # NaN/Inf elements count as 0 instead of raising (not in the key)
-
-    @property
-    def key(self) -> str:
-        return "weight_gram_v1"
-
-    def shape(self, n_agents: int) -> tuple[int, ...]:
-        return (len(pairs(n_agents + 1)), BINS + 1)
-
-    @property
-    def dtype(self) -> str:
-        return "int64"
-
-    def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
-        result = backend.gram(arrays, weights=True)
-        if result.first_nonfinite >= 0 and not self.allow_nonfinite:
-            raise arrays.nonfinite_error(result.first_nonfinite)
         return result.sums
 
 
