@@ -19,6 +19,11 @@ class FloatCode(IntEnum):
     F64 = 3
 
 
+# An input code, not a file or output format: a float32 task vector held in memory (a LoRA agent's
+# update computed from its factors, ``format.lora``). Decoded like F32, it is tau itself: the
+# kernels never subtract the base from it (and add the base to it where they need the weights).
+TAU32 = 4
+
 ITEMSIZE: dict[str, int] = {
     "BOOL": 1,
     "U8": 1,

@@ -93,8 +93,21 @@ class NumbaBackend:
         finally:
             numba.set_num_threads(before)
 
-    def _descriptors(self, sources: BlockSources) -> np.ndarray:
-        return np.array([self._files.descriptor(path) for path in sources.files], np.int64)
+    def _inputs(self, sources: BlockSources) -> tuple[np.ndarray, np.ndarray]:
+        """``(fds, offsets)`` as the tile-reading kernels take them: an input held in memory (a
+        LoRA agent's task vector) has no descriptor (-1) and its address for offset; the caller's
+        ``sources`` keeps it alive through the call."""
+        fds = np.empty(len(sources.files), np.int64)
+        offsets = sources.offsets.copy()
+        for k, path in enumerate(sources.files):
+            held = sources.in_memory(k)
+            if held is None:
+                fds[k] = self._files.descriptor(path)
+            elif held.flags.c_contiguous and held.size == sources.size:
+                fds[k], offsets[k] = -1, held.ctypes.data
+            else:
+                raise ValueError("an input held in memory must be contiguous and of the block's size")
+        return fds, offsets
 
     @staticmethod
     def _check_reads(sources: BlockSources, failed: np.ndarray) -> None:
@@ -105,15 +118,13 @@ class NumbaBackend:
     def probe(self, arrays: BlockArrays, eps: float, masks: np.ndarray) -> ProbeCounts:
         sources = arrays.sources
         n_agents = len(sources.files) - 1
-        fds = self._descriptors(sources)
+        fds, offsets = self._inputs(sources)
         with self._scoped(sources.size) as workers:
             overlap = np.zeros((workers, n_agents, n_agents), np.int64)
             coverage = np.zeros((workers, n_agents + 1), np.int64)
             bad = np.full(workers, -1, np.int64)
             failed = np.full(workers, -1, np.int64)
-            probe.probe_block(
-                fds, sources.offsets, sources.codes, sources.size, eps, masks, overlap, coverage, bad, failed
-            )
+            probe.probe_block(fds, offsets, sources.codes, sources.size, eps, masks, overlap, coverage, bad, failed)
         self._check_reads(sources, failed)
         return ProbeCounts(overlap.sum(axis=0), coverage.sum(axis=0), _first(bad))
 
@@ -121,14 +132,14 @@ class NumbaBackend:
         self, arrays: BlockArrays, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
     ) -> int:
         sources = arrays.sources
-        fds = self._descriptors(sources)
+        fds, offsets = self._inputs(sources)
         addresses = _addresses(outs, sources.size * int(ITEMSIZES[out_code]))
         lams = np.ascontiguousarray(np.reshape(lambdas, (len(outs), -1)), np.float32)
         with self._scoped(sources.size) as workers:
             failed = np.full(workers, -1, np.int64)
             bad = np.full(workers, -1, np.int64)
             merge_ram.merge_ram_block(
-                fds, sources.offsets, sources.codes, sources.size, eps, lams, addresses, out_code, failed, bad
+                fds, offsets, sources.codes, sources.size, eps, lams, addresses, out_code, failed, bad
             )
         self._check_reads(sources, failed)
         return _first(bad)

@@ -5,6 +5,11 @@ Branches on the format code sit outside the element loops so the loops vectorise
 functions are called, not inlined: a call per 2048-element tile costs nothing measurable, and
 inlining them into every call site made the kernels' first compile 35-55 % slower.
 F32 -> BF16 and F32 -> F16 round to nearest, ties to even (as numpy's and torch's casts).
+
+``TAU32`` is an input, not a format: a float32 task vector held in memory (a LoRA agent's update,
+``format.lora``). It decodes like F32, and a kernel forms its task vector as ``value - under[i]``
+with ``under = minus(code, base_vals, zeros)``: the base for a weight, +0.0 for a task vector
+(x - 0.0 is x, bit for bit), so that each kernel's arithmetic stays one expression.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ BF16 = 0
 F16 = 1
 F32 = 2
 F64 = 3
+TAU32 = 4  # ``format.dtypes.TAU32``
 
 TILE = 2048  # elements per tile: a multiple of 64 that keeps scratch rows in L1/L2
 
@@ -68,12 +74,19 @@ def encode_tile(bits, lo, m, code, out):  # type: ignore[no-untyped-def]
 @njit(cache=True)
 def decode_bytes(raw, lo, m, code, bits):  # type: ignore[no-untyped-def]
     """``decode_tile`` for raw bytes (a ``uint8`` row read from a file), viewed by format."""
-    if code == F32:
+    if code == F32 or code == TAU32:
         decode_tile(raw.view(np.float32), lo, m, code, bits)
     elif code == F64:
         decode_tile(raw.view(np.float64), lo, m, code, bits)
     else:
         decode_tile(raw.view(np.uint16), lo, m, code, bits)
+
+
+@njit(inline="always", cache=True)
+def minus(code, base_vals, zeros):  # type: ignore[no-untyped-def]
+    """What an input's task vector subtracts: the base's values, or ``zeros`` (a float32 tile of
+    +0.0) for an input that is a task vector already (``TAU32``)."""
+    return zeros if code == TAU32 else base_vals
 
 
 @njit(cache=True)

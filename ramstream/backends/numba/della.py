@@ -31,7 +31,7 @@ from numba import njit, prange
 
 from ramstream.backends.base import KEEP_EVERYTHING as KEEP_ALL
 from ramstream.backends.base import PRUNE
-from ramstream.backends.numba.codecs import TILE, decode_tile
+from ramstream.backends.numba.codecs import TAU32, TILE, decode_tile
 from ramstream.backends.numba.counter_rng import uniform
 from ramstream.backends.numba.gta import merge_tile, summed_weight, tile_scratch
 from ramstream.backends.numba.keep import KEEP_ARRAY, NO_CUT_RANGE, NO_CUT_VALUE, NO_DENSITY, NO_KEYS
@@ -117,8 +117,12 @@ def prune_slice(  # type: ignore[no-untyped-def]
                 dst[i] = value
             continue
         _decode_range(agents[t], agent_codes[t], at, slice_size, bits, vals, agent_slice)
-        for i in range(slice_size):
-            agent_slice[i] = abs(agent_slice[i] - base_slice[i])
+        if agent_codes[t] == TAU32:  # a task vector already (codecs.minus)
+            for i in range(slice_size):
+                agent_slice[i] = abs(agent_slice[i] - zero)
+        else:
+            for i in range(slice_size):
+                agent_slice[i] = abs(agent_slice[i] - base_slice[i])
         magnitude = agent_slice.view(np.uint32)
         key, lo_t, width_t = keys[t], lo[t], width[t]
         for k in range(inner):

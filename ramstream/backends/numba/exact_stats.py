@@ -1,6 +1,7 @@
 """Exact per-block sums over task vectors, for statistics whose totals must not depend on the split.
 
-Values are float32 task vectors tau = f32(agent) - f32(base). Each group of 64 consecutive
+Values are float32 task vectors tau = f32(agent) - f32(base) (an input that is a task vector
+already, ``codecs.TAU32``, is tau itself). Each group of 64 consecutive
 elements (groups start at multiples of 64 within the tensor: block starts and tiles are
 multiples of 64) is summed in float64, in element order starting from 0.0, and that group sum
 is added exactly into an ``exact_sum`` accumulator. Each thread owns its accumulators; a serial
@@ -23,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ramstream.backends.numba.codecs import TILE, decode_tile
+from ramstream.backends.numba.codecs import TAU32, TILE, decode_tile, minus
 from ramstream.backends.numba.counter_rng import uniform
 from ramstream.backends.numba.exact_sum import BINS, add, renormalise
 from ramstream.backends.numba.keep import KEEP_RANDOM
@@ -46,6 +47,7 @@ def abs_sums_block(base, base_code, agents, agent_codes, keep_mode, keys, densit
         agent_bits = np.empty(TILE, np.uint32)
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
+        zeros = np.zeros(TILE, np.float32)
         kept = np.empty(TILE, np.float32)
         sums = np.empty(TILE // GROUP, np.float64)
         first_bad = -1
@@ -55,8 +57,9 @@ def abs_sums_block(base, base_code, agents, agent_codes, keep_mode, keys, densit
             decode_tile(base, lo, m, base_code, base_bits)
             for t in range(n_agents):
                 decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                under = minus(agent_codes[t], base_vals, zeros)
                 for i in range(m):
-                    tau = abs(agent_vals[i] - base_vals[i])
+                    tau = abs(agent_vals[i] - under[i])
                     if tau - tau != zero:
                         first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
                         tau = zero
@@ -94,6 +97,7 @@ def gram_block(base, base_code, agents, agent_codes, weights, acc, nonfinite):  
         agent_bits = np.empty(TILE, np.uint32)
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
+        zeros = np.zeros(TILE, np.float32)
         rows = np.empty((n_vectors, TILE), np.float32)
         sums = np.empty(TILE // GROUP, np.float64)
         first_bad = -1
@@ -111,9 +115,14 @@ def gram_block(base, base_code, agents, agent_codes, weights, acc, nonfinite):  
                     row[i] = value
             for t in range(n_agents):
                 decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                under = minus(agent_codes[t], base_vals, zeros)
+                held = agent_codes[t] == TAU32  # a task vector: its weights are f32(base) + tau
                 row = rows[first + t]
                 for i in range(m):
-                    value = agent_vals[i] if weights else agent_vals[i] - base_vals[i]
+                    if weights:
+                        value = base_vals[i] + agent_vals[i] if held else agent_vals[i]
+                    else:
+                        value = agent_vals[i] - under[i]
                     if value - value != zero:
                         first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
                         value = zero

@@ -55,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit, prange
 
-from ramstream.backends.numba.codecs import TILE, decode_tile, encode_bytes
+from ramstream.backends.numba.codecs import TILE, decode_tile, encode_bytes, minus
 from ramstream.backends.numba.counter_rng import uniform
 from ramstream.backends.numba.keep import KEEP_ARRAY, KEEP_CUTS, KEEP_RANDOM
 from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest, tile_nonfinite
@@ -119,9 +119,10 @@ def summed_weight(weights):  # type: ignore[no-untyped-def]
 @njit(cache=True)
 def tile_scratch(n_agents, consensus):  # type: ignore[no-untyped-def]
     """One thread's tile buffers: base, agent and result bits (uint32), then mixed, divisor,
-    majority (float32) and the per-agent deltas the sign election needs."""
+    majority, a tile of zeros (float32: ``codecs.minus``) and the per-agent deltas the sign
+    election needs."""
     bits = np.empty((3, TILE), np.uint32)
-    floats = np.empty((3, TILE), np.float32)
+    floats = np.zeros((4, TILE), np.float32)
     deltas = np.empty((n_agents if consensus != CONSENSUS_NONE else 0, TILE), np.float32)
     return bits, floats, deltas
 
@@ -142,7 +143,7 @@ def merge_tile(  # type: ignore[no-untyped-def]
         agent_bits.view(np.float32),
         result_bits.view(np.float32),
     )
-    mixed, divisor, majority = floats[0], floats[1], floats[2]
+    mixed, divisor, majority, zeros = floats[0], floats[1], floats[2], floats[3]
     zero = np.float32(0.0)
     decode_tile(base, lo, m, base_code, base_bits)
     bad = tile_nonfinite(base_bits, m) if check else False
@@ -155,8 +156,8 @@ def merge_tile(  # type: ignore[no-untyped-def]
             bad = bad or tile_nonfinite(agent_bits, m)
         # agent_vals[i] <- w_t * sparse_t (0 where dropped), and a 0/1 survival flag in majority
         _weighted_deltas(
-            agent_vals, agent_bits, base_vals, m, t, weights[t], scale[t], keep_mode, keep, keep_lo,
-            keys, density, first, cut_value, cut_range, lo, majority,
+            agent_vals, agent_bits, minus(agent_codes[t], base_vals, zeros), m, t, weights[t], scale[t], keep_mode,
+            keep, keep_lo, keys, density, first, cut_value, cut_range, lo, majority,
         )  # fmt: skip
         if consensus == CONSENSUS_NONE:
             for i in range(m):

@@ -6,6 +6,9 @@ takes no part when its weight is 0), then ``total / divisor`` when ``normalize``
 the float32 sum of the base weight and the agent weights, in that order), encoded to the output
 format. Returns the block position of the first NaN/Inf input (base included, read for that
 alone when its weight is 0), or -1.
+
+An agent given as its task vector (``codecs.TAU32``: a LoRA agent) weighs in as its weights
+``f32(base) + tau``, added in float32 before the product.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ramstream.backends.numba.codecs import TILE, decode_tile, encode_tile
+from ramstream.backends.numba.codecs import TAU32, TILE, decode_tile, encode_tile
 from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest
 
 _EXPONENT = np.uint32(0x7F800000)
@@ -31,8 +34,10 @@ def merge_linear_block(base, base_code, base_weight, agents, agent_codes, weight
     firsts = np.full(workers, -1, np.int64)
     for w in prange(workers):
         agent_bits = np.empty(TILE, np.uint32)
+        base_bits = np.empty(TILE, np.uint32)
         total_bits = np.empty(TILE, np.uint32)
         agent_vals = agent_bits.view(np.float32)
+        base_vals = base_bits.view(np.float32)
         total = total_bits.view(np.float32)
         for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
             lo = tile * TILE
@@ -40,17 +45,20 @@ def merge_linear_block(base, base_code, base_weight, agents, agent_codes, weight
             for i in range(m):
                 total[i] = np.float32(0.0)
             found = np.uint32(0)
-            decode_tile(base, lo, m, base_code, agent_bits)
+            decode_tile(base, lo, m, base_code, base_bits)
             for i in range(m):
-                found |= np.uint32((agent_bits[i] & _EXPONENT) == _EXPONENT)
+                found |= np.uint32((base_bits[i] & _EXPONENT) == _EXPONENT)
             if w0 != np.float32(0.0):
                 for i in range(m):
-                    total[i] += w0 * agent_vals[i]
+                    total[i] += w0 * base_vals[i]
             for t in range(n_agents):
                 decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
                 wt = weights[t]
                 for i in range(m):
                     found |= np.uint32((agent_bits[i] & _EXPONENT) == _EXPONENT)
+                if agent_codes[t] == TAU32:
+                    for i in range(m):
+                        agent_vals[i] = base_vals[i] + agent_vals[i]
                 for i in range(m):
                     total[i] += wt * agent_vals[i]
             if normalize:

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from ramstream.backends.base import ALL, HIGH_BINS, LOW_BINS, NONFINITE_BIN
-from ramstream.backends.numba.codecs import TILE, decode_tile
+from ramstream.backends.numba.codecs import TILE, decode_tile, minus
 
 __all__ = ["ALL", "HIGH_BINS", "LOW_BINS", "NONFINITE_BIN", "cut_keep", "find_tie", "high_histogram", "low_histogram"]
 
@@ -35,10 +35,11 @@ _LOW = np.uint32(0xFFFF)
 
 
 @njit(inline="always", cache=True)
-def _abs_bits(agent_bits, base_vals, agent_vals, m):  # type: ignore[no-untyped-def]
-    """agent_bits[:m] <- bit pattern of |agent - base| (in place over the agent's tile)."""
+def _abs_bits(agent_bits, under, agent_vals, m):  # type: ignore[no-untyped-def]
+    """agent_bits[:m] <- bit pattern of |agent - under| (in place over the agent's tile; ``under``
+    is the base, or zeros for a task vector: ``codecs.minus``)."""
     for i in range(m):
-        agent_vals[i] = agent_vals[i] - base_vals[i]
+        agent_vals[i] = agent_vals[i] - under[i]
     for i in range(m):
         agent_bits[i] = agent_bits[i] & _ABS
 
@@ -55,13 +56,14 @@ def high_histogram(base, base_code, agents, agent_codes, counts):  # type: ignor
         agent_bits = np.empty(TILE, np.uint32)
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
+        zeros = np.zeros(TILE, np.float32)
         for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
             lo = tile * TILE
             m = min(TILE, n - lo)
             decode_tile(base, lo, m, base_code, base_bits)
             for t in range(n_agents):
                 decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
-                _abs_bits(agent_bits, base_vals, agent_vals, m)
+                _abs_bits(agent_bits, minus(agent_codes[t], base_vals, zeros), agent_vals, m)
                 row = counts[w, t]
                 for i in range(m):
                     row[agent_bits[i] >> _SHIFT] += 1
@@ -81,6 +83,7 @@ def low_histogram(base, base_code, agents, agent_codes, targets, counts):  # typ
         agent_bits = np.empty(TILE, np.uint32)
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
+        zeros = np.zeros(TILE, np.float32)
         for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
             lo = tile * TILE
             m = min(TILE, n - lo)
@@ -89,7 +92,7 @@ def low_histogram(base, base_code, agents, agent_codes, targets, counts):  # typ
                 if targets[t].max() < 0:
                     continue
                 decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
-                _abs_bits(agent_bits, base_vals, agent_vals, m)
+                _abs_bits(agent_bits, minus(agent_codes[t], base_vals, zeros), agent_vals, m)
                 for c in range(n_cuts):
                     target = targets[t, c]
                     if target < 0:
@@ -121,6 +124,7 @@ def cut_keep(base, base_code, agents, agent_codes, cut_v, cut_range, keep, worke
         agent_bits = np.empty(TILE, np.uint32)
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
+        zeros = np.zeros(TILE, np.float32)
         for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
             lo = tile * TILE
             m = min(TILE, n - lo)
@@ -139,7 +143,7 @@ def cut_keep(base, base_code, agents, agent_codes, cut_v, cut_range, keep, worke
                         dst[i] = 0
                     continue
                 decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
-                _abs_bits(agent_bits, base_vals, agent_vals, m)
+                _abs_bits(agent_bits, minus(agent_codes[t], base_vals, zeros), agent_vals, m)
                 for i in range(m):
                     b = agent_bits[i]
                     inside = _in_lower(b, i, v1, a1, e1) and not _in_lower(b, i, v0, a0, e0)
@@ -157,6 +161,7 @@ def _tie_counts(base, base_code, agent, agent_code, v, begin, workers):  # type:
         agent_bits = np.empty(TILE, np.uint32)
         base_vals = base_bits.view(np.float32)
         agent_vals = agent_bits.view(np.float32)
+        zeros = np.zeros(TILE, np.float32)
         total = 0
         for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
             lo = tile * TILE
@@ -165,7 +170,7 @@ def _tie_counts(base, base_code, agent, agent_code, v, begin, workers):  # type:
                 continue
             decode_tile(base, lo, m, base_code, base_bits)
             decode_tile(agent, lo, m, agent_code, agent_bits)
-            _abs_bits(agent_bits, base_vals, agent_vals, m)
+            _abs_bits(agent_bits, minus(agent_code, base_vals, zeros), agent_vals, m)
             for i in range(max(begin - lo, 0), m):
                 total += 1 if agent_bits[i] == v else 0
         counts[w] = total
@@ -179,12 +184,13 @@ def _scan_tie(base, base_code, agent, agent_code, v, begin, stop, q):  # type: i
     agent_bits = np.empty(TILE, np.uint32)
     base_vals = base_bits.view(np.float32)
     agent_vals = agent_bits.view(np.float32)
+    zeros = np.zeros(TILE, np.float32)
     seen = 0
     for lo in range(begin - begin % TILE, stop, TILE):
         m = min(TILE, base.shape[0] - lo)
         decode_tile(base, lo, m, base_code, base_bits)
         decode_tile(agent, lo, m, agent_code, agent_bits)
-        _abs_bits(agent_bits, base_vals, agent_vals, m)
+        _abs_bits(agent_bits, minus(agent_code, base_vals, zeros), agent_vals, m)
         for i in range(max(begin - lo, 0), min(m, stop - lo)):
             if agent_bits[i] == v:
                 seen += 1

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit, prange
 
-from ramstream.backends.numba.codecs import TILE, decode_bytes, encode_bytes
+from ramstream.backends.numba.codecs import TILE, decode_bytes, encode_bytes, minus
 from ramstream.backends.numba.probe import first_nonfinite_of
 from ramstream.backends.numba.sources import ITEMSIZES, read_buffer, read_tile, reads_of, voidptr
 
@@ -40,6 +40,7 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_cod
         base_bits = np.empty(TILE, np.uint32)
         agent_bits = np.empty(TILE, np.uint32)
         result_bits = np.empty(TILE, np.uint32)
+        zeros = np.zeros(TILE, np.float32)
         total = np.empty(TILE, np.float32)
         scaled = np.empty((n_outputs, TILE), np.float32)
         count = np.empty(TILE, np.float32)
@@ -65,8 +66,9 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_cod
                         scaled[k, i] = zero
                 for t in range(n_inputs - 1):
                     decode_bytes(raw[t + 1], sub, m, codes[t + 1], agent_bits)
+                    under = minus(codes[t + 1], base_vals, zeros)
                     for i in range(m):
-                        tau = agent_vals[i] - base_vals[i]
+                        tau = agent_vals[i] - under[i]
                         finite = abs(tau) < inf
                         active = (abs(tau) > eps32) & finite
                         total[i] += tau if active else zero
@@ -75,7 +77,7 @@ def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_cod
                     for k in range(n_outputs):
                         lam = lambdas[k, t]
                         for i in range(m):
-                            tau = agent_vals[i] - base_vals[i]
+                            tau = agent_vals[i] - under[i]
                             active = (abs(tau) > eps32) & (abs(tau) < inf)
                             scaled[k, i] += lam * tau if active else zero
                 for k in range(n_outputs):

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ramstream.backends.numba.codecs import TILE, decode_bytes
+from ramstream.backends.numba.codecs import TILE, decode_bytes, minus
 from ramstream.backends.numba.sources import read_buffer, read_tile, reads_of
 
 
@@ -32,6 +32,7 @@ def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite
         raw = read_buffer(n_inputs)
         base_bits = np.empty(TILE, np.uint32)
         agent_bits = np.empty(TILE, np.uint32)
+        zeros = np.zeros(TILE, np.float32)
         active = np.empty((n_agents, TILE), np.uint8)
         count = np.empty(TILE, np.uint8)
         equal = np.empty((n_agents + 1, TILE), np.uint8)
@@ -53,11 +54,12 @@ def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite
                     bad += np.int32(base_vals[i] - base_vals[i] != zero)
                 for t in range(n_agents):
                     decode_bytes(raw[t + 1], sub, m, codes[t + 1], agent_bits)
+                    under = minus(codes[t + 1], base_vals, zeros)
                     row = active[t]
                     for i in range(m):
                         a = agent_vals[i]
                         bad += np.int32(a - a != zero)
-                        d = abs(a - base_vals[i])
+                        d = abs(a - under[i])
                         act = np.uint8((d > eps32) & (d < inf))  # NaN/Inf tau: inactive
                         row[i] = act
                         count[i] += act

@@ -9,13 +9,15 @@ through memory for every byte; a copy into a cache-resident buffer is cheaper. M
 A block's inputs reach a kernel as three int64 arrays, base first: ``fds`` (open descriptors),
 ``offsets`` (the byte offset of the block's first element in each file) and ``codes`` (the
 ``codecs`` format of each input). One compiled signature serves every dtype mix and agent count.
+An input held in memory (a LoRA agent's task vector, ``codecs.TAU32``) has ``fds`` -1 and its
+address in ``offsets``: its tiles are copied from there instead of read.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -23,7 +25,7 @@ from ramstream.backends.numba.codecs import TILE
 
 READ_TILE = 8 * TILE  # elements per read: 32 KiB of bf16 per input, cache-resident with the scratch
 MAX_ITEMSIZE = 8
-ITEMSIZES = np.array([2, 2, 4, 8], np.int64)  # bytes per element, by format code
+ITEMSIZES = np.array([2, 2, 4, 8, 4], np.int64)  # bytes per element, by format code (TAU32 last)
 READ_RETRIES = 8  # a pread interrupted by a signal returns -1 (EINTR); retry before giving up
 
 
@@ -92,6 +94,11 @@ def read_tile(fds, offsets, codes, n, read, raw):  # type: ignore[no-untyped-def
     m = min(READ_TILE, n - lo)
     for k in range(fds.shape[0]):
         size = ITEMSIZES[codes[k]]
-        if not read_exactly(fds[k], offsets[k] + lo * size, raw[k], m * size):
+        if fds[k] < 0:  # held in memory at address offsets[k]
+            held = carray(voidptr(offsets[k] + lo * size), m * size, np.uint8)
+            row = raw[k]
+            for b in range(m * size):
+                row[b] = held[b]
+        elif not read_exactly(fds[k], offsets[k] + lo * size, raw[k], m * size):
             return lo, m, k
     return lo, m, -1

@@ -44,7 +44,7 @@ from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
 from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.config import show_size
 from ramstream.errors import ConfigError, DeviceError
-from ramstream.format.dtypes import FloatCode
+from ramstream.format.dtypes import TAU32
 from ramstream.io.reader import InputFiles
 
 CPU_TILE = 1 << 16  # elements per tile on the CPU: a tile's float32 temporaries stay in cache
@@ -223,9 +223,14 @@ class TorchBackend:
         return self._workers_pool
 
     def _source_parts(self, sources: BlockSources) -> list[Part]:
+        """Each input read from its file, or copied from memory where it is held (a LoRA agent)."""
         parts = []
         for k, path in enumerate(sources.files):
-            itemsize = codecs.ITEMSIZE[FloatCode(int(sources.codes[k]))]
+            held = sources.in_memory(k)
+            if held is not None:
+                parts.append(array_part(held))
+                continue
+            itemsize = codecs.ITEMSIZE[int(sources.codes[k])]
             parts.append(
                 file_part(self._files.descriptor(path), int(sources.offsets[k]), itemsize, _read_error(sources, k))
             )
@@ -281,7 +286,7 @@ class TorchBackend:
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
-                on = probe.actives(values[0], values[1:], eps32)
+                on = probe.actives(codecs.unders(values, codes), values[1:], eps32)
                 packed = probe.pack(on)
                 outputs.put(packed, self._sink(masks, lo // 8, lo // 8 + packed.shape[1]))
                 tile_overlap, tile_coverage = probe.counts(on)
@@ -307,9 +312,10 @@ class TorchBackend:
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
                 first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
-                counts = merges.ram_counts(values[0], values[1:], eps32)
+                unders = codecs.unders(values, codes)
+                counts = merges.ram_counts(values[0], values[1:], unders, eps32)
                 for lam, raw_out in zip(lams, raw_outs, strict=True):  # one output at a time on the device
-                    merged = merges.merge_ram(values[0], values[1:], eps32, lam, counts)
+                    merged = merges.merge_ram(values[0], values[1:], unders, eps32, lam, counts)
                     outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
             self._run(self._source_parts(sources), sources.size, tile)
@@ -345,13 +351,13 @@ class TorchBackend:
                 base = values[0]
                 deltas = []
                 for t in range(n_agents):
-                    agent = values[1 + t]
+                    agent, under = values[1 + t], codecs.minus(base, codes[1 + t])
                     keep_t = raw[1 + n_agents + t].view(keep_dtype) if isinstance(keep, KeepArray) else None
                     if isinstance(keep, KeepMagprune):
-                        keep_t = select(t, lo, m, agent, base)
-                    delta, alive = merges.weighted_deltas(agent, base, weights[t], scale[t], keep_t)
+                        keep_t = select(t, lo, m, agent, under)
+                    delta, alive = merges.weighted_deltas(agent, under, weights[t], scale[t], keep_t)
                     if isinstance(keep, KeepRandom | KeepCuts):
-                        alive = select(t, lo, m, agent, base)
+                        alive = select(t, lo, m, agent, under)
                     deltas.append((delta, alive))
                 mixed = merges.mix_gta(base, deltas, weights, params.consensus, params.normalize, divisor)
                 for lam, raw_out in zip(lams, raw_outs, strict=True):  # one output at a time on the device
@@ -364,27 +370,27 @@ class TorchBackend:
     def _selection(
         self, keep: Keep, n_agents: int
     ) -> Callable[[int, int, int, torch.Tensor, torch.Tensor], torch.Tensor]:
-        """``select(t, lo, m, agent, base)``: agent t's survival flags (``KeepRandom``,
+        """``select(t, lo, m, agent, under)``: agent t's survival flags (``KeepRandom``,
         ``KeepCuts``) or keep multipliers (``KeepMagprune``) over block positions [lo, lo + m),
         computed on the device from the tile itself."""
         if isinstance(keep, KeepRandom):
             density = self._f32(keep.density)
-            return lambda t, lo, m, agent, base: (
+            return lambda t, lo, m, agent, under: (
                 uniform(int(keep.keys[t]), self._positions(keep.start + lo, m)) < density[t]
             )
         if isinstance(keep, KeepCuts):
             values, ranges = keep.cuts.value.tolist(), keep.cuts.range.tolist()
 
-            return lambda t, lo, m, agent, base: magnitude.kept_by_cuts(
-                magnitude.abs_bits(agent, base), self._positions(lo, m), values[t], ranges[t]
+            return lambda t, lo, m, agent, under: magnitude.kept_by_cuts(
+                magnitude.abs_bits(agent, under), self._positions(lo, m), values[t], ranges[t]
             )
         if isinstance(keep, KeepMagprune):
             prune = keep.params
             lo_p, width = self._f32(prune.lo), self._f32(prune.width)
 
-            def magprune(t: int, lo: int, m: int, agent: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+            def magprune(t: int, lo: int, m: int, agent: torch.Tensor, under: torch.Tensor) -> torch.Tensor:
                 return della.keep_values(
-                    magnitude.abs_bits(agent, base),
+                    magnitude.abs_bits(agent, under),
                     self._positions(prune.start + lo, m),
                     prune.slice_size,
                     prune.rows,
@@ -396,7 +402,7 @@ class TorchBackend:
                 )
 
             return magprune
-        return lambda t, lo, m, agent, base: torch.ones(m, dtype=torch.bool, device=self._device)
+        return lambda t, lo, m, agent, under: torch.ones(m, dtype=torch.bool, device=self._device)
 
     def has_nonfinite(self, out: np.ndarray, out_code: int) -> bool:
         return nonfinite.has_nonfinite(out, out_code)  # the block is in host memory already
@@ -417,7 +423,9 @@ class TorchBackend:
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
                 first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
-                merged = merges.merge_linear(values[0] if uses_base else None, base_weight, values[1:], weights, div)
+                # an agent given as its task vector (TAU32) weighs in as its weights, base + tau in float32
+                agents = [values[0] + v if c == TAU32 else v for v, c in zip(values[1:], codes[1:], strict=True)]
+                merged = merges.merge_linear(values[0] if uses_base else None, base_weight, agents, weights, div)
                 outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
             self._run(parts, arrays.size, tile)
@@ -427,7 +435,10 @@ class TorchBackend:
     @staticmethod
     def _abs_bits(raw: list[torch.Tensor], codes: list[int], agents: Sequence[int]) -> list[torch.Tensor]:
         base = codecs.decode(raw[0], codes[0])
-        return [magnitude.abs_bits(codecs.decode(raw[1 + t], codes[1 + t]), base) for t in agents]
+        return [
+            magnitude.abs_bits(codecs.decode(raw[1 + t], codes[1 + t]), codecs.minus(base, codes[1 + t]))
+            for t in agents
+        ]
 
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
         n_agents = len(arrays.agents)
@@ -521,7 +532,7 @@ class TorchBackend:
                 base = codecs.decode(raw[0], codes[0])
                 rows = []
                 for t in range(n_agents):
-                    size = (codecs.decode(raw[1 + t], codes[1 + t]) - base).abs()
+                    size = (codecs.decode(raw[1 + t], codes[1 + t]) - codecs.minus(base, codes[1 + t])).abs()
                     first[w] = torch.minimum(first[w], probe.first_nonfinite([size]) + lo)
                     size = torch.where(torch.isfinite(size), size, zero)
                     if isinstance(keep, KeepRandom) and density is not None:
@@ -556,7 +567,10 @@ class TorchBackend:
                 values = [base] if weights else []
                 for t in range(n_agents):
                     agent = codecs.decode(raw[1 + t], codes[1 + t])
-                    values.append(agent if weights else agent - base)
+                    if not weights:
+                        values.append(agent - codecs.minus(base, codes[1 + t]))
+                    else:  # a task vector (TAU32) weighs in as f32(base) + tau
+                        values.append(base + agent if codes[1 + t] == TAU32 else agent)
                 rows = []
                 for value in values:
                     first[w] = torch.minimum(first[w], probe.first_nonfinite([value]) + lo)

@@ -5,15 +5,19 @@ Why not torch's own casts: they are bit-exact for numbers, but a NaN's payload (
 signalling NaN is quieted) depends on the hardware, and F16 subnormals would go through float
 arithmetic that a GPU may flush. Integer ops mean the same bits everywhere. Carriers: raw
 ``uint8`` in, ``int16`` out for BF16/F16 (the same two bytes as numpy's ``uint16``).
+
+An input of code ``TAU32`` (a LoRA agent's task vector, ``format.lora``) decodes like F32 and is
+tau itself: its task vector is ``value - minus(base, code)``, +0.0 subtracted (bit for bit the
+value), as in ``backends/numba/codecs.py``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ramstream.format.dtypes import FloatCode
+from ramstream.format.dtypes import TAU32, FloatCode
 
-ITEMSIZE = {FloatCode.BF16: 2, FloatCode.F16: 2, FloatCode.F32: 4, FloatCode.F64: 8}
+ITEMSIZE = {FloatCode.BF16: 2, FloatCode.F16: 2, FloatCode.F32: 4, FloatCode.F64: 8, TAU32: 4}
 
 _F16_SUBNORMAL_UNIT = 2.0**-24  # an F16 subnormal is its mantissa times this, exactly in float32
 
@@ -25,9 +29,20 @@ def decode(raw: torch.Tensor, code: int) -> torch.Tensor:
         return (raw.view(torch.int16).to(torch.int32) << 16).view(torch.float32)
     if code == FloatCode.F16:
         return _decode_f16(raw.view(torch.int16).to(torch.int32) & 0xFFFF)
-    if code == FloatCode.F32:
+    if code in (FloatCode.F32, TAU32):
         return raw.view(torch.float32)
     return raw.view(torch.float64).to(torch.float32)
+
+
+def minus(base: torch.Tensor, code: int) -> torch.Tensor:
+    """What an input of format ``code`` subtracts to give its task vector: the base's values, or
+    +0.0 for an input that is a task vector already (``TAU32``)."""
+    return base.new_zeros(()) if code == TAU32 else base
+
+
+def unders(values: list[torch.Tensor], codes: list[int]) -> list[torch.Tensor]:
+    """``minus`` of every agent of decoded ``values`` (base first) with their ``codes``."""
+    return [minus(values[0], c) for c in codes[1:]]
 
 
 def _decode_f16(h: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,10 @@ import torch
 from ramstream.backends.base import HIGH_BINS, LOW_BINS
 
 
-def abs_bits(agent: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    """int32 bit patterns of |agent - base| (float32): their order is the values' order."""
-    return (agent - base).view(torch.int32) & 0x7FFFFFFF
+def abs_bits(agent: torch.Tensor, under: torch.Tensor) -> torch.Tensor:
+    """int32 bit patterns of |agent - under| (float32; ``under`` the base, or 0 for a task vector,
+    ``codecs.minus``): their order is the values' order."""
+    return (agent - under).view(torch.int32) & 0x7FFFFFFF
 
 
 SPREAD = 1024  # dummy bins past a flat histogram's end

@@ -5,7 +5,8 @@ Each line is one elementwise op, so nothing can be contracted into a fused multi
 runs each op as its own kernel); per-agent constants are float32 tensors on the device, never
 Python scalars, because a CUDA division by a CPU scalar is computed as a multiplication by its
 reciprocal. Sums start from +0.0 and add every agent's term in agent order, zeros included, as
-the kernels do.
+the kernels do. ``unders[t]`` is what agent t's task vector subtracts: the base, or +0.0 for an
+input that is a task vector already (``codecs.minus``).
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ def active(tau: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
 
 
 def ram_counts(
-    base: torch.Tensor, agents: Sequence[torch.Tensor], eps: torch.Tensor
+    base: torch.Tensor, agents: Sequence[torch.Tensor], unders: Sequence[torch.Tensor], eps: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RAM's per-element sum of the active tau (in agent order) and count of active agents."""
     zero = torch.zeros((), dtype=torch.float32, device=base.device)
     total = torch.zeros_like(base)
     count = torch.zeros_like(base)
-    for agent in agents:
-        tau = agent - base
+    for agent, under in zip(agents, unders, strict=True):
+        tau = agent - under
         on = active(tau, eps)
         total = total + torch.where(on, tau, zero)
         count = count + on.to(torch.float32)
@@ -41,6 +42,7 @@ def ram_counts(
 def merge_ram(
     base: torch.Tensor,
     agents: Sequence[torch.Tensor],
+    unders: Sequence[torch.Tensor],
     eps: torch.Tensor,
     lambdas: torch.Tensor,
     counts: tuple[torch.Tensor, torch.Tensor],
@@ -51,8 +53,8 @@ def merge_ram(
     one = torch.ones((), dtype=torch.float32, device=base.device)
     total, count = counts
     scaled = torch.zeros_like(base)
-    for t, agent in enumerate(agents):
-        tau = agent - base
+    for t, (agent, under) in enumerate(zip(agents, unders, strict=True)):
+        tau = agent - under
         scaled = scaled + torch.where(active(tau, eps), lambdas[t] * tau, zero)
     mean = total / torch.maximum(count, one)
     merged = torch.where(count == one, scaled, torch.where(count >= 2.0, mean, zero))
@@ -60,11 +62,11 @@ def merge_ram(
 
 
 def weighted_deltas(
-    agent: torch.Tensor, base: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, keep: torch.Tensor | None
+    agent: torch.Tensor, under: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, keep: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``weight * sparse`` and where the element survives (None: wherever the caller says), as
-    ``gta._weighted_deltas``: a keep multiplier k gives ``weight * (((agent - base) * k) * s)``."""
-    tau = agent - base
+    ``gta._weighted_deltas``: a keep multiplier k gives ``weight * (((agent - under) * k) * s)``."""
+    tau = agent - under
     if keep is None:
         return weight * (tau * scale), None
     k = keep.to(torch.float32)

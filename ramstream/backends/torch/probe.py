@@ -13,9 +13,9 @@ from ramstream.backends.torch.merges import active
 NOWHERE = 1 << 62  # "no non-finite value": larger than any position
 
 
-def actives(base: torch.Tensor, agents: Sequence[torch.Tensor], eps: torch.Tensor) -> torch.Tensor:
-    """bool (N, m): eps < |agent - base| < Inf."""
-    return torch.stack([active(agent - base, eps) for agent in agents])
+def actives(unders: Sequence[torch.Tensor], agents: Sequence[torch.Tensor], eps: torch.Tensor) -> torch.Tensor:
+    """bool (N, m): eps < |agent - under| < Inf (``under``: the base, or 0 for a task vector)."""
+    return torch.stack([active(agent - under, eps) for agent, under in zip(agents, unders, strict=True)])
 
 
 def pack(on: torch.Tensor) -> torch.Tensor:
