@@ -27,6 +27,11 @@ class MismatchError(InputError):
     """Agents that do not match the base (missing tensor, other shape)."""
 
 
+class AdapterError(InputError):
+    """A PEFT adapter that cannot be merged as a LoRA agent (another PEFT type, DoRA, keys or
+    shapes that do not fit the base, another base model)."""
+
+
 class NonFiniteWeightError(InputError):
     """A NaN or Inf in a weight, which would poison every statistic."""
 

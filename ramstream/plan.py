@@ -142,9 +142,11 @@ class Plan:
 
 def bytes_per_element(family: Family, out_itemsize: int = 0) -> int:
     """Worst-case bytes held per block element: every input decoded to f32, masks, and the outputs'
-    staging buffers (``out_itemsize``: their bytes per element, all slots of all outputs)."""
+    staging buffers (``out_itemsize``: their bytes per element, all slots of all outputs). A LoRA
+    agent's task vector is computed into memory (``blocks.lora``) before any decoding: 4 more."""
     n_agents = len(family.agents)
-    return 4 * (n_agents + 1) + n_agents + out_itemsize
+    lora_agents = sum(1 for a in family.agents if a.deltas)
+    return 4 * (n_agents + 1) + n_agents + 4 * lora_agents + out_itemsize
 
 
 def elements_within(memory: int, per_element: int) -> int:
@@ -172,7 +174,7 @@ def make_plan(family: Family, block_elems: int, row_aligned: bool = False) -> Pl
             name,
             ref.entry.shape,
             ref.entry.numel,
-            (ref.entry.dtype, *(a.tensors[name].entry.dtype for a in family.agents)),
+            (ref.entry.dtype, *(a.dtype_of(name) for a in family.agents)),
         )
         for name, ref in family.base.tensors.items()
     )

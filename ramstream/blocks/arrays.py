@@ -1,6 +1,9 @@
 """A block's inputs as a backend asks for them: ``sources`` (files and offsets, for backends that
 read their own tiles) or read-only mapped views of the raw carriers (``base``, ``agents``).
 
+A LoRA agent's input is its float32 task vector over the block (code ``TAU32``), computed once
+per block (or span) from its factors (``blocks.lora``) and handed out both ways.
+
 Views are made on first use, so a block read through ``sources`` maps nothing; the pages mapped
 for a batch's blocks are released with the batch (``BlockReader.release``). Read-ahead hints and
 releases go per run of adjacent bytes in a file, not per block: a batch of a thousand expert
@@ -11,19 +14,22 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
+from ramstream.blocks.lora import delta_block
 from ramstream.blocks.sources import BlockSources
 from ramstream.errors import InputError, NonFiniteWeightError, TaskVectorOverflowError
 from ramstream.format import codecs
-from ramstream.format.checkpoint import TensorRef
-from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, FloatCode
+from ramstream.format.checkpoint import DeltaRef, TensorRef
+from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, TAU32, FloatCode
 from ramstream.format.family import Family
 from ramstream.io.reader import InputFiles
 from ramstream.plan import Batch, Block, Plan
 
 Views = tuple[np.ndarray, int, tuple[np.ndarray, ...], np.ndarray]
+Ref = TensorRef | DeltaRef  # how a member holds a tensor: in a file, or as a LoRA task vector
 
 
 class BlockArrays:
@@ -42,11 +48,16 @@ class BlockArrays:
 
     @cached_property
     def sources(self) -> BlockSources:
-        return self._reader._sources(self.block, self.start, self.stop)
+        return self._reader._sources(self.block, self.start, self.stop, self._held)
 
     @cached_property
     def _views(self) -> Views:
-        return self._reader._views(self.block, self.start, self.stop)
+        return self._reader._views(self.block, self.start, self.stop, self._held)
+
+    @cached_property
+    def _held(self) -> tuple[np.ndarray | None, ...]:
+        """Per member, its task vector over this span when it is a LoRA agent's, else None."""
+        return self._reader._held(self.block, self.start, self.stop)
 
     @property
     def base(self) -> np.ndarray:
@@ -87,7 +98,8 @@ class BlockArrays:
             bad = np.zeros(hi - lo, bool)
             for agent, code in zip(self.agents, self.agent_codes, strict=True):
                 with np.errstate(over="ignore", invalid="ignore"):
-                    bad |= ~np.isfinite(codecs.decode(agent[lo:hi], int(code)) - base)
+                    values = codecs.decode(agent[lo:hi], int(code))
+                    bad |= ~np.isfinite(values if code == TAU32 else values - base)
             if bad.any():
                 return lo + int(np.argmax(bad))
         return -1
@@ -107,32 +119,48 @@ class BlockReader:
         self.files = files
         self._mapped: dict[int, list[tuple[int, int]]] = {}  # block index -> ranges mapped for it
 
-    def _refs(self, block: Block) -> list[TensorRef]:
+    def _refs(self, block: Block) -> list[Ref]:
         name = self.plan.tensors[block.tensor].name
-        return [m.tensors[name] for m in self.family.members]
+        return [m.deltas[name] if name in m.deltas else m.tensors[name] for m in self.family.members]
+
+    def _file_refs(self, block: Block) -> list[TensorRef]:
+        return [r for r in self._refs(block) if isinstance(r, TensorRef)]
 
     def arrays(self, block: Block) -> BlockArrays:
         return BlockArrays(self, block, block.start, block.stop)
 
-    def _sources(self, block: Block, start: int, stop: int) -> BlockSources:
-        refs = self._refs(block)
-        return BlockSources(
-            tuple(r.file for r in refs),
-            np.array([r.entry.offset + start * ITEMSIZE[r.entry.dtype] for r in refs], np.int64),
-            np.array([int(FLOAT_CODES[r.entry.dtype]) for r in refs], np.int64),
-            stop - start,
-            self.plan.tensors[block.tensor].name,
+    def _held(self, block: Block, start: int, stop: int) -> tuple[np.ndarray | None, ...]:
+        return tuple(
+            _readonly(delta_block(r, self.files, start, stop)) if isinstance(r, DeltaRef) else None
+            for r in self._refs(block)
         )
 
-    def _views(self, block: Block, start: int, stop: int) -> Views:
+    def _sources(self, block: Block, start: int, stop: int, held: tuple[np.ndarray | None, ...]) -> BlockSources:
+        refs = self._refs(block)
+        return BlockSources(
+            tuple(
+                r.file if isinstance(r, TensorRef) else m.files[0]
+                for r, m in zip(refs, self.family.members, strict=True)
+            ),
+            np.array([_offset(r, start) for r in refs], np.int64),
+            np.array([_code(r) for r in refs], np.int64),
+            stop - start,
+            self.plan.tensors[block.tensor].name,
+            held if any(h is not None for h in held) else (),
+        )
+
+    def _views(self, block: Block, start: int, stop: int, held: tuple[np.ndarray | None, ...]) -> Views:
         refs = self._refs(block)
         self._mapped.setdefault(block.index, []).append((start, stop))
-        views = [self.files.float_view(r, start, stop) for r in refs]
-        codes = [int(FLOAT_CODES[r.entry.dtype]) for r in refs]
+        views = [
+            self.files.float_view(cast(TensorRef, r), start, stop) if h is None else h
+            for r, h in zip(refs, held, strict=True)
+        ]
+        codes = [_code(r) for r in refs]
         agents, agent_codes = views[1:], codes[1:]
         if len({a.dtype for a in agents}) > 1:
             agents = [_readonly(codecs.decode(a, c)) for a, c in zip(agents, agent_codes, strict=True)]
-            agent_codes = [int(FloatCode.F32)] * len(agents)
+            agent_codes = [c if c == TAU32 else int(FloatCode.F32) for c in agent_codes]
         return views[0], codes[0], tuple(agents), np.array(agent_codes, dtype=np.int64)
 
     def release(self, batch: Batch) -> None:
@@ -157,7 +185,7 @@ class BlockReader:
 
     def _byte_ranges(self, block: Block, spans: list[tuple[int, int]]) -> list[tuple[Path, int, int]]:
         out = []
-        for ref in self._refs(block):
+        for ref in self._file_refs(block):  # a LoRA agent's factors are released as they are read
             size, offset = ITEMSIZE[ref.entry.dtype], ref.entry.offset
             out += [(ref.file, offset + start * size, offset + stop * size) for start, stop in spans]
         return out
@@ -169,8 +197,17 @@ class BlockReader:
         element = block.start + position
         where = list(map(int, np.unravel_index(element, tensor.shape))) if tensor.shape else []
         self._mapped.setdefault(block.index, []).append((element, element + 1))
-        values = []
+        values: list[float | None] = []  # None: a LoRA agent's task vector, finite, which cannot overflow
         for ref, member in zip(self._refs(block), self.family.members, strict=True):
+            if isinstance(ref, DeltaRef):
+                delta = delta_block(ref, self.files, element, element + 1)[0]
+                if not np.isfinite(delta):
+                    return NonFiniteWeightError(
+                        f"{member.files[0]}: the LoRA update of tensor {tensor.name!r} of {member.name} is {delta} at "
+                        f"index {where} (a NaN/Inf in lora_A/lora_B, or factors too large for float32); fix the adapter"
+                    )
+                values.append(None)
+                continue
             raw = self.files.float_view(ref, element, element + 1)
             value = codecs.decode(raw, FLOAT_CODES[ref.entry.dtype])[0]
             if not np.isfinite(value):
@@ -181,6 +218,8 @@ class BlockReader:
             values.append(value)
         refs, members = self._refs(block), self.family.members
         for ref, member, value in zip(refs[1:], members[1:], values[1:], strict=True):
+            if value is None or not isinstance(ref, TensorRef):
+                continue
             with np.errstate(over="ignore"):
                 tau = np.float32(value) - np.float32(values[0])
             if not np.isfinite(tau):
@@ -202,6 +241,14 @@ def coalesce(ranges: list[tuple[Path, int, int]]) -> list[tuple[Path, int, int]]
         else:
             out.append((path, lo, hi))
     return out
+
+
+def _offset(ref: Ref, start: int) -> int:
+    return ref.entry.offset + start * ITEMSIZE[ref.entry.dtype] if isinstance(ref, TensorRef) else 0
+
+
+def _code(ref: Ref) -> int:
+    return TAU32 if isinstance(ref, DeltaRef) else int(FLOAT_CODES[ref.entry.dtype])
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:

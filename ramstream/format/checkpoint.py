@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ramstream.errors import CorruptFileError, InputError
+from ramstream.errors import ConfigError, CorruptFileError, InputError
 from ramstream.format import torch_zip
 from ramstream.format.hub import HubAccess, HubSource, Snapshot, is_repo_id, resolve_repo, snapshot_at
 from ramstream.format.names import (
+    ADAPTER_CONFIG,
     BIN_FILE,
     BIN_INDEX,
     CONFIG_FILE,
@@ -50,9 +51,32 @@ class TensorRef:
 
 
 @dataclass(frozen=True)
+class DeltaRef:
+    """A tensor given as its task vector rather than its weights (a LoRA agent, ``format.lora``):
+    ``scale * (B @ A)`` in the tensor's layout, ``scale * (B @ A)^T`` when ``transposed``, with
+    ``a`` = lora_A (r, in) and ``b`` = lora_B (out, r); zero where the adapter leaves the tensor
+    alone (``a`` and ``b`` None). ``scale`` is a float32 value. ``blocks.lora`` computes it."""
+
+    name: str
+    shape: tuple[int, ...]
+    a: TensorRef | None = None
+    b: TensorRef | None = None
+    scale: float = 0.0
+    transposed: bool = False
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.a is None else self.a.entry.shape[0]
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """One model: its name, its directory (for config/tokenizer files), its tensors in order, and
-    the hub repo and commit it was resolved from (None for a local path)."""
+    the hub repo and commit it was resolved from (None for a local path).
+
+    A LoRA agent (``format.lora``) has its full tensors (``modules_to_save``) in ``tensors`` and
+    every other merged tensor in ``deltas``, given as a task vector; ``described_by`` names the
+    files besides the weights whose bytes define it (its ``adapter_config.json``: its scales)."""
 
     name: str
     path: Path
@@ -60,10 +84,16 @@ class Checkpoint:
     headers: tuple[WeightsFile, ...]
     tensors: dict[str, TensorRef]
     hub: HubSource | None = None
+    deltas: dict[str, DeltaRef] = field(default_factory=dict)
+    described_by: tuple[Path, ...] = ()
 
     @property
     def files(self) -> tuple[Path, ...]:
         return tuple(h.path for h in self.headers)
+
+    def dtype_of(self, name: str) -> str:
+        """The dtype tensor ``name`` reaches the kernels in: its file's, or F32 for a task vector."""
+        return "F32" if name in self.deltas else self.tensors[name].entry.dtype
 
 
 def open_checkpoint(path: str | Path, hub: HubAccess | None = None) -> Checkpoint:
@@ -176,6 +206,11 @@ class _Directory:
         if self.snapshot is not None:  # read later (tied heads, the output's config and copies): checked now
             for name in (CONFIG_FILE, *COPIED_FILES):
                 self.has(name)
+        if self.has(ADAPTER_CONFIG):  # its adapter_model.safetensors would pass for a model's weights
+            raise ConfigError(
+                f"{self.path}: is a PEFT adapter ({ADAPTER_CONFIG}), not a model; give it as an AGENT from a local "
+                "directory, after the BASE model it was trained from"
+            )
         if self.has(SHARD_INDEX):
             return self.shards(SHARD_INDEX)
         if self.has(SINGLE_FILE):

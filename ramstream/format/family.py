@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
 from ramstream.config import DEFAULT_HUB_TIMEOUT
 from ramstream.errors import ConfigError, InputError, MismatchError, UnsupportedDtypeError
-from ramstream.format.checkpoint import Checkpoint, open_checkpoint
+from ramstream.format.checkpoint import Checkpoint, DeltaRef, open_checkpoint
 from ramstream.format.dtypes import UNDECODABLE_FLOATS, is_float
 from ramstream.format.fingerprint import checkpoint_fingerprint
 from ramstream.format.hub import HubAccess
+from ramstream.format.lora import is_adapter, open_adapter
 from ramstream.format.tied_heads import reconcile_head, untie_base
 
 
@@ -47,19 +49,28 @@ def open_family(
 ) -> Family:
     """Open and cross-check the checkpoints (paths, or hub ids resolved in ``hf_cache``, the hub
     answering each request within ``hub_timeout`` seconds); raise naming the agent and tensor on
-    any mismatch."""
+    any mismatch. An agent that is a PEFT adapter directory is a LoRA agent (``format.lora``)."""
     if len(agents) < min_agents:
         raise ConfigError(f"need at least {min_agents} agent checkpoint(s), got {len(agents)}")
     hub = HubAccess(hf_cache, hub_timeout)
     base_ckpt = open_checkpoint(base, hub)
-    agent_ckpts = tuple(open_checkpoint(a, hub) for a in agents)
+    opened = [None if is_adapter(a) else open_checkpoint(a, hub) for a in agents]
+    base_ckpt = untie_base(base_ckpt)  # a LoRA agent is read against the tensors the base keeps
+    agent_ckpts = tuple(
+        open_adapter(a, base_ckpt, str(base)) if c is None else c for a, c in zip(agents, opened, strict=True)
+    )
     _refuse_shared_files(base_ckpt, agent_ckpts)
-    base_ckpt = untie_base(base_ckpt)
     names = _unique_names([c.name for c in agent_ckpts])
-    agent_ckpts = tuple(reconcile_head(base_ckpt, replace(c, name=n)) for n, c in zip(names, agent_ckpts, strict=True))
+    agent_ckpts = tuple(_reconciled(base_ckpt, replace(c, name=n)) for n, c in zip(names, agent_ckpts, strict=True))
     for agent in agent_ckpts:
         _check_agent(base_ckpt, agent)
     return Family(base_ckpt, agent_ckpts)
+
+
+def _reconciled(base: Checkpoint, agent: Checkpoint) -> Checkpoint:
+    """A LoRA agent was read against the base's tensors already; other agents' heads are matched
+    to the base's (``tied_heads``)."""
+    return agent if agent.described_by else reconcile_head(base, agent)
 
 
 def _refuse_shared_files(base: Checkpoint, agents: tuple[Checkpoint, ...]) -> None:
@@ -90,6 +101,8 @@ def _unique_names(names: list[str]) -> list[str]:
 
 def _check_agent(base: Checkpoint, agent: Checkpoint) -> None:
     for name, ref in base.tensors.items():
+        if name in agent.deltas:  # a LoRA agent's task vector, checked against the base when read
+            continue
         other = agent.tensors.get(name)
         if other is None:
             raise MismatchError(f"{agent.path}: tensor {name!r} of the base is missing from agent {agent.name}")
@@ -108,7 +121,7 @@ def _check_agent(base: Checkpoint, agent: Checkpoint) -> None:
             raise MismatchError(
                 f"{other.file}: tensor {name!r} is {other.entry.dtype} but the base has {ref.entry.dtype}"
             )
-    extra = sorted(set(agent.tensors) - set(base.tensors))
+    extra = sorted((set(agent.tensors) | set(agent.deltas)) - set(base.tensors))
     if extra:
         raise MismatchError(f"{agent.path}: tensor {extra[0]!r} of agent {agent.name} is not in the base")
 
@@ -127,6 +140,13 @@ def with_absolute_paths(family: Family) -> Family:
             directory=None if ckpt.directory is None else absolute(ckpt.directory),
             headers=tuple(replace(h, path=absolute(h.path)) for h in ckpt.headers),
             tensors={k: replace(ref, file=absolute(ref.file)) for k, ref in ckpt.tensors.items()},
+            deltas={k: _absolute_delta(d, absolute) for k, d in ckpt.deltas.items()},
+            described_by=tuple(absolute(p) for p in ckpt.described_by),
         )
 
     return Family(member(family.base), tuple(member(a) for a in family.agents))
+
+
+def _absolute_delta(delta: DeltaRef, absolute: Callable[[Path], Path]) -> DeltaRef:
+    a, b = (None if f is None else replace(f, file=absolute(f.file)) for f in (delta.a, delta.b))
+    return replace(delta, a=a, b=b)

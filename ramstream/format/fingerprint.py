@@ -7,6 +7,7 @@ builds set them all to 1; ``tar``, ``cp -p``, ``rsync -a`` keep them). So each f
 its identity (device, inode, ctime: ctime changes on every write, even when mtime is restored)
 and a SHA-256 of ``SAMPLES`` ranges of ``SAMPLE_BYTES`` of every tensor (its start, middle and
 end). Order matters: the key lists base, agent 1..N, so the same agents in another order differ.
+A LoRA agent's ``adapter_config.json`` is digested whole: its alpha and ranks are its scales.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import json
 import mmap
 import os
+from pathlib import Path
 
 from ramstream.errors import InputError
 from ramstream.format.checkpoint import Checkpoint, WeightsFile
@@ -28,6 +30,7 @@ def checkpoint_fingerprint(checkpoint: Checkpoint) -> dict[str, object]:
     """A JSON-able record of every file of ``checkpoint`` (name, size, mtime, identity, digests),
     and the hub repo and commit it came from, if it did."""
     files = [_file_fingerprint(header) for header in checkpoint.headers]
+    files += [_described_by(path) for path in checkpoint.described_by]
     hub = {"hub": checkpoint.hub.to_dict()} if checkpoint.hub is not None else {}
     return {"name": checkpoint.name, "path": str(checkpoint.path), "files": files, **hub}
 
@@ -52,6 +55,18 @@ def _file_fingerprint(header: WeightsFile) -> dict[str, object]:
         "header_sha256": hashlib.sha256(header.header_bytes).hexdigest(),
         "data_sample_sha256": sampled,
     }
+
+
+def _described_by(path: Path) -> dict[str, object]:
+    """A small file whose every byte defines a checkpoint (a LoRA agent's ``adapter_config.json``:
+    its scales), digested whole."""
+    try:
+        fd = open_regular(path)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from exc
+    return {"file": path.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def sample_ranges(offset: int, nbytes: int) -> list[tuple[int, int]]:

@@ -15,6 +15,9 @@ SHARD_INDEX = "model.safetensors.index.json"
 BIN_FILE = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 CONFIG_FILE = "config.json"
+# A PEFT adapter directory (``format.lora``): its config and its weights, in PEFT's preference order.
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
 # Copied from the base into the output as they are (and fetched with a hub model).
 COPIED_FILES = (

@@ -55,7 +55,8 @@ def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport
         blobs = hub.get("blobs", {})
         for f in fp["files"]:
             blob = f", cached blob {code(blobs[f['file']])}" if f["file"] in blobs else ""
-            lines.append(f"- {name}: {code(f['file'])}, {f['size']} bytes, header sha256 `{f['header_sha256']}`{blob}")
+            digest = f"header sha256 `{f['header_sha256']}`" if "header_sha256" in f else f"sha256 `{f['sha256']}`"
+            lines.append(f"- {name}: {code(f['file'])}, {f['size']} bytes, {digest}{blob}")
     return "\n".join(lines) + "\n"
 
 
