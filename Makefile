@@ -5,9 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # torch is installed first and pinned: 2.13.0 is the local CPU build here (any other version
 # pulls GBs of CUDA wheels); mergekit (and what it needs) only for the parity tests and
-# tools/bench_vs_mergekit.py, which find this torch already there.
+# tools/bench_vs_mergekit.py, which find this torch already there; peft (it needs torch too) for the
+# LoRA agent tests, which write their adapters with it (tests/test_lora.py; they skip without it).
 TORCH := torch==2.13.0
 MERGEKIT := mergekit==0.1.5
+PEFT := peft==0.21.2
 
 .PHONY: install demo test test-fast test-lowest lint typecheck imports check bench bench-mergekit clean
 
@@ -15,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q '$(TORCH)'
-	$(BIN)/pip install -q -e '.[test]' '$(MERGEKIT)'
+	$(BIN)/pip install -q -e '.[test]' '$(MERGEKIT)' '$(PEFT)'
 	touch $(STAMP) $(DEMO_STAMP)
 
 # The demo needs ramstream and torch (to score the lab's agents), not the test tools nor mergekit;

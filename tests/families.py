@@ -105,6 +105,23 @@ class Family:
     dtypes: dict[str, str] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     copied: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
+    # per agent, its task vectors when they are given rather than agent minus base (a LoRA agent)
+    given_taus: list[dict[str, np.ndarray] | None] = field(default_factory=list)
+
+    def task_vector(self, t: int, name: str) -> np.ndarray:
+        """Agent t's float32 task vector of ``name`` (flat): given, or f32(agent) - f32(base)."""
+        given = self.given_taus[t] if t < len(self.given_taus) else None
+        if given is not None:
+            return given[name].astype(np.float32).ravel()
+        base = self.base_values[name].astype(np.float32).ravel()
+        return (self.agent_values[t][name].astype(np.float32).ravel() - base).astype(np.float32)
+
+    def agent_weights(self, t: int, name: str) -> np.ndarray:
+        """Agent t's float32 weights of ``name`` (flat): f32(base) + tau for a given task vector."""
+        given = self.given_taus[t] if t < len(self.given_taus) else None
+        if given is not None:
+            return (self.base_values[name].astype(np.float32).ravel() + self.task_vector(t, name)).astype(np.float32)
+        return self.agent_values[t][name].astype(np.float32).ravel()
 
 
 DEFAULT_SHAPES: dict[str, tuple[int, ...]] = {

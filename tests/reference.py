@@ -43,8 +43,7 @@ class Counts:
 
 
 def task_vectors(family: Family, name: str) -> list[np.ndarray]:
-    base = family.base_values[name].astype(np.float32)
-    return [(agent[name].astype(np.float32) - base).astype(np.float32) for agent in family.agent_values]
+    return [family.task_vector(t, name) for t in range(len(family.agent_values))]
 
 
 def active_masks(family: Family, name: str, eps: float) -> np.ndarray:

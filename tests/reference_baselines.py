@@ -28,8 +28,7 @@ F0 = np.float32(0.0)
 
 
 def task_vectors(family: Family, name: str) -> list[np.ndarray]:
-    base = family.base_values[name].astype(np.float32).ravel()
-    return [(agent[name].astype(np.float32).ravel() - base).astype(np.float32) for agent in family.agent_values]
+    return [family.task_vector(t, name) for t in range(len(family.agent_values))]
 
 
 def f32_sum(values: list[float]) -> np.float32:
@@ -63,8 +62,8 @@ def linear(
         total: np.ndarray = np.zeros(family.base_values[name].size, np.float32)
         if base_weight != 0:
             total = total + np.float32(base_weight) * family.base_values[name].astype(np.float32).ravel()
-        for w, agent in zip(weights, family.agent_values, strict=True):
-            total = total + np.float32(w) * agent[name].astype(np.float32).ravel()
+        for t, w in enumerate(weights):
+            total = total + np.float32(w) * family.agent_weights(t, name)
         if normalize:
             total = total / f32_sum([base_weight, *weights])
         merged[name] = total

@@ -24,8 +24,7 @@ Output = dict[str, tuple[str, tuple[int, ...], np.ndarray]]
 
 
 def task_vectors(family: Family, name: str) -> list[np.ndarray]:
-    base = family.base_values[name].astype(np.float32).ravel()
-    return [(agent[name].astype(np.float32).ravel() - base).astype(np.float32) for agent in family.agent_values]
+    return [family.task_vector(t, name) for t in range(len(family.agent_values))]
 
 
 def names(family: Family) -> list[str]:
