@@ -7,6 +7,10 @@ threads on the CPU, torch on a GPU...), and owns its threads and scratch buffers
 pass worker counts or library types. A merge reads each input once per block: the selection of
 survivors (``Keep``) is evaluated inside its tiles, and it reports the first NaN/Inf input itself.
 
+An input of code ``format.dtypes.TAU32`` (a LoRA agent's block, ``blocks.lora``) is a float32
+task vector, not weights: every operation takes it as tau as it is (nothing subtracted), and
+``merge_linear`` weighs it as ``f32(base) + tau``.
+
 Every backend gives the same bytes for the same inputs: arithmetic in float32 in the order the
 operations document (the Numba kernels in ``backends/numba/`` are the reference), exact integer
 histograms, exact sums in the ``backends.exact_sum`` accumulator format, the counter RNG of
