@@ -212,23 +212,23 @@ def open_adapter(path: str | Path, base: Checkpoint, base_given: str) -> Checkpo
         raise AdapterError(
             f"{weights}: tensor {both[0]!r} is saved whole and also has LoRA factors; which one is meant is unclear"
         )
-    tensors, zeros = {}, {}
+    tensors, as_task_vectors = {}, {}
     for name, ref in base.tensors.items():
         if name in saved:
             tensors[name] = saved[name]
         elif name in deltas:
-            zeros[name] = deltas[name]
+            as_task_vectors[name] = deltas[name]
         elif is_float(ref.entry.dtype):
-            zeros[name] = DeltaRef(name, ref.entry.shape)  # left alone: task vector 0
+            as_task_vectors[name] = DeltaRef(name, ref.entry.shape)  # left alone: task vector 0
         else:
             tensors[name] = ref  # copied from the base in any case
     return Checkpoint(
-        directory.name,
+        directory.resolve().name,
         directory.resolve(),
         directory,
         (header,),
         tensors,
-        deltas=zeros,
+        deltas=as_task_vectors,
         described_by=(config.path,),
     )
 
