@@ -31,8 +31,9 @@ Gradients (lists of values over the layers) and filters (``{filter: self_attn, v
 are read for the parameters ramstream varies per tensor (slerp's ``t``, the spherical methods'
 ``weight``; see ``methods.tensor_settings``). nuslerp, multislerp and karcher run without a
 base_model as mergekit does: the first model becomes ramstream's BASE, a model like the others
-(``no_base``). Everything else is refused by name, in one line: slices, modules, gradients and
-filters of other parameters, LoRA (``model+lora``), tokenizer merging, parameters the method does
+(``no_base``). A LoRA agent is its adapter directory, or mergekit's ``base_model+adapter``
+(a LoRA on any other model is refused). Everything else is refused by name, in one line: slices,
+modules, gradients and filters of other parameters, tokenizer merging, parameters the method does
 not read, and any ``dtype`` other than float32 (ramstream's arithmetic is float32, always; see
 docs/methods.md).
 """
@@ -269,7 +270,7 @@ def parse(doc: Any, source: Path) -> ConfigMerge:
     settings: dict[str, Any] = {"method": spec.method, **dict(spec.implied), **_dtypes(doc, fail)}
     _tokenizer(doc, fail)
     base = None if doc.get("base_model") is None else _model_path(doc["base_model"], "base_model", fail)
-    inputs = _inputs(doc.get("models"), fail)
+    inputs = _inputs(doc.get("models"), base, fail)
     top = _parameters(doc.get("parameters"), "parameters", fail)
     if name == "linear":
         return _linear(source, base, inputs, top, settings, fail)
@@ -355,7 +356,7 @@ def _same(a: Path, b: Path) -> bool:
     return a == b or a.resolve() == b.resolve()
 
 
-def _inputs(entries: Any, fail: Fail) -> list[tuple[Path, dict[str, Any]]]:
+def _inputs(entries: Any, base: Path | None, fail: Fail) -> list[tuple[Path, dict[str, Any]]]:
     if not isinstance(entries, list) or not entries:
         raise fail("models must be a list of {model: PATH, parameters: {...}} entries")
     out = []
@@ -366,8 +367,36 @@ def _inputs(entries: Any, fail: Fail) -> list[tuple[Path, dict[str, Any]]]:
         extra = sorted(set(entry) - {"model", "parameters"})
         if extra:
             raise fail(f"{where}: {extra[0]!r} is not supported (a model entry holds model and parameters)")
-        out.append((_model_path(entry["model"], where, fail), _parameters(entry.get("parameters"), where, fail)))
+        model = entry["model"]
+        path = _adapter_path(model, base, where, fail) if _is_lora_reference(model) else _model_path(model, where, fail)
+        out.append((path, _parameters(entry.get("parameters"), where, fail)))
     return out
+
+
+def _is_lora_reference(value: Any) -> bool:
+    """mergekit's ``model+lora``: a string with a '+' that is not itself an existing path."""
+    return isinstance(value, str) and "+" in value and not Path(value).expanduser().exists()
+
+
+def _adapter_path(value: str, base: Path | None, where: str, fail: Fail) -> Path:
+    """``base+adapter``: the adapter directory, merged as an agent of base_model (its task vector is
+    the adapter's update). A LoRA on another model would make that model's own update part of the
+    agent, which ramstream does not read: refused, as is an adapter that is not a local directory."""
+    model, adapter = (part.strip() for part in value.split("+", 1))
+    if base is None:
+        raise fail(
+            f"{where}: {value!r} applies a LoRA to {model!r}: set base_model: {model} "
+            "(an adapter merges as an agent of base_model)"
+        )
+    if not _same(Path(model).expanduser(), base):
+        raise fail(
+            f"{where}: {value!r} applies a LoRA to {model!r}, which is not base_model ({base}): ramstream merges an "
+            "adapter as an agent of base_model only (merge it into its model first)"
+        )
+    path = Path(adapter).expanduser()
+    if not (path / "adapter_config.json").is_file():
+        raise fail(f"{where}: {adapter!r} is not a local PEFT adapter directory (no adapter_config.json in it)")
+    return path
 
 
 def _dtypes(doc: Mapping[str, Any], fail: Fail) -> dict[str, Any]:
@@ -405,9 +434,9 @@ def _tokenizer(doc: Mapping[str, Any], fail: Fail) -> None:
 
 def _model_path(value: Any, where: str, fail: Fail) -> Path:
     if not isinstance(value, str) or not value:
-        raise fail(f"{where}: model must be a path (LoRA and override_architecture are not supported)")
-    if "+" in value:
-        raise fail(f"{where}: {value!r} names a LoRA (model+lora), which is not supported: merge it in first")
+        raise fail(f"{where}: model must be a path (override_architecture is not supported)")
+    if _is_lora_reference(value):
+        raise fail(f"{where}: {value!r} names a LoRA (model+lora): the base cannot be one (merge it in first)")
     return Path(value).expanduser()  # a hub id (org/name@rev) stays as written: it is resolved on opening
 
 

@@ -51,7 +51,7 @@ from tests.families import (  # noqa: E402
     write_safetensors,
 )
 from tests.test_backends import installed_backends  # noqa: E402
-from tests.test_cli import assert_nothing_finished, in_process, one_line_error  # noqa: E402
+from tests.test_cli import assert_nothing_finished, in_process, ok, one_line_error  # noqa: E402
 from tests.test_resume import KILL_AT_STEP, KILLED, renamed_to, tree_bytes  # noqa: E402
 
 PREFIX = "base_model.model."
@@ -528,3 +528,88 @@ def test_an_adapter_given_as_base_is_refused(lab: Lab, tmp_path: Path) -> None:
     outcome = in_process("merge", lab.lora_a, lab.full, "--out", tmp_path / "out", "--cache-dir", tmp_path / "cache")
     one_line_error(outcome, "PEFT adapter", "AGENT")
     assert_nothing_finished(tmp_path / "out")
+
+
+def _materialised(lab: Lab, dest: Path, taus: dict[str, np.ndarray]) -> Path:
+    """The agent base + delta written as a float32 checkpoint."""
+    dest.mkdir()
+    shutil.copy(lab.base / "config.json", dest / "config.json")
+    tensors = {
+        name: ("F32", lab.family.shapes[name], (lab.family.base_values[name] + taus[name]).astype(np.float32))
+        for name in lab.family.base_values
+    }
+    write_safetensors(dest / "model.safetensors", tensors)
+    return dest
+
+
+SPHERE_CASES: list[tuple[str, dict[str, Any], bool]] = [
+    ("slerp", {"t": 0.4}, True),  # weights: f32(base) + delta, as the materialised agent's
+    ("karcher", {}, True),
+    ("multislerp", {"weights": [1.0, 2.0]}, False),  # task vectors: delta against f32(base + delta) - base
+]
+
+
+@pytest.mark.parametrize(("method", "opts", "same_bytes"), SPHERE_CASES, ids=[c[0] for c in SPHERE_CASES])
+def test_spherical_merges_of_an_adapter_equal_the_materialised_agent(
+    lab: Lab, tmp_path: Path, method: str, opts: dict[str, Any], same_bytes: bool
+) -> None:
+    """The spherical methods see an adapter agent's weights as f32(base) + delta: where they work
+    on the weights they write the materialised agent's bytes; on task vectors, up to rounding."""
+    taus = lab.family.given_taus[0]
+    assert taus is not None
+    materialised = _materialised(lab, tmp_path / "materialised", taus)
+    others = [] if method == "slerp" else [str(lab.full)]
+    outs = {}
+    for label, agent in [("adapter", lab.lora_a), ("materialised", materialised)]:
+        out = tmp_path / f"out-{label}"
+        merge(
+            lab.base,
+            [str(agent), *others],
+            out=out,
+            method=method,
+            method_options=opts,
+            out_dtype="f32",
+            options=_options(tmp_path / f"cache-{label}"),
+        )
+        outs[label] = {n: decode(raw, d) for n, (d, _, raw) in read_model_dir(out).items()}
+    for name, got in outs["adapter"].items():
+        if same_bytes:
+            assert np.array_equal(got.view(np.uint32), outs["materialised"][name].view(np.uint32)), name
+        else:
+            np.testing.assert_allclose(got, outs["materialised"][name], rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_a_config_names_adapters_as_mergekit_does(lab: Lab, tmp_path: Path) -> None:
+    """``base_model+adapter`` and the adapter directory itself: the same merge as the agents given
+    on the command line."""
+    config = tmp_path / "merge.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "merge_method": "ties",
+                "base_model": str(lab.base),
+                "models": [
+                    {"model": f"{lab.base}+{lab.lora_a}", "parameters": {"weight": 1.0, "density": 0.3}},
+                    {"model": str(lab.full), "parameters": {"weight": 1.0, "density": 0.3}},
+                    {"model": str(lab.lora_b), "parameters": {"weight": 1.0, "density": 0.3}},
+                ],
+            }
+        )
+    )
+    cache = ["--cache-dir", tmp_path / "cache", "--quiet"]
+    ok(in_process("merge", "--config", config, "--out", tmp_path / "by-config", *cache))
+    ok(
+        in_process(
+            "merge",
+            lab.base,
+            *lab.agents,
+            "--method",
+            "ties",
+            "--density",
+            "0.3",
+            "--out",
+            tmp_path / "by-flags",
+            *cache,
+        )
+    )
+    assert _files(tmp_path / "by-config") == _files(tmp_path / "by-flags")
