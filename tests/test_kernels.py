@@ -13,11 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ramstream.backends.numba.codecs import BF16, F16, F32, F64, TILE, decode_array, encode_array
+from ramstream.backends.numba.lora import lora_product
 from ramstream.backends.numba.merge_ram import merge_ram_block
 from ramstream.backends.numba.probe import probe_block
 from ramstream.backends.numba.sources import READ_TILE
+from ramstream.blocks.lora import numpy_product
 from tests.families import bf16_to_f32, f32_to_bf16
 
 CODES = {"BF16": BF16, "F16": F16, "F32": F32, "F64": F64}
@@ -453,3 +457,23 @@ def test_spine_kernels_report_a_file_that_ends_early(workers: int, on_disk: Call
     out = np.zeros(n, np.uint16)
     merge_ram_block(fds, offsets, codes, n, 1e-5, np.ones((1, 3), np.float32), addresses(out), BF16, failed, nonfinite)
     assert failed[-1] == 3 and set(failed.tolist()) <= {-1, 3}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    rank=st.integers(0, 70),
+    cols=st.integers(1, 2500),
+    seed=st.integers(0, 2**32 - 1),
+    scale=st.floats(0.125, 64.0, width=32),
+)
+def test_the_numba_lora_product_writes_numpys_bits(rows: int, rank: int, cols: int, seed: int, scale: float) -> None:
+    """A LoRA update per element: float32 products added in k order, then scaled; the parallel,
+    column-tiled kernel may not round differently (no fused multiply-add, no reordering)."""
+    rng = np.random.default_rng(seed)
+    left = (rng.standard_normal((rows, rank)) * 0.1).astype(np.float32)
+    right = (rng.standard_normal((rank, cols)) * 0.1).astype(np.float32)
+    want, got = np.zeros(rows * cols, np.float32), np.zeros(rows * cols, np.float32)
+    numpy_product(left, right, np.float32(scale), want)
+    lora_product(left, right, np.float32(scale), got)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

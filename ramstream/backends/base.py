@@ -224,6 +224,11 @@ class Backend(Protocol):
         """float32 (N, n): 0 where MAGPRUNE drops an element, 1 (or 1/p) where it keeps it."""
         ...
 
+    def lora_product(self, left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
+        """``out`` (flat, zeroed) <- (left @ right) * scale in ``blocks.lora``'s order: a LoRA
+        agent's update, computed on the host while its block is assembled (``blocks.lora.Product``)."""
+        ...
+
     def close(self) -> None:
         """Release files, threads and buffers."""
         ...

@@ -18,7 +18,7 @@ from typing import cast
 
 import numpy as np
 
-from ramstream.blocks.lora import delta_block
+from ramstream.blocks.lora import Product, delta_block, numpy_product
 from ramstream.blocks.sources import BlockSources
 from ramstream.errors import InputError, NonFiniteWeightError, TaskVectorOverflowError
 from ramstream.format import codecs
@@ -113,10 +113,11 @@ class BlockArrays:
 class BlockReader:
     """Hands out (and releases) the inputs of the family's blocks over open files."""
 
-    def __init__(self, family: Family, plan: Plan, files: InputFiles) -> None:
+    def __init__(self, family: Family, plan: Plan, files: InputFiles, product: Product = numpy_product) -> None:
         self.family = family
         self.plan = plan
         self.files = files
+        self.product = product  # computes LoRA agents' updates (the backend's, for its speed)
         self._mapped: dict[int, list[tuple[int, int]]] = {}  # block index -> ranges mapped for it
 
     def _refs(self, block: Block) -> list[Ref]:
@@ -131,7 +132,7 @@ class BlockReader:
 
     def _held(self, block: Block, start: int, stop: int) -> tuple[np.ndarray | None, ...]:
         return tuple(
-            _readonly(delta_block(r, self.files, start, stop)) if isinstance(r, DeltaRef) else None
+            _readonly(delta_block(r, self.files, start, stop, self.product)) if isinstance(r, DeltaRef) else None
             for r in self._refs(block)
         )
 

@@ -16,6 +16,8 @@ output itself is the agent's decoded input, which the plan's budget already coun
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ramstream.format import codecs
@@ -25,10 +27,27 @@ from ramstream.io.reader import InputFiles
 
 CHUNK = 1 << 18  # elements computed at a time
 
+# product(left (rows, r), right (r, cols), scale, out (rows * cols,), zeroed): out <- (left @ right)
+# * scale in the order above. A backend may give a faster one with the same bits (Backend.lora_product).
+Product = Callable[[np.ndarray, np.ndarray, np.float32, np.ndarray], None]
 
-def delta_block(ref: DeltaRef, files: InputFiles, start: int, stop: int) -> np.ndarray:
+
+def numpy_product(left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
+    """out <- (left @ right) * scale, as the module docstring orders it (``out`` flat, zeroed):
+    numpy, one thread, r passes over the chunk."""
+    acc = out.reshape(left.shape[0], right.shape[1])
+    term = np.empty_like(acc)
+    for k in range(left.shape[1]):
+        np.multiply(left[:, k : k + 1], right[k : k + 1, :], out=term)
+        np.add(acc, term, out=acc)
+    np.multiply(acc, scale, out=acc)
+
+
+def delta_block(
+    ref: DeltaRef, files: InputFiles, start: int, stop: int, product: Product = numpy_product
+) -> np.ndarray:
     """float32 (stop - start,): elements [start, stop) of ``ref``'s task vector (zeros for a tensor
-    the adapter leaves alone)."""
+    the adapter leaves alone), each piece computed by ``product``."""
     out = np.zeros(stop - start, np.float32)
     a, b = ref.a, ref.b
     if a is None or b is None or stop <= start:
@@ -36,7 +55,9 @@ def delta_block(ref: DeltaRef, files: InputFiles, start: int, stop: int) -> np.n
     cols = ref.shape[1]
     first, last = start // cols, (stop - 1) // cols + 1
     left = _left(a, b, ref.transposed, files, first, last)  # (last - first, r)
-    right = _read(files, b).reshape(cols, -1).T if ref.transposed else _read(files, a).reshape(-1, cols)
+    right = np.ascontiguousarray(
+        _read(files, b).reshape(cols, -1).T if ref.transposed else _read(files, a).reshape(-1, cols)
+    )
     scale = np.float32(ref.scale)
     at = start
     while at < stop:
@@ -48,19 +69,10 @@ def delta_block(ref: DeltaRef, files: InputFiles, start: int, stop: int) -> np.n
             piece = (i, i + 1, j, min(cols, j + stop - at, j + CHUNK))
         r0, r1, c0, c1 = piece
         size = (r1 - r0) * (c1 - c0)
-        _product(left[r0 - first : r1 - first], right[:, c0:c1], scale, out[at - start : at - start + size])
+        columns = np.ascontiguousarray(right[:, c0:c1]) if c1 - c0 < cols else right
+        product(left[r0 - first : r1 - first], columns, scale, out[at - start : at - start + size])
         at += size
     return out
-
-
-def _product(left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
-    """out <- (left @ right) * scale, as the module docstring orders it (``out`` flat, zeroed)."""
-    acc = out.reshape(left.shape[0], right.shape[1])
-    term = np.empty_like(acc)
-    for k in range(left.shape[1]):
-        np.multiply(left[:, k : k + 1], right[k : k + 1, :], out=term)
-        np.add(acc, term, out=acc)
-    np.multiply(acc, scale, out=acc)
 
 
 def _left(a: TensorRef, b: TensorRef, transposed: bool, files: InputFiles, first: int, last: int) -> np.ndarray:

@@ -32,7 +32,7 @@ from ramstream.backends.base import (
 )
 from ramstream.backends.exact_sum import BINS
 from ramstream.backends.nonfinite import EXPONENT
-from ramstream.backends.numba import della, exact_stats, gta, linear, magnitude, merge_ram, nonfinite, probe
+from ramstream.backends.numba import della, exact_stats, gta, linear, lora, magnitude, merge_ram, nonfinite, probe
 from ramstream.backends.numba.keep import (
     KEEP_ALL,
     KEEP_ARRAY,
@@ -341,6 +341,10 @@ class NumbaBackend:
                 workers,
             )
         return keep
+
+    def lora_product(self, left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
+        with self._scoped(out.size):
+            lora.lora_product(left, right, scale, out)
 
     def close(self) -> None:
         self._files.close()

@@ -42,6 +42,7 @@ from ramstream.backends.torch.rng import uniform
 from ramstream.backends.torch.staging import ALIGN, InputRing, OutputRing, Part, Staging, array_part, file_part
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
 from ramstream.blocks import BlockArrays, BlockSources
+from ramstream.blocks.lora import numpy_product
 from ramstream.config import show_size
 from ramstream.errors import ConfigError, DeviceError
 from ramstream.format.dtypes import TAU32
@@ -611,6 +612,10 @@ class TorchBackend:
 
             self._run(parts, arrays.size, tile, align=params.slice_size, inputs=len(parts) + 4)
         return keep
+
+    def lora_product(self, left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
+        """On the host, with numpy (the block is assembled there before it is staged)."""
+        numpy_product(left, right, scale, out)
 
     def close(self) -> None:
         for pool in (self._pool, self._workers_pool):
