@@ -32,14 +32,16 @@ are read for the parameters ramstream varies per tensor (slerp's ``t``, the sphe
 ``weight``; see ``methods.tensor_settings``). nuslerp, multislerp and karcher run without a
 base_model as mergekit does: the first model becomes ramstream's BASE, a model like the others
 (``no_base``). A LoRA agent is its adapter directory, or mergekit's ``base_model+adapter``
-(a LoRA on any other model is refused). Everything else is refused by name, in one line: slices,
-modules, gradients and filters of other parameters, tokenizer merging, parameters the method does
-not read, and any ``dtype`` other than float32 (ramstream's arithmetic is float32, always; see
-docs/methods.md).
+(a LoRA on any other model is refused). ``slices`` are read when they are what ``models`` says
+(one slice whose sources span every layer: the form many slerp configs use). Everything else is
+refused by name, in one line: other slices (frankenmerges), modules, gradients and filters of
+other parameters, tokenizer merging, parameters the method does not read, and any ``dtype``
+other than float32 (ramstream's arithmetic is float32, always; see docs/methods.md).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
@@ -162,12 +164,20 @@ _DEFAULT_ONLY: dict[str, dict[str, tuple[Param, str]]] = {
 }
 
 _REFUSED_KEYS = {
-    "slices": "slices (layer ranges) are not supported: ramstream merges whole models listed under models:",
     "modules": "modules are not supported: ramstream merges whole models listed under models:",
     "tokenizer": "tokenizer merging is not supported: the tokenizer files are copied from base_model",
     "chat_template": "chat_template is not supported: the tokenizer files are copied from base_model as they are",
 }
-_TOP_KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source")
+_TOP_KEYS = (
+    "merge_method",
+    "base_model",
+    "models",
+    "slices",
+    "parameters",
+    "dtype",
+    "out_dtype",
+    "tokenizer_source",
+)
 _OUT_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 
 # What the CLI calls each setting, for messages about clashes between a config and flags.
@@ -270,8 +280,14 @@ def parse(doc: Any, source: Path) -> ConfigMerge:
     settings: dict[str, Any] = {"method": spec.method, **dict(spec.implied), **_dtypes(doc, fail)}
     _tokenizer(doc, fail)
     base = None if doc.get("base_model") is None else _model_path(doc["base_model"], "base_model", fail)
-    inputs = _inputs(doc.get("models"), base, fail)
     top = _parameters(doc.get("parameters"), "parameters", fail)
+    entries = doc.get("models")
+    if "slices" in doc:
+        if entries is not None:
+            raise fail("slices and models are both given: mergekit reads one or the other")
+        entries, slice_params = _one_full_slice(doc["slices"], fail)
+        top = {**top, **slice_params}
+    inputs = _inputs(entries, base, fail)
     if name == "linear":
         return _linear(source, base, inputs, top, settings, fail)
     if base is None and spec.base == "optional":
@@ -371,6 +387,59 @@ def _inputs(entries: Any, base: Path | None, fail: Fail) -> list[tuple[Path, dic
         path = _adapter_path(model, base, where, fail) if _is_lora_reference(model) else _model_path(model, where, fail)
         out.append((path, _parameters(entry.get("parameters"), where, fail)))
     return out
+
+
+def _one_full_slice(slices: Any, fail: Fail) -> tuple[list[Any], dict[str, Any]]:
+    """mergekit's ``slices`` when they say what ``models`` says (mergekit turns ``models`` into
+    exactly this): one slice whose every source spans all the layers of its model. Returns the
+    sources as ``models`` entries and the slice's own parameters (which override the top-level
+    ones). Anything else (several slices, part of the layers: a frankenmerge) is refused by name."""
+    if not isinstance(slices, list) or len(slices) != 1 or not isinstance(slices[0], Mapping):
+        count = len(slices) if isinstance(slices, list) else "no list of"
+        raise fail(
+            f"slices: ramstream reads one slice spanning every layer of its models (the models: form); "
+            f"this config has {count} slices (frankenmerges and layer ranges are not supported)"
+        )
+    extra = sorted(set(slices[0]) - {"sources", "parameters"})
+    if extra:
+        raise fail(f"slices[0]: {extra[0]!r} is not supported (a slice holds sources and parameters)")
+    sources = slices[0].get("sources")
+    if not isinstance(sources, list) or not sources:
+        raise fail("slices[0].sources must be a list of {model: PATH, layer_range: [0, LAYERS]} entries")
+    entries = []
+    for i, source in enumerate(sources):
+        where = f"slices[0].sources[{i}]"
+        if not isinstance(source, Mapping) or "model" not in source:
+            raise fail(f"{where} must be a mapping with model: PATH")
+        extra = sorted(set(source) - {"model", "layer_range", "parameters"})
+        if extra:
+            raise fail(f"{where}: {extra[0]!r} is not supported (a source holds model, layer_range and parameters)")
+        _check_full_range(source.get("layer_range"), source["model"], where, fail)
+        entries.append({key: value for key, value in source.items() if key != "layer_range"})
+    return entries, _parameters(slices[0].get("parameters"), "slices[0]", fail)
+
+
+def _check_full_range(layer_range: Any, model: Any, where: str, fail: Fail) -> None:
+    """``layer_range`` must be [0, the model's num_hidden_layers], read from its config.json."""
+    if (
+        not isinstance(layer_range, list)
+        or len(layer_range) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in layer_range)
+    ):
+        raise fail(f"{where}: layer_range must be [first, end], two integers")
+    directory = Path(str(model).split("+", 1)[0] if _is_lora_reference(model) else str(model)).expanduser()
+    try:
+        layers = json.loads((directory / "config.json").read_text())["num_hidden_layers"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise fail(
+            f"{where}: cannot read num_hidden_layers from {directory / 'config.json'} to check layer_range "
+            "(a slice must span every layer; list the models under models: instead)"
+        ) from None
+    if layer_range != [0, layers]:
+        raise fail(
+            f"{where}: layer_range {layer_range} is not all of {model}'s {layers} layers: slices of part of "
+            f"the layers (frankenmerges) are not supported; use [0, {layers}]"
+        )
 
 
 def _is_lora_reference(value: Any) -> bool:

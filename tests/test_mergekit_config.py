@@ -175,7 +175,19 @@ BASE_DOC: dict[str, Any] = {"merge_method": "ties", "base_model": "base", "model
 @pytest.mark.parametrize(
     ("change", "needles"),
     [
-        ({"slices": []}, ["slices"]),
+        ({"models": None, "slices": []}, ["slices", "0 slices", "frankenmerges"]),
+        ({"slices": [{"sources": [{"model": "a", "layer_range": [0, 2]}]}]}, ["slices and models are both given"]),
+        (
+            {"models": None, "slices": [{"sources": [{"model": "a", "layer_range": [0, 2]}]}, {"sources": []}]},
+            ["2 slices"],
+        ),
+        ({"models": None, "slices": [{"sources": [{"model": "a", "layer_range": [0, 2]}]}]}, ["a/config.json"]),
+        (
+            {"models": None, "slices": [{"sources": [{"model": "a", "layer_range": 2}]}]},
+            ["layer_range", "two integers"],
+        ),
+        ({"models": None, "slices": [{"sources": [{"model": "a", "weight": 1}]}]}, ["sources[0]", "'weight'"]),
+        ({"models": None, "slices": [{"sources": "a"}]}, ["slices[0].sources must be a list"]),
         ({"modules": {}}, ["modules"]),
         ({"tokenizer": {"source": "union"}}, ["tokenizer"]),
         ({"chat_template": "chatml"}, ["chat_template"]),
@@ -216,6 +228,44 @@ BASE_DOC: dict[str, Any] = {"merge_method": "ties", "base_model": "base", "model
 )
 def test_unsupported_config_is_refused_by_name(change: dict[str, Any], needles: list[str]) -> None:
     refused({**BASE_DOC, **change}, *needles)
+
+
+def _models_with_layers(root: Path, layers: int, *names: str) -> list[str]:
+    paths = []
+    for name in names:
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps({"num_hidden_layers": layers}))
+        paths.append(str(root / name))
+    return paths
+
+
+def test_one_slice_over_every_layer_is_the_models_form(tmp_path: Path) -> None:
+    """The hub's slerp configs: one slice whose sources span every layer; its parameters override
+    the top-level ones, its sources' their own."""
+    base, agent = _models_with_layers(tmp_path, 4, "base", "agent")
+    t = [{"filter": "self_attn", "value": [0, 1]}, {"value": 0.5}]
+    sliced = parse(
+        {
+            "merge_method": "slerp",
+            "base_model": base,
+            "slices": [
+                {
+                    "sources": [{"model": base, "layer_range": [0, 4]}, {"model": agent, "layer_range": [0, 4]}],
+                    "parameters": {"t": t},
+                }
+            ],
+            "parameters": {"t": 0.1},
+        }
+    )
+    listed = parse({"merge_method": "slerp", "base_model": base, "models": models(base, agent), "parameters": {"t": t}})
+    assert (sliced.base, sliced.agents, dict(sliced.settings)) == (listed.base, listed.agents, dict(listed.settings))
+
+
+def test_a_slice_of_part_of_the_layers_is_refused(tmp_path: Path) -> None:
+    base, agent = _models_with_layers(tmp_path, 4, "base", "agent")
+    sources = [{"model": base, "layer_range": [0, 4]}, {"model": agent, "layer_range": [0, 3]}]
+    doc = {"merge_method": "slerp", "base_model": base, "slices": [{"sources": sources}], "parameters": {"t": 0.5}}
+    refused(doc, "slices[0].sources[1]", "[0, 3]", "4 layers", "frankenmerges")
 
 
 def test_hub_ids_with_a_revision_load_as_written() -> None:
