@@ -83,6 +83,12 @@ DETERMINISTIC: dict[str, Case] = {
     "breadcrumbs_ties": ("breadcrumbs_ties", {"density": 0.3, "gamma": 0.01}, WEIGHTS, None),
     "model_stock": ("model_stock", {}, [{}, {}, {}], {}),
     "slerp": ("slerp", {"t": 0.3}, [{}], {}),
+    "slerp-slices": (
+        "slerp",
+        {"t": [{"filter": "self_attn", "value": [0.1, 0.9]}, {"filter": "mlp", "value": [0.8, 0.25]}, {"value": 0.6}]},
+        [{}],
+        {},
+    ),
     "slerp-filters-gradients": (
         "slerp",
         {
@@ -95,6 +101,7 @@ DETERMINISTIC: dict[str, Case] = {
         [{}],
         {},
     ),
+    "task_arithmetic-slices": ("task_arithmetic", {"lambda": 0.8}, WEIGHTS, {}),
     "nuslerp": ("nuslerp", {}, [{"weight": 0.3}, {"weight": 0.9}], None),
     "nuslerp-no-base": ("nuslerp", {}, [{"weight": 1.0}, {"weight": [0.2, 2.0]}], "absent"),
     "multislerp": ("multislerp", {}, WEIGHTS, None),
@@ -115,6 +122,9 @@ SINGLE: dict[str, Case] = {
     for m in ("dare_linear", "dare_ties", "della", "della_linear")
 }
 ALL = {**DETERMINISTIC, **RANDOM, **SINGLE}
+# Cases written as mergekit's one slice over every layer of each model, as the hub's slerp
+# configs are (mergekit turns a models: list into exactly that).
+AS_SLICES = {"slerp-slices", "task_arithmetic-slices"}
 
 
 RAMSTREAM_NAME = {"ramplus_tl": "ram+"}
@@ -154,7 +164,7 @@ class Runs:
     f32_stock: dict[str, Path]  # magnitude methods on the float32 family, mergekit as it is
 
 
-def write_config(path: Path, fam: Family, case: Case, agents: int | None = None) -> None:
+def write_config(path: Path, fam: Family, case: Case, agents: int | None = None, as_slices: bool = False) -> None:
     method, top, per_agent, base_entry = case
     models = []
     if isinstance(base_entry, dict):
@@ -172,6 +182,9 @@ def write_config(path: Path, fam: Family, case: Case, agents: int | None = None)
         doc["base_model"] = str(fam.base)
     if top:
         doc["parameters"] = top
+    if as_slices:
+        layers = [0, SHAPE.layers]
+        doc["slices"] = [{"sources": [{**m, "layer_range": layers} for m in doc.pop("models")]}]
     doc.update({"dtype": "float32", "out_dtype": "bfloat16"})
     path.write_text(json.dumps(doc, indent=1))  # JSON is YAML
 
@@ -188,7 +201,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     jobs = []
     for name, case in ALL.items():
         configs[name] = root / f"{name}.yml"
-        write_config(configs[name], fam, case)
+        write_config(configs[name], fam, case, as_slices=name in AS_SLICES)
         outs[name] = root / "mergekit" / name
         jobs.append([str(configs[name]), str(outs[name]), name in MAGNITUDE])
         if name in MAGNITUDE:
