@@ -45,11 +45,11 @@ MARKER = ".lora-complete"
 
 
 def read_safetensors(path: Path) -> dict[str, tuple[str, list[int], np.ndarray]]:
-    """name -> (dtype, shape, raw little-endian elements) of a safetensors file."""
+    """name -> (dtype, shape, raw little-endian elements) of a safetensors file, memory-mapped."""
     with path.open("rb") as f:
         size = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(size))
-        data = np.frombuffer(f.read(), np.uint8)
+    data = np.memmap(path, np.uint8, mode="r", offset=8 + size)
     header.pop("__metadata__", None)
     raw_dtype = {"BF16": np.uint16, "F32": np.float32}
     return {
@@ -145,10 +145,10 @@ def merge_argv(
 
 def same_elements(a: Path, b: Path) -> tuple[int, int]:
     """(elements with the same bits, elements) over the two outputs' tensors."""
+    ours, theirs = (read_safetensors(next(d.glob("*.safetensors"))) for d in (a, b))
     same = total = 0
-    for name, (_, _, raw) in read_safetensors(next(a.glob("*.safetensors"))).items():
-        other = read_safetensors(next(b.glob("*.safetensors")))[name][2]
-        same += int((raw == other).sum())
+    for name, (_, _, raw) in ours.items():
+        same += int((raw == theirs[name][2]).sum())
         total += raw.size
     return same, total
 
