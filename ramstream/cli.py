@@ -318,7 +318,10 @@ def _method_options(f: F) -> F:
         (("--max-iter",), {"type": click.IntRange(min=0), "help": "karcher: iterations at most [default: 10]."}),
         (("--tol",), {"type": float, "help": "karcher: convergence tolerance [default: 1e-5]."}),
         (("--base-weight",), {"type": float, "help": "linear: the base's own weight [default: 0, no part]."}),
-        (("--lambda", "lambda_"), {"type": float, "help": "Multiplier of the merged task vector."}),
+        (
+            ("--lambda", "lambda_"),
+            {"type": SettingValue(), "help": "Multiplier of the merged task vector (a number, gradient or filters)."},
+        ),
         (("--density",), {"type": FloatList(), "help": f"Fraction of each task vector kept ({per_agent})."}),
         (("--gamma",), {"type": FloatList(), "help": f"Breadcrumbs: largest fraction dropped ({per_agent})."}),
         (("--epsilon",), {"type": FloatList(), "help": f"DELLA: keep-probability spread ({per_agent})."}),

@@ -28,15 +28,16 @@ passes its weight as ``base_weight``), for the other methods it is the base. Rel
 relative to the working directory, as in mergekit; a model that is no existing path and reads as
 ``org/name[@revision]`` is a Hugging Face hub id, resolved when the checkpoints are opened.
 Gradients (lists of values over the layers) and filters (``{filter: self_attn, value: ...}``)
-are read for the parameters ramstream varies per tensor (slerp's ``t``, the spherical methods'
-``weight``; see ``methods.tensor_settings``). nuslerp, multislerp and karcher run without a
-base_model as mergekit does: the first model becomes ramstream's BASE, a model like the others
-(``no_base``). A LoRA agent is its adapter directory, or mergekit's ``base_model+adapter``
-(a LoRA on any other model is refused). ``slices`` are read when they are what ``models`` says
-(one slice whose sources span every layer: the form many slerp configs use). Everything else is
-refused by name, in one line: other slices (frankenmerges), modules, gradients and filters of
-other parameters, tokenizer merging, parameters the method does not read, and any ``dtype``
-other than float32 (ramstream's arithmetic is float32, always; see docs/methods.md).
+are read for the parameters ramstream varies per tensor (slerp's ``t``, the spherical and GTA
+methods' ``weight``, the GTA methods' ``lambda``; see ``methods.tensor_settings``). nuslerp,
+multislerp and karcher run without a base_model as mergekit does: the first model becomes
+ramstream's BASE, a model like the others (``no_base``). A LoRA agent is its adapter
+directory, or mergekit's ``base_model+adapter`` (a LoRA on any other model is refused).
+``slices`` are read when they are what ``models`` says (one slice whose sources span every
+layer: the form many slerp configs use). Everything else is refused by name, in one line: other
+slices (frankenmerges), modules, gradients and filters of other parameters, tokenizer merging,
+parameters the method does not read, and any ``dtype`` other than float32 (ramstream's
+arithmetic is float32, always; see docs/methods.md).
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ class MethodMap:
     agents: tuple[int, int | None] = (1, None)  # how many models besides the base (min, max)
 
 
-WEIGHT = Param("weight", "weights", "model", "float")
-LAMBDA = Param("lambda", "lambda", "shared", "float", 1.0)
+WEIGHT = Param("weight", "weights", "model", "float")  # linear: one value per model
+LAMBDA = Param("lambda", "lambda", "shared", "float", 1.0, varying=True)
 DENSITY = Param("density", "density", "model", "float", 1.0)
 GAMMA = Param("gamma", "gamma", "model", "float", 0.01)
 DELLA_EPSILON = Param("epsilon", "epsilon", "model", "float", 0.15)
@@ -93,9 +94,9 @@ RESCALE = Param("rescale", "rescale", "shared", "bool")
 RAM_EPSILON = Param("epsilon", "eps", "shared", "float", 1e-5)
 INT8_MASK = Param("int8_mask", "int8_mask", "shared", "bool", False)
 T = Param("t", "t", "shared", "float", varying=True)
-SPHERE_WEIGHT = Param("weight", "weights", "model", "float", varying=True)
+VARYING_WEIGHT = Param("weight", "weights", "model", "float", varying=True)  # GTA and spherical methods
 
-_GTA = (WEIGHT, LAMBDA, NORMALIZE)
+_GTA = (VARYING_WEIGHT, LAMBDA, NORMALIZE)
 _SPARSE = (*_GTA, DENSITY, RESCALE)
 
 # mergekit's methods that ramstream runs, with the parameters that change mergekit's result.
@@ -121,7 +122,7 @@ METHODS: dict[str, MethodMap] = {
     "nuslerp": MethodMap(
         "nuslerp",
         (
-            SPHERE_WEIGHT,
+            VARYING_WEIGHT,
             Param("nuslerp_row_wise", "nuslerp_row_wise", "shared", "bool", False),
             Param("nuslerp_flatten", "nuslerp_flatten", "shared", "bool", True),
         ),
@@ -130,7 +131,7 @@ METHODS: dict[str, MethodMap] = {
     ),
     "multislerp": MethodMap(
         "multislerp",
-        (SPHERE_WEIGHT, Param("normalize_weights", "normalize_weights", "shared", "bool", True)),
+        (VARYING_WEIGHT, Param("normalize_weights", "normalize_weights", "shared", "bool", True)),
         base="optional",
     ),
     "karcher": MethodMap(
@@ -564,6 +565,8 @@ def _varying(
     """A parameter that may differ per tensor, as ``methods.tensor_settings`` reads it: the
     model's setting first, then the top-level one, then mergekit's default."""
     if param.scope == "shared":
+        if param.name not in top:
+            return {}  # left to the method, whose default is mergekit's
         value = _chain(param, [top.get(param.name)], "parameters", fail)
         return {} if value is None else {param.option: value}
     if param.name not in top and not any(param.name in p for p in per_model):
@@ -590,8 +593,10 @@ def _chain(param: Param, scopes: list[Any], where: str, fail: Fail) -> Any:
             conditions += value
         elif isinstance(value, list) and any(isinstance(v, (list, Mapping)) for v in value):
             raise fail(f"{where}.{param.name}: a gradient is a list of numbers, got {value!r}")
-        else:
+        elif isinstance(value, list):
             conditions.append({"value": value})
+        else:  # a number, which YAML may have read as text ("1e-5")
+            conditions.append({"value": _value(param, value, f"{where}.{param.name}", fail)})
     default = _default(param)
     if default is not None:
         conditions.append({"value": default})

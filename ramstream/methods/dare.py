@@ -21,7 +21,7 @@ and unscaled. Weights default to 1 (mergekit requires them), density to 1 and se
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,8 +31,9 @@ from ramstream.backends.base import Consensus
 from ramstream.backends.rng import random_keys
 from ramstream.errors import ConfigError
 from ramstream.methods import options
+from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import RandomDrop, gta_prepared
+from ramstream.methods.gta import RandomDrop, check_weighting, gta_prepared, parse_weighting, weight_report
 from ramstream.statistics.context import StatsContext
 from ramstream.statistics.exact_sums import DareL1Sums, tensor_sums
 
@@ -43,18 +44,18 @@ DARE_OPTIONS = {"weights", "density", "lambda", "normalize", "seed", "rescale"}
 
 @dataclass(frozen=True)
 class DareParams:
-    weights: tuple[float, ...]
+    weights: tuple[ts.Setting, ...]
     density: tuple[float, ...]
-    lam: float = 1.0
+    lam: ts.Setting = 1.0
     normalize: bool = False
     seed: int = 0
     rescale: Rescale = "l1"
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "weights": list(self.weights),
+            "weights": [ts.to_json(w) for w in self.weights],
             "density": list(self.density),
-            "lambda": self.lam,
+            "lambda": ts.to_json(self.lam),
             "normalize": self.normalize,
             "seed": self.seed,
             "rescale": self.rescale,
@@ -76,10 +77,11 @@ def dare_spec(name: str, consensus: Consensus) -> MethodSpec:
         refuse_unknown(name, given, DARE_OPTIONS)
         density = options.per_agent("density", given.get("density", 1.0), n_agents)
         options.in_range("density", density, 0.0, 1.0, low_open=True)
+        weights, lam = parse_weighting(given, n_agents)
         return DareParams(
-            weights=options.per_agent("weights", given.get("weights", 1.0), n_agents),
+            weights=weights,
             density=density,
-            lam=options.number("lambda", given.get("lambda", 1.0)),
+            lam=lam,
             normalize=options.boolean("normalize", given.get("normalize", False)),
             seed=options.seed("seed", given.get("seed", 0)),
             rescale=_rescale(given.get("rescale", "l1")),
@@ -93,17 +95,21 @@ def dare_spec(name: str, consensus: Consensus) -> MethodSpec:
         )
         density = np.array(params.density, np.float32)
         return gta_prepared(
-            {"weight": params.weights, "density": params.density},
-            np.array(params.weights, np.float32),
+            {**weight_report(params.weights), "density": params.density},
+            ts.per_tensor(params.weights, names),
             dare_scales(params, ctx, len(names)),
-            np.full(len(names), params.lam, np.float32),
+            ts.resolve(params.lam, names).astype(np.float32),
             consensus=consensus,
             normalize=params.normalize,
             drop=RandomDrop(keys, density),
         )
 
     summary = "DARE: random drop + rescale, then " + ("TIES sign election" if consensus == "sum" else "weighted sum")
-    return MethodSpec(name, summary, parse, prepare)
+
+    def check(params: DareParams, names: Sequence[str]) -> None:
+        check_weighting(params.weights, params.lam, names)
+
+    return MethodSpec(name, summary, parse, prepare, check=check)
 
 
 def dare_scales(params: DareParams, ctx: StatsContext, n_tensors: int) -> np.ndarray:

@@ -22,7 +22,7 @@ the block's own elements.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,8 +42,9 @@ from ramstream.backends.rng import random_keys
 from ramstream.blocks import BlockArrays
 from ramstream.errors import ConfigError
 from ramstream.methods import options
+from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import Selection, gta_prepared
+from ramstream.methods.gta import Selection, check_weighting, gta_prepared, parse_weighting, weight_report
 from ramstream.methods.trim import l1_factors
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.context import StatsContext
@@ -55,20 +56,20 @@ OPTIONS = {"weights", "density", "epsilon", "lambda", "normalize", "rescale", "s
 
 @dataclass(frozen=True)
 class DellaParams:
-    weights: tuple[float, ...]
+    weights: tuple[ts.Setting, ...]
     density: tuple[float, ...]
     epsilon: tuple[float, ...]
-    lam: float
+    lam: ts.Setting
     normalize: bool
     rescale: Rescale
     seed: int
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "weights": list(self.weights),
+            "weights": [ts.to_json(w) for w in self.weights],
             "density": list(self.density),
             "epsilon": list(self.epsilon),
-            "lambda": self.lam,
+            "lambda": ts.to_json(self.lam),
             "normalize": self.normalize,
             "rescale": self.rescale,
             "seed": self.seed,
@@ -86,11 +87,12 @@ def parse_della(name: str, given: Mapping[str, Any], n_agents: int) -> DellaPara
             raise ConfigError(
                 f"--density {d:g} with --epsilon {e:g}: density - epsilon and density + epsilon must lie in (0, 1)"
             )
+    weights, lam = parse_weighting(given, n_agents)
     return DellaParams(
-        weights=options.per_agent("weights", given.get("weights", 1.0), n_agents),
+        weights=weights,
         density=density,
         epsilon=epsilon,
-        lam=options.number("lambda", given.get("lambda", 1.0)),
+        lam=lam,
         normalize=options.boolean("normalize", given.get("normalize", name == "della")),
         rescale=rescale_choice(given.get("rescale", "l1")),
         seed=options.seed("seed", given.get("seed", 0)),
@@ -177,18 +179,17 @@ def prepare_della(name: str, params: DellaParams, ctx: StatsContext) -> Prepared
     else:
         scale = np.ones((n_tensors, n_agents), np.float32)
     tensors = [_tensor_plan(ctx, name) for name in ctx.family.base.tensors]
-    weights = np.array(params.weights, np.float32)
-    lam = np.float32(params.lam)
+    names = list(ctx.family.base.tensors)
     consensus: Consensus = "sum" if name == "della" else "none"
     normalize = params.normalize
     inverse = params.rescale == "inverse"
 
-    per_agent = {"weight": params.weights, "density": params.density, "epsilon": params.epsilon}
+    per_agent = {**weight_report(params.weights), "density": params.density, "epsilon": params.epsilon}
     return gta_prepared(
         per_agent,
-        weights,
+        ts.per_tensor(params.weights, names),
         scale,
-        np.full(n_tensors, lam),
+        ts.resolve(params.lam, names).astype(np.float32),
         consensus=consensus,
         normalize=normalize,
         select=prune.selection(tensors, inverse),
@@ -214,4 +215,7 @@ def della_spec(name: str) -> MethodSpec:
     def prepare(params: DellaParams, ctx: StatsContext) -> Prepared:
         return prepare_della(name, params, ctx)
 
-    return MethodSpec(name, DELLA_METHODS[name], parse, prepare, row_aligned=True, accepts_nonfinite=False)
+    def check(params: DellaParams, names: Sequence[str]) -> None:
+        check_weighting(params.weights, params.lam, names)
+
+    return MethodSpec(name, DELLA_METHODS[name], parse, prepare, row_aligned=True, accepts_nonfinite=False, check=check)

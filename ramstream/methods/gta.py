@@ -10,13 +10,15 @@ is read once per block.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ramstream.backends.base import Backend, Consensus, GtaParams, Keep, KeepAll, KeepRandom
 from ramstream.blocks import BlockArrays
+from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import Fused, Prepared
 from ramstream.plan import Block
 from ramstream.statistics.magnitude import digest
@@ -40,6 +42,27 @@ class RandomDrop:
     density: np.ndarray  # float32 (N,)
 
 
+def parse_weighting(given: Mapping[str, Any], n_agents: int) -> tuple[tuple[ts.Setting, ...], ts.Setting]:
+    """The family's ``weights`` (one per agent, default 1) and ``lambda`` (default 1): numbers, or
+    gradients and filters that give each tensor its own value, as mergekit reads them."""
+    weights = ts.per_agent("weights", given.get("weights", 1.0), n_agents)
+    return weights, ts.parse("lambda", given.get("lambda", 1.0))
+
+
+def weighting_json(weights: Sequence[ts.Setting], lam: ts.Setting) -> dict[str, Any]:
+    return {"weights": [ts.to_json(w) for w in weights], "lambda": ts.to_json(lam)}
+
+
+def weight_report(weights: Sequence[ts.Setting]) -> dict[str, tuple[float, ...]]:
+    """The weights to report per agent: none when they vary per tensor."""
+    values = ts.uniform(weights)
+    return {} if values is None else {"weight": values}
+
+
+def check_weighting(weights: Sequence[ts.Setting], lam: ts.Setting, names: Sequence[str]) -> None:
+    ts.check([*weights, lam], names)
+
+
 def gta_prepared(
     per_agent: dict[str, tuple[float, ...]],
     weights: np.ndarray,
@@ -51,8 +74,8 @@ def gta_prepared(
     drop: RandomDrop | None = None,
     select: Selection | None = None,
 ) -> Prepared:
-    """A GTA method ready to merge: float32 ``weights`` (N,), ``scale`` (tensors, N) and ``lam``
-    (tensors,), and ``per_agent`` to report.
+    """A GTA method ready to merge: float32 ``weights`` (N,) or (tensors, N), ``scale`` (tensors,
+    N) and ``lam`` (tensors,), and ``per_agent`` to report.
 
     Elements are all kept, dropped at random (``drop``), or chosen by ``select`` (magnitude
     trimming, DELLA). Merges that differ only in ``lam`` (task arithmetic, DARE, TIES... for several
@@ -60,8 +83,8 @@ def gta_prepared(
     """
     if drop is not None and select is not None:
         raise ValueError("give drop or select, not both")
-    weights = np.ascontiguousarray(weights, np.float32)
     scale = np.ascontiguousarray(scale, np.float32)
+    weights = np.ascontiguousarray(np.broadcast_to(np.asarray(weights, np.float32), scale.shape))
     lam = np.ascontiguousarray(lam, np.float32)
 
     def merge_many(
@@ -80,7 +103,7 @@ def gta_prepared(
         else:
             survivors = KeepAll()
         lams = np.array([own[block.tensor] for own in owns], np.float32)
-        params = GtaParams(weights, scale[block.tensor], consensus, normalize, lams)
+        params = GtaParams(weights[block.tensor], scale[block.tensor], consensus, normalize, lams)
         return backend.merge_gta(arrays, params, survivors, outs, out_code)
 
     def merge_block(arrays: BlockArrays, block: Block, out: np.ndarray, out_code: int, backend: Backend) -> int:

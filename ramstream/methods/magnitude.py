@@ -22,7 +22,7 @@ With ``rescale="l1"`` (``True``) the survivors of each tensor are scaled by sum|
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,8 +31,9 @@ import numpy as np
 from ramstream.backends.base import Consensus
 from ramstream.errors import ConfigError
 from ramstream.methods import options, trim
+from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import gta_prepared
+from ramstream.methods.gta import check_weighting, gta_prepared, parse_weighting, weight_report
 from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 
@@ -69,19 +70,19 @@ MAGNITUDE_METHODS = {
 
 @dataclass(frozen=True)
 class MagnitudeParams:
-    weights: tuple[float, ...]
+    weights: tuple[ts.Setting, ...]
     density: tuple[float, ...]
     gamma: tuple[float, ...] | None  # breadcrumbs only
-    lam: float
+    lam: ts.Setting
     normalize: bool
     rescale: Rescale
     trim_scope: TrimScope
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"weights": list(self.weights), "density": list(self.density)}
+        out: dict[str, Any] = {"weights": [ts.to_json(w) for w in self.weights], "density": list(self.density)}
         if self.gamma is not None:
             out["gamma"] = list(self.gamma)
-        out["lambda"] = self.lam
+        out["lambda"] = ts.to_json(self.lam)
         out["normalize"] = self.normalize
         out["rescale"] = self.rescale
         out["trim_scope"] = self.trim_scope
@@ -99,11 +100,12 @@ def parse_magnitude(method: MagnitudeMethod, given: Mapping[str, Any], n_agents:
     if method.outliers:
         gamma = options.per_agent("gamma", given.get("gamma", 0.01), n_agents)
         options.in_range("gamma", gamma, 0.0, 1.0)
+    weights, lam = parse_weighting(given, n_agents)
     return MagnitudeParams(
-        weights=options.per_agent("weights", given.get("weights", 1.0), n_agents),
+        weights=weights,
         density=density,
         gamma=gamma,
-        lam=options.number("lambda", given.get("lambda", 1.0)),
+        lam=lam,
         normalize=options.boolean("normalize", given.get("normalize", method.normalize)),
         rescale=rescale_choice(given.get("rescale", "none")),
         trim_scope=trim_scope(given.get("trim_scope", "tensor")),
@@ -189,18 +191,17 @@ def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: Sta
         scale = solved.l1_factors(ctx, method.name)  # exactly 1 where an agent keeps everything
     else:
         scale = np.ones((n_tensors, n_agents), np.float32)
-    weights = np.array(params.weights, np.float32)
-    lam = np.float32(params.lam)
+    names = [t.name for t in ctx.plan.tensors]
     consensus: Consensus = "sum" if method.consensus == "sum" else "none"
     normalize = params.normalize
 
     kept = kept_fraction(counts, n_cuts, [t.numel for t in ctx.plan.tensors if t.merged], params.trim_scope)
-    per_agent = {"weight": params.weights, "density": params.density, "kept": kept}
+    per_agent = {**weight_report(params.weights), "density": params.density, "kept": kept}
     return gta_prepared(
         per_agent,
-        weights,
+        ts.per_tensor(params.weights, names),
         scale,
-        np.full(n_tensors, lam),
+        ts.resolve(params.lam, names).astype(np.float32),
         consensus=consensus,
         normalize=normalize,
         select=solved.selection(),
@@ -229,4 +230,9 @@ def magnitude_spec(name: str) -> MethodSpec:
     def ahead(params: MagnitudeParams, ctx: StatsContext) -> tuple[BlockStatistic, ...]:
         return refinement(method, params, ctx)
 
-    return MethodSpec(name, method.summary, parse, prepare, accepts_nonfinite=False, statistics_ahead=ahead)
+    def check(params: MagnitudeParams, names: Sequence[str]) -> None:
+        check_weighting(params.weights, params.lam, names)
+
+    return MethodSpec(
+        name, method.summary, parse, prepare, accepts_nonfinite=False, statistics_ahead=ahead, check=check
+    )

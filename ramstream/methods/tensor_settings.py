@@ -89,6 +89,30 @@ def per_model(name: str, value: Any, count: int) -> tuple[Setting, ...]:
     return (parse(name, value),) * count
 
 
+def per_agent(name: str, value: Any, count: int) -> tuple[Setting, ...]:
+    """``per_model`` for the agents' values (``--weights 1,0.5``, an array from a sweep grid):
+    one setting per agent, or one for all."""
+    if isinstance(value, np.ndarray):
+        value = [float(v) for v in np.ravel(value)]
+    try:
+        return per_model(name, value, count)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("per model", "per agent")) from None
+
+
+def per_tensor(settings: Sequence[Setting], names: Sequence[str]) -> np.ndarray:
+    """float32 (tensors, len(settings)): each setting's value per tensor, rounded once."""
+    if not settings:
+        return np.zeros((len(names), 0), np.float32)
+    return np.stack([resolve(s, names) for s in settings], axis=1).astype(np.float32)
+
+
+def uniform(settings: Sequence[Setting]) -> tuple[float, ...] | None:
+    """The values when none varies per tensor (what reports can show per agent), else None."""
+    values = tuple(s for s in settings if not isinstance(s, Varying))
+    return values if len(values) == len(settings) else None
+
+
 def _setting(name: str, rules: list[Rule]) -> Setting:
     """One number where a single rule without a filter gives one value everywhere."""
     if len(rules) == 1 and rules[0].filter is None and len(rules[0].values) == 1:
@@ -154,10 +178,7 @@ def _gradient(name: str, values: Sequence[Any]) -> tuple[float, ...]:
 
 
 def _number(name: str, value: Any) -> float:
-    try:
-        return options.number(name, value)
-    except ConfigError:
-        raise ConfigError(f"{name}: must be a finite number (float32 range), got {value!r}") from None
+    return options.number(name, value)  # its message names the flag: --lambda must be a number
 
 
 def _yaml_number(value: Any) -> Any:
