@@ -102,6 +102,22 @@ DETERMINISTIC: dict[str, Case] = {
         {},
     ),
     "task_arithmetic-slices": ("task_arithmetic", {"lambda": 0.8}, WEIGHTS, {}),
+    "task_arithmetic-gradients": (
+        "task_arithmetic",
+        {"lambda": [{"filter": "mlp", "value": [0.5, 1.5]}, {"value": 0.9}]},
+        [{"weight": [0.2, 1.0]}, {"weight": [{"filter": "self_attn", "value": 2.0}, {"value": 0.7}]}, {"weight": 1.0}],
+        {},
+    ),
+    "ties-gradients": (
+        "ties",
+        {"lambda": [0.7, 1.1]},
+        [
+            {"weight": [{"filter": "mlp", "value": [1.0, 0.3]}, {"value": 0.6}], "density": 0.2},
+            {"weight": 0.5, "density": 0.5},
+            {"weight": [0.4, 1.2], "density": 0.8},
+        ],
+        {},
+    ),
     "nuslerp": ("nuslerp", {}, [{"weight": 0.3}, {"weight": 0.9}], None),
     "nuslerp-no-base": ("nuslerp", {}, [{"weight": 1.0}, {"weight": [0.2, 2.0]}], "absent"),
     "multislerp": ("multislerp", {}, WEIGHTS, None),
