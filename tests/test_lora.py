@@ -289,14 +289,7 @@ def test_a_merge_of_the_adapter_equals_the_materialised_agent_up_to_rounding(lab
     the rounding of f32(base + delta) - f32(base) against delta."""
     taus = lab.family.given_taus[0]
     assert taus is not None
-    materialised = tmp_path / "materialised"
-    materialised.mkdir()
-    shutil.copy(lab.base / "config.json", materialised / "config.json")
-    tensors = {
-        name: ("F32", lab.family.shapes[name], (lab.family.base_values[name] + taus[name]).astype(np.float32))
-        for name in lab.family.base_values
-    }
-    write_safetensors(materialised / "model.safetensors", tensors)
+    materialised = _materialised(lab, tmp_path / "materialised", taus)
     outs = {}
     for label, agent in [("adapter", lab.lora_a), ("materialised", materialised)]:
         out = tmp_path / f"out-{label}"
