@@ -6,7 +6,7 @@ element, in float32, with a = f32(base) and b = f32(agent) (a LoRA agent: f32(ba
     w      = clamp(t / max(|a - b|, 1e-6), 0, 1)
     merged = w b + (1 - w) a
 
-In exact arithmetic this is a + clamp(b - a, -t, t) (where |a - b| >= 1e-6): where the agent
+In exact arithmetic (t >= 0, |a - b| >= 1e-6) this is a + clamp(b - a, -t, t): where the agent
 lies within t of the base it is taken whole, further away the base moves towards it by t, so the
 agent's small changes are kept and its large ones cut down to t. t = 0 gives the base, a t above
 every difference the agent. ``t / d`` is computed as mergekit's torch computes it, ``(1 / d) * t``
