@@ -150,6 +150,29 @@ def test_block_size_threads_and_backend_change_no_byte(
         assert np.array_equal(outputs[0][name], outputs[1][name]), name
 
 
+def test_torch_tiles_smaller_than_a_block_give_the_numba_bytes(
+    fam: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks of 256 elements in torch tiles of 64 (the last one of a tensor partial); float32
+    output, where a last-bit difference would show."""
+    pytest.importorskip("torch")
+    from ramstream.backends.torch import backend as torch_backend
+
+    outputs = []
+    for backend in ("numba", "torch"):
+        if backend == "torch":
+            monkeypatch.setattr(torch_backend, "CPU_TILE", 64)
+        run = RunOptions(cache_dir=tmp_path / backend, quiet=True, block_elems=256, backend=backend)
+        out = tmp_path / f"out-{backend}"
+        options = {"t": 0.004}
+        api.merge(fam.base, [str(fam.agents[1])], out=out, method="nearswap", method_options=options, out_dtype="f32",
+                  options=run)  # fmt: skip
+        outputs.append(merged(out))
+    assert outputs[0].keys() == outputs[1].keys()
+    for name in outputs[0]:
+        assert np.array_equal(outputs[0][name], outputs[1][name]), name
+
+
 # -- NaN/Inf inputs --------------------------------------------------------------------------------
 
 
