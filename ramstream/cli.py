@@ -303,7 +303,11 @@ def _method_options(f: F) -> F:
         (("--weights",), {"type": SettingList(), "help": f"Agent weights w_t ({per_agent})."}),
         (
             ("--t",),
-            {"type": SettingValue(), "help": "slerp: 0 gives the base, 1 the agent (a number, gradient or filters)."},
+            {
+                "type": SettingValue(),
+                "help": "slerp: 0 gives the base, 1 the agent; nearswap: the distance up to which the agent is "
+                "taken (a number, gradient or filters).",
+            },
         ),
         (
             ("--no-base",),

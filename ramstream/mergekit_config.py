@@ -28,16 +28,16 @@ passes its weight as ``base_weight``), for the other methods it is the base. Rel
 relative to the working directory, as in mergekit; a model that is no existing path and reads as
 ``org/name[@revision]`` is a Hugging Face hub id, resolved when the checkpoints are opened.
 Gradients (lists of values over the layers) and filters (``{filter: self_attn, value: ...}``)
-are read for the parameters ramstream varies per tensor (slerp's ``t``, the spherical and GTA
-methods' ``weight``, the GTA methods' ``lambda``; see ``methods.tensor_settings``). nuslerp,
-multislerp and karcher run without a base_model as mergekit does: the first model becomes
-ramstream's BASE, a model like the others (``no_base``). A LoRA agent is its adapter
-directory, or mergekit's ``base_model+adapter`` (a LoRA on any other model is refused).
-``slices`` are read when they are what ``models`` says (one slice whose sources span every
-layer: the form many slerp configs use). Everything else is refused by name, in one line: other
-slices (frankenmerges), modules, gradients and filters of other parameters, tokenizer merging,
-parameters the method does not read, and any ``dtype`` other than float32 (ramstream's
-arithmetic is float32, always; see docs/methods.md).
+are read for the parameters ramstream varies per tensor (slerp's and nearswap's ``t``, the
+spherical and GTA methods' ``weight``, the GTA methods' ``lambda``; see
+``methods.tensor_settings``). nuslerp, multislerp and karcher run without a base_model as
+mergekit does: the first model becomes ramstream's BASE, a model like the others (``no_base``).
+A LoRA agent is its adapter directory, or mergekit's ``base_model+adapter`` (a LoRA on any other
+model is refused). ``slices`` are read when they are what ``models`` says (one slice whose
+sources span every layer: the form many slerp configs use). Everything else is refused by name,
+in one line: other slices (frankenmerges), modules, gradients and filters of other parameters,
+tokenizer merging, parameters the method does not read, and any ``dtype`` other than float32
+(ramstream's arithmetic is float32, always; see docs/methods.md).
 """
 
 from __future__ import annotations
@@ -119,6 +119,7 @@ METHODS: dict[str, MethodMap] = {
         implied=(("alpha", 0.2),),
     ),
     "slerp": MethodMap("slerp", (T,), agents=(1, 1)),
+    "nearswap": MethodMap("nearswap", (T,), agents=(1, 1)),
     "nuslerp": MethodMap(
         "nuslerp",
         (
@@ -524,8 +525,8 @@ def _refuse_varying(param: Param | None, key: str, value: Any, where: str, fail:
         return
     kind = "gradients" if isinstance(value, list) and not any(isinstance(s, Mapping) for s in value) else "filters"
     raise fail(
-        f"{where}.{key}: per-tensor {kind} are not supported for {key} yet (they are for slerp's t and the "
-        "spherical methods' weight); give one value"
+        f"{where}.{key}: per-tensor {kind} are not supported for {key} yet (they are for slerp's and nearswap's t "
+        "and the spherical methods' weight); give one value"
     )
 
 

@@ -149,8 +149,15 @@ def tied_args(method: str) -> list[str]:
     return ["--rho-scope", "tensor"] if method.startswith("ram") else []
 
 
-# The spherical methods' required values (slerp merges the base and one agent: agent 0 here).
-SPHERICAL = {"slerp": ["--t", "0.3"], "nuslerp": ["--weights", "0.3,0.9"], "multislerp": ["--weights", "1"]}
+# The required values of the spherical methods and nearswap (slerp and nearswap merge the base and
+# one agent: agent 0 here).
+SPHERICAL = {
+    "slerp": ["--t", "0.3"],
+    "nuslerp": ["--weights", "0.3,0.9"],
+    "multislerp": ["--weights", "1"],
+    "nearswap": ["--t", "0.005"],
+}
+ONE_AGENT = ("slerp", "nearswap")
 
 
 @pytest.mark.parametrize("method", method_names())
@@ -162,7 +169,7 @@ def test_a_tied_base_with_its_head_written_out_gives_a_tied_output_for_every_met
     tied model: the output is the merge of the family saved without heads."""
     args = ("--quiet", "--method", method, *tied_args(method))
     base, agents = tied_family(tmp_path, "with-heads", heads=True)
-    count = 1 if method == "slerp" else len(agents)
+    count = 1 if method in ONE_AGENT else len(agents)
     got = weights(merge(tmp_path, base, *agents[:count], out="out", args=args))
     assert HEAD not in got and EMBED in got
     assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] is True

@@ -537,6 +537,7 @@ def _materialised(lab: Lab, dest: Path, taus: dict[str, np.ndarray]) -> Path:
 
 SPHERE_CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("slerp", {"t": 0.4}, True),  # weights: f32(base) + delta, as the materialised agent's
+    ("nearswap", {"t": 0.001}, True),  # weights, per element
     ("karcher", {}, True),
     ("multislerp", {"weights": [1.0, 2.0]}, False),  # task vectors: delta against f32(base + delta) - base
 ]
@@ -551,7 +552,7 @@ def test_spherical_merges_of_an_adapter_equal_the_materialised_agent(
     taus = lab.family.given_taus[0]
     assert taus is not None
     materialised = _materialised(lab, tmp_path / "materialised", taus)
-    others = [] if method == "slerp" else [str(lab.full)]
+    others = [] if method in ("slerp", "nearswap") else [str(lab.full)]
     outs = {}
     for label, agent in [("adapter", lab.lora_a), ("materialised", materialised)]:
         out = tmp_path / f"out-{label}"

@@ -163,6 +163,13 @@ def test_output_dtype(dtype: str | None, out_dtype: str | None, want: str | None
     assert parse(doc).settings.get("out_dtype") == want
 
 
+def test_nearswap_takes_t_per_tensor() -> None:
+    t = [{"filter": "mlp", "value": [0.001, 0.01]}, {"value": 0.005}]
+    got = parse({"merge_method": "nearswap", "base_model": "b", "models": models("b", "a"), "parameters": {"t": t}})
+    assert got.base == Path("b") and got.agents == (Path("a"),)
+    assert got.settings == {"method": "nearswap", "t": t}
+
+
 def test_every_mergekit_method_maps_to_a_registered_method() -> None:
     assert {m.method for m in mergekit_config.METHODS.values()} <= set(method_names())
 
@@ -200,6 +207,11 @@ BASE_DOC: dict[str, Any] = {"merge_method": "ties", "base_model": "base", "model
         ({"merge_method": "nuslerp", "models": models("a")}, ["nuslerp", "exactly 2", "lists 1"]),
         ({"merge_method": "slerp", "base_model": None}, ["base_model is required"]),
         ({"merge_method": "slerp", "models": models("a", a={"t": 0.5})}, ["models[0].t", "top-level"]),
+        ({"merge_method": "nearswap"}, ["nearswap", "exactly 1 model", "lists 2"]),
+        (
+            {"merge_method": "nearswap", "models": models("a"), "parameters": {"t": 0.01, "weight": 1.0}},
+            ["parameters.weight", "nearswap has no parameter"],
+        ),
         ({"models_typo": []}, ["unknown key", "models_typo"]),
         ({"base_model": None}, ["base_model is required"]),
         ({"models": []}, ["models"]),

@@ -60,8 +60,9 @@ SEED = 7
 # name -> (mergekit merge_method, top-level parameters, per-agent parameters, the base model's
 # entry in models: its parameters, None (not listed) or "appended" (not listed; linear only:
 # base_model given all the same, so mergekit appends it to the inputs), or "absent" (no
-# base_model: the base file is the first model, taking the first per-agent parameters))
-Case = tuple[str, dict[str, Any], list[dict[str, Any]], dict[str, Any] | str | None]
+# base_model: the base file is the first model, taking the first per-agent parameters)); a
+# per-agent entry None leaves that agent out (nearswap takes one: the densest, the third)
+Case = tuple[str, dict[str, Any], list[dict[str, Any] | None], dict[str, Any] | str | None]
 WEIGHTS = [{"weight": 0.7}, {"weight": 0.5}, {"weight": 1.0}]
 DETERMINISTIC: dict[str, Case] = {
     "ram": ("ram", {}, [{}, {}, {}], None),
@@ -116,6 +117,20 @@ DETERMINISTIC: dict[str, Case] = {
             {"weight": 0.5, "density": 0.5},
             {"weight": [0.4, 1.2], "density": 0.8},
         ],
+        {},
+    ),
+    # task vectors N(0, 0.01) on 55 % of the third agent's elements: t takes some whole, cuts the others to t
+    "nearswap": ("nearswap", {"t": 0.005}, [None, None, {}], {}),
+    "nearswap-filters-gradients": (
+        "nearswap",
+        {
+            "t": [
+                {"filter": "self_attn", "value": [0.001, 0.02]},
+                {"filter": "mlp", "value": [0.008, 0.002]},
+                {"value": 0.004},
+            ]
+        },
+        [None, None, {}],
         {},
     ),
     "nuslerp": ("nuslerp", {}, [{"weight": 0.3}, {"weight": 0.9}], None),
@@ -186,7 +201,8 @@ def write_config(path: Path, fam: Family, case: Case, agents: int | None = None,
     if isinstance(base_entry, dict):
         models.append({"model": str(fam.base), **({"parameters": base_entry} if base_entry else {})})
     for agent, params in zip(fam.agents[: agents or len(per_agent)], per_agent, strict=True):
-        models.append({"model": str(agent), **({"parameters": params} if params else {})})
+        if params is not None:
+            models.append({"model": str(agent), **({"parameters": params} if params else {})})
     doc: dict[str, Any] = {"merge_method": method, "models": models}
     if base_entry == "absent":  # the models alone (nuslerp, multislerp, karcher): the base is the first
         models.insert(0, {"model": str(fam.base), **({"parameters": per_agent[0]} if per_agent[0] else {})})
@@ -400,6 +416,8 @@ def at_a_tie(fam: Family, name: str, tensor: str, index: np.ndarray) -> np.ndarr
     hit = np.zeros(index.size, bool)
     base = fam.base_values[tensor].astype(np.float32).ravel()
     for t, params in enumerate(per_agent):
+        if params is None:
+            continue
         tau = np.abs(fam.agent_values[t][tensor].astype(np.float32).ravel() - base)
         density = float(params.get("density", top.get("density", 1.0)))
         gamma = float(params.get("gamma", top.get("gamma", 0.01)))

@@ -9,7 +9,7 @@ survivors (``Keep``) is evaluated inside its tiles, and it reports the first NaN
 
 An input of code ``format.dtypes.TAU32`` (a LoRA agent's block, ``blocks.lora``) is a float32
 task vector, not weights: every operation takes it as tau as it is (nothing subtracted), and
-``merge_linear`` weighs it as ``f32(base) + tau``.
+``merge_linear`` and ``merge_nearswap`` weigh it as ``f32(base) + tau``.
 
 Every backend gives the same bytes for the same inputs: arithmetic in float32 in the order the
 operations document (the Numba kernels in ``backends/numba/`` are the reference), exact integer
@@ -184,6 +184,11 @@ class Backend(Protocol):
 
     def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> int:
         """(w0 base + sum_t w_t agent_t), divided by the summed weights with ``normalize``."""
+        ...
+
+    def merge_nearswap(self, arrays: BlockArrays, t: np.float32, out: np.ndarray, out_code: int) -> int:
+        """NearSwap of the base and the one agent (the semantics in ``backends/numba/nearswap.py``):
+        per element w = clamp((1 / max(|a - b|, 1e-6)) * t, 0, 1), then w b + (1 - w) a."""
         ...
 
     def has_nonfinite(self, out: np.ndarray, out_code: int) -> bool:

@@ -8,7 +8,18 @@ from ramstream.registry import Registry
 
 def _builtin_methods() -> list[MethodSpec]:
     """Every method ramstream ships, in the order ``--help`` lists them."""
-    from ramstream.methods import dare, della, linear, magnitude, model_stock, ram, slerp, sphere_mean, task_arithmetic
+    from ramstream.methods import (
+        dare,
+        della,
+        linear,
+        magnitude,
+        model_stock,
+        nearswap,
+        ram,
+        slerp,
+        sphere_mean,
+        task_arithmetic,
+    )
 
     return [
         *(ram.ram_spec(name) for name in ram.RAM_METHODS),
@@ -23,6 +34,7 @@ def _builtin_methods() -> list[MethodSpec]:
         slerp.NUSLERP,
         sphere_mean.MULTISLERP,
         sphere_mean.KARCHER,
+        nearswap.NEARSWAP,
     ]
 
 

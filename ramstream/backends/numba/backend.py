@@ -32,7 +32,18 @@ from ramstream.backends.base import (
 )
 from ramstream.backends.exact_sum import BINS
 from ramstream.backends.nonfinite import EXPONENT
-from ramstream.backends.numba import della, exact_stats, gta, linear, lora, magnitude, merge_ram, nonfinite, probe
+from ramstream.backends.numba import (
+    della,
+    exact_stats,
+    gta,
+    linear,
+    lora,
+    magnitude,
+    merge_ram,
+    nearswap,
+    nonfinite,
+    probe,
+)
 from ramstream.backends.numba.keep import (
     KEEP_ALL,
     KEEP_ARRAY,
@@ -249,6 +260,14 @@ class NumbaBackend:
                     out,
                     out_code,
                     workers,
+                )
+            )
+
+    def merge_nearswap(self, arrays: BlockArrays, t: np.float32, out: np.ndarray, out_code: int) -> int:
+        with self._scoped(arrays.size) as workers:
+            return int(
+                nearswap.merge_nearswap_block(
+                    arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, t, out, out_code, workers
                 )
             )
 

@@ -432,6 +432,25 @@ class TorchBackend:
             self._run(parts, arrays.size, tile)
             return self._found(first)
 
+    def merge_nearswap(self, arrays: BlockArrays, t: np.float32, out: np.ndarray, out_code: int) -> int:
+        parts = self._array_parts(arrays)
+        codes = self._codes(arrays)
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        with self._scoped():
+            t32 = self._f32(t)
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                base, agent = (codecs.decode(r, c) for r, c in zip(raw, codes, strict=True))
+                first[w] = torch.minimum(first[w], probe.first_nonfinite([base, agent]) + lo)
+                if codes[1] == TAU32:  # an agent given as its task vector: its weights, base + tau in float32
+                    agent = base + agent
+                merged = merges.merge_nearswap(base, agent, t32)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(parts, arrays.size, tile)
+            return self._found(first)
+
     # -- magnitudes -------------------------------------------------------------------------------
     @staticmethod
     def _abs_bits(raw: list[torch.Tensor], codes: list[int], agents: Sequence[int]) -> list[torch.Tensor]:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 ZERO = 0.0
+MIN_DISTANCE = 1e-6  # nearswap: |base - agent| is raised to this (as float32)
 
 
 def active(tau: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -120,3 +121,18 @@ def merge_linear(
     for t, agent in enumerate(agents):
         total = total + weights[t] * agent
     return total / divisor if divisor is not None else total
+
+
+def merge_nearswap(base: torch.Tensor, agent: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """NearSwap, as ``nearswap.merge_nearswap_block``: w = (1 / max(|a - b|, 1e-6)) * t, then
+    lowered to 1 and raised to +0.0 (``where``, so a NaN stays NaN as in the kernel), and
+    w b + (1 - w) a."""
+    zero = torch.zeros((), dtype=torch.float32, device=base.device)
+    one = torch.ones((), dtype=torch.float32, device=base.device)
+    floor = torch.full((), MIN_DISTANCE, dtype=torch.float32, device=base.device)
+    distance = (base - agent).abs()
+    distance = torch.where(distance < floor, floor, distance)
+    weight = (one / distance) * t
+    weight = torch.where(weight < zero, zero, weight)
+    weight = torch.where(weight > one, one, weight)
+    return weight * agent + (one - weight) * base
