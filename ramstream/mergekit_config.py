@@ -39,8 +39,8 @@ tokenizer merging, parameters the method does not read, and any ``dtype`` other 
 (ramstream's arithmetic is float32, always; see docs/methods.md).
 
 ``merge_method: passthrough`` merges nothing: it stacks layer ranges of models (frankenmerges)
-or copies one model, optionally scaled. ``parse_stack`` reads it as a ``ConfigStack``; its slices
-may be any number, one source each.
+or copies one model, optionally scaled. ``load`` returns a ``ConfigStack`` for it (``parse_stack``),
+which ``api.stack`` runs; its slices may be any number, one source each.
 """
 
 from __future__ import annotations
@@ -226,8 +226,9 @@ class ConfigMerge:
     settings: Mapping[str, Any]
 
 
-def load(path: str | Path) -> ConfigMerge:
-    """Read and translate a mergekit YAML file; ``ConfigError`` names what cannot be run."""
+def load(path: str | Path) -> ConfigMerge | ConfigStack:
+    """Read and translate a mergekit YAML file: a merge, or a passthrough's stack of layers
+    (``parse_stack``); ``ConfigError`` names what cannot be run."""
     import yaml
 
     path = Path(path)
@@ -236,6 +237,8 @@ def load(path: str | Path) -> ConfigMerge:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    if isinstance(doc, Mapping) and doc.get("merge_method") == PASSTHROUGH:
+        return parse_stack(doc, path)
     return parse(doc, path)
 
 
