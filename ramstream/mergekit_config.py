@@ -461,8 +461,9 @@ def _two_integers(layer_range: Any, where: str, fail: Fail) -> tuple[int, int]:
 def _num_layers(directory: Path, where: str, hint: str, fail: Fail) -> int:
     """``num_hidden_layers`` from the model's config.json (``hint``: what to do without it)."""
     try:
-        layers = json.loads((directory / "config.json").read_text())["num_hidden_layers"]
-    except (OSError, ValueError, KeyError, TypeError):
+        config = json.loads((directory / "config.json").read_text())
+        layers = config.get("num_hidden_layers", config.get("n_layer"))  # GPT-2's name
+    except (OSError, ValueError, AttributeError):
         layers = None
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 0:
         raise fail(

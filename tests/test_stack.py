@@ -175,6 +175,40 @@ def test_self_merge_with_overlapping_ranges(tmp_path: Path, models: dict[str, Pa
     assert json.loads((out / "config.json").read_text())["layer_types"] == [f"a-{i}" for i in (0, 1, 2, 1, 2, 3, 3)]
 
 
+def test_gpt2_names_and_layer_count(tmp_path: Path) -> None:
+    """GPT-2's layers (``transformer.h.N.``) and its ``n_layer``: the embeddings from the first
+    slice's model, the final norm (``ln_f``) from the last's."""
+    rng = np.random.default_rng(5)
+    paths = []
+    for name in ("g1", "g2"):
+        shapes = {"transformer.wte.weight": (V, H), "transformer.wpe.weight": (8, H), "transformer.ln_f.weight": (H,)}
+        for i in range(3):
+            shapes |= {f"transformer.h.{i}.ln_1.weight": (H,), f"transformer.h.{i}.mlp.c_fc.weight": (H, INTER)}
+        tensors: Tensors = {
+            n: ("BF16", shape, f32_to_bf16(rng.standard_normal(int(np.prod(shape))).astype(np.float32)))
+            for n, shape in shapes.items()
+        }
+        (tmp_path / name).mkdir()
+        write_safetensors(tmp_path / name / "model.safetensors", tensors)
+        (tmp_path / name / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 3}))
+        paths.append(tmp_path / name)
+    g1, g2 = paths
+    out = stack(tmp_path, passthrough((g1, 0, 2), (g2, 0, 1)))
+    got, first, last = read_model_dir(out), read_model_dir(g1), read_model_dir(g2)
+    assert sorted(got) == sorted(first)
+    expected = {
+        "transformer.wte.weight": first["transformer.wte.weight"],
+        "transformer.wpe.weight": first["transformer.wpe.weight"],
+        "transformer.h.1.mlp.c_fc.weight": first["transformer.h.1.mlp.c_fc.weight"],
+        "transformer.h.2.ln_1.weight": last["transformer.h.0.ln_1.weight"],
+        "transformer.ln_f.weight": last["transformer.ln_f.weight"],
+    }
+    for name, (_dtype, _shape, raw) in expected.items():
+        assert got[name][2].tobytes() == raw.tobytes(), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["n_layer"] == 3 and "num_hidden_layers" not in config
+
+
 def test_scale_with_filters_and_a_gradient(tmp_path: Path, models: dict[str, Path]) -> None:
     """Conditions tried in order against the tensor's name in its model, then the top-level
     gradient (over each slice's layers: t = offset / (layers - 1); t = 0 outside the layers);

@@ -13,7 +13,8 @@ from ramstream.errors import InputError
 from ramstream.format.dtypes import TORCH_NAMES
 from ramstream.format.family import Family
 
-LAYER_COUNT = "num_hidden_layers"
+# Where a config.json gives its layer count: transformers' name, and GPT-2's, GPT-J's, BLOOM's.
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer")
 
 
 def merged_config(path: Path | None, family: Family, dtypes: tuple[str, ...]) -> dict[str, Any] | None:
@@ -73,26 +74,34 @@ def stacked_config(
     path: Path | None, layers: Sequence[LayerSource], elements: Mapping[str, int]
 ) -> dict[str, Any] | None:
     """The config of a stack of ``layers`` (in output order) from ``path``'s: ``num_hidden_layers``
-    is their count, and each per-layer list (a top-level list with one entry per layer, such as
+    (or GPT-2's ``n_layer``) is their count, and each per-layer list (a top-level list with one entry per layer, such as
     ``layer_types``) is rebuilt, output layer j taking the entry of the layer it came from, in its
     own model's config (or, when that model's config has no such list, in ``path``'s)."""
     if path is None:
         return None
     config = read_config(path)
-    count = config.get(LAYER_COUNT)
-    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+    count = layer_count(config)
+    if count is not None and count > 0:
         for key, value in list(config.items()):
             if isinstance(value, list) and len(value) == count:
                 config[key] = [_entry(key, source, value, path) for source in layers]
-    config[LAYER_COUNT] = len(layers)
+    config[next((k for k in LAYER_COUNT_KEYS if k in config), LAYER_COUNT_KEYS[0])] = len(layers)
     set_dtype(config, elements)
     return config
 
 
+def layer_count(config: Mapping[str, Any] | None) -> int | None:
+    """The layer count a config.json gives (``LAYER_COUNT_KEYS``), None when it gives none."""
+    for key in LAYER_COUNT_KEYS:
+        value = None if config is None else config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
 def _entry(key: str, source: LayerSource, fallback: list[Any], path: Path) -> Any:
     own = None if source.config is None else source.config.get(key)
-    count = None if source.config is None else source.config.get(LAYER_COUNT)
-    values = own if isinstance(own, list) and len(own) == count else fallback
+    values = own if isinstance(own, list) and len(own) == layer_count(source.config) else fallback
     if source.layer >= len(values):
         raise InputError(
             f"{path}: {key} lists {len(values)} layers, but the stack takes layer {source.layer} of {source.name}, "

@@ -27,7 +27,7 @@ from ramstream.format.dtypes import OUT_DTYPES, UNDECODABLE_FLOATS, is_float
 from ramstream.format.names import LAYER
 from ramstream.mergekit_config import StackSlice
 from ramstream.methods import tensor_settings
-from ramstream.output.hf_config import LAYER_COUNT, LayerSource
+from ramstream.output.hf_config import LayerSource, layer_count
 
 # A module outside the layers named so lies after them (mergekit's post_weights, across its architectures).
 POST_MODULES = frozenset(
@@ -149,12 +149,12 @@ def _sort(checkpoint: Checkpoint, config: Mapping[str, Any] | None) -> _Model:
             f"{checkpoint.path}: holds several stacks of layers ({shown}): passthrough stacks the layers of "
             "single-stack models (a language model's decoder), not of encoder-decoder or multimodal ones"
         )
-    count = _count(checkpoint, config, layers)
+    count = _count(config, layers)
     beyond = [n for n in layers if n >= count]
     if beyond:
         raise MismatchError(
             f"{checkpoint.path}: tensor {layers[min(beyond)][0][2].name!r} lies in layer {min(beyond)}, beyond its "
-            f"{count} layers ({LAYER_COUNT} in its config.json); ramstream stacks the decoder's layers only"
+            f"{count} layers (num_hidden_layers in its config.json); ramstream stacks the decoder's layers only"
         )
     return _Model(checkpoint, config, before, layers, after, count)
 
@@ -163,12 +163,10 @@ def _after_layers(name: str) -> bool:
     return any(part in POST_MODULES for part in name.split(".")[:-1])
 
 
-def _count(checkpoint: Checkpoint, config: Mapping[str, Any] | None, layers: Mapping[int, Any]) -> int:
-    """config.json's ``num_hidden_layers`` when it has one, else one more than the highest layer number."""
-    value = None if config is None else config.get(LAYER_COUNT)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return max(layers, default=-1) + 1
+def _count(config: Mapping[str, Any] | None, layers: Mapping[int, Any]) -> int:
+    """config.json's layer count when it gives one, else one more than the highest layer number."""
+    count = layer_count(config)
+    return max(layers, default=-1) + 1 if count is None else count
 
 
 def _label(k: int, s: StackSlice) -> str:
