@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +15,7 @@ from ramstream.format.family import Family, open_family
 from ramstream.index.store import IndexStore
 from ramstream.inspect.view import IndexView
 from ramstream.inspect.view import open_index as open_index_view
+from ramstream.mergekit_config import StackSlice
 from ramstream.methods.ram import RhoScope
 from ramstream.output import directory as output_dir
 from ramstream.runs.output import (
@@ -27,10 +28,23 @@ from ramstream.runs.output import (
     parse_method,
     plan_output,
 )
+from ramstream.runs.stack import StackResult, run_stack
 from ramstream.statistics.context import StatsContext
 from ramstream.sweep.run import SweepResult, sweep
 
-__all__ = ["MergeResult", "OutDtype", "SweepResult", "merge", "open_index", "preload", "probe", "sweep"]
+__all__ = [
+    "MergeResult",
+    "OutDtype",
+    "StackResult",
+    "StackSlice",
+    "SweepResult",
+    "merge",
+    "open_index",
+    "preload",
+    "probe",
+    "stack",
+    "sweep",
+]
 
 
 @dataclass(frozen=True)
@@ -162,6 +176,38 @@ def _merge_into(
         [output], work, family, Path(index) if index else None, allow_nonfinite, options, executor
     )
     return MergeResult(out_path, job.index, spec.name, params.to_dict(), prepared.per_agent, False)
+
+
+def stack(
+    slices: Sequence[StackSlice],
+    *,
+    out: str | Path,
+    base: str | Path | None = None,
+    dtype: Literal["bf16", "f16", "f32"] | None = None,
+    out_dtype: OutDtype = "auto",
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    force: bool = False,
+    options: RunOptions | None = None,
+) -> StackResult:
+    """Stack layer ranges of models into one model (mergekit's ``passthrough``: frankenmerges, or
+    one model scaled): output layer j is layer ``start + offset`` of its slice's model, the tensors
+    before the layers come from the first slice's model and those after from the last's.
+
+    ``base`` gives the output's config.json and tokenizer files (default: the first slice's
+    model); ``dtype`` is the dtype mergekit holds the tensors in (they are rounded to it, and
+    scaled there), and the output's unless ``out_dtype`` says otherwise ("auto": each tensor's
+    own). Rerunning a stack that was cut short starts it over; a finished one is left as it is.
+    """
+    return run_stack(
+        slices,
+        out=Path(out),
+        base=base,
+        dtype=dtype,
+        out_dtype=out_dtype,
+        shard_size=shard_size,
+        force=force,
+        options=options or RunOptions(),
+    )
 
 
 def open_index(path: str | Path) -> IndexView:

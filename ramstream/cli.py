@@ -431,6 +431,19 @@ def merge(
         if base is not None or agents:
             raise click.UsageError("give either --config or BASE AGENT..., not both")
         loaded = mergekit_config.load(config)
+        if isinstance(loaded, mergekit_config.ConfigStack):
+            given = {"index": index, "allow_nonfinite": allow_nonfinite or None}
+            flags = {**settings, **{k: v for k, v in given.items() if v is not None}}
+            stacked = api.stack(
+                **mergekit_config.stack_arguments(loaded, flags),
+                out=out,
+                shard_size=shard_size,
+                force=force,
+                options=_options(**run),
+            )
+            state = "already stacked" if stacked.resumed_finished else "stacked"
+            click.echo(f"{state}: {stacked.out} (passthrough, {stacked.layers} layers from {stacked.slices} slices)")
+            return
         base, agents, settings = loaded.base, loaded.agents, mergekit_config.combine(loaded, settings)
     if base is None or not agents:
         raise click.UsageError("give BASE and at least one AGENT (or --config FILE)")

@@ -35,9 +35,13 @@ mergekit does: the first model becomes ramstream's BASE, a model like the others
 A LoRA agent is its adapter directory, or mergekit's ``base_model+adapter`` (a LoRA on any other
 model is refused). ``slices`` are read when they are what ``models`` says (one slice whose
 sources span every layer: the form many slerp configs use). Everything else is refused by name,
-in one line: other slices (frankenmerges), modules, gradients and filters of other parameters,
+in one line: other slices (outside passthrough), modules, gradients and filters of other parameters,
 tokenizer merging, parameters the method does not read, and any ``dtype`` other than float32
 (ramstream's arithmetic is float32, always; see docs/methods.md).
+
+``merge_method: passthrough`` merges nothing: it stacks layer ranges of models (frankenmerges)
+or copies one model, optionally scaled. ``load`` returns a ``ConfigStack`` for it (``parse_stack``),
+which ``api.stack`` runs; its slices may be any number, one source each.
 """
 
 from __future__ import annotations
@@ -208,6 +212,8 @@ FLAGS = {
     "nuslerp_flatten": "--nuslerp-flatten",
     "max_iter": "--max-iter",
     "tol": "--tol",
+    "index": "--index",
+    "allow_nonfinite": "--allow-nonfinite",
 }
 _API_KEYS = ("method", "r", "alpha", "rho_scope", "lambda_rule", "eps", "out_dtype")
 
@@ -222,8 +228,9 @@ class ConfigMerge:
     settings: Mapping[str, Any]
 
 
-def load(path: str | Path) -> ConfigMerge:
-    """Read and translate a mergekit YAML file; ``ConfigError`` names what cannot be run."""
+def load(path: str | Path) -> ConfigMerge | ConfigStack:
+    """Read and translate a mergekit YAML file: a merge, or a passthrough's stack of layers
+    (``parse_stack``); ``ConfigError`` names what cannot be run."""
     import yaml
 
     path = Path(path)
@@ -232,6 +239,8 @@ def load(path: str | Path) -> ConfigMerge:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    if isinstance(doc, Mapping) and doc.get("merge_method") == PASSTHROUGH:
+        return parse_stack(doc, path)
     return parse(doc, path)
 
 
@@ -268,16 +277,12 @@ def parse(doc: Any, source: Path) -> ConfigMerge:
     def fail(message: str) -> ConfigError:
         return ConfigError(f"{source}: {message}")
 
-    if not isinstance(doc, Mapping):
-        raise fail("a mergekit config is a mapping with merge_method, base_model and models")
-    for key in doc:
-        if key in _REFUSED_KEYS:
-            raise fail(_REFUSED_KEYS[key])
-        if key not in _TOP_KEYS:
-            raise fail(f"unknown key {key!r} (ramstream reads {', '.join(_TOP_KEYS)})")
+    _check_keys(doc, fail)
     name = _name(doc, "merge_method", fail)
+    if name == PASSTHROUGH:
+        raise fail("passthrough stacks layers and merges nothing: `ramstream merge --config` runs it, a sweep cannot")
     if name not in METHODS:
-        raise fail(f"merge_method {name!r} is not supported; ramstream runs {', '.join(METHODS)}")
+        raise fail(f"merge_method {name!r} is not supported; ramstream runs {', '.join(METHODS)}, {PASSTHROUGH}")
     spec = METHODS[name]
     settings: dict[str, Any] = {"method": spec.method, **dict(spec.implied), **_dtypes(doc, fail)}
     _tokenizer(doc, fail)
@@ -308,6 +313,17 @@ def parse(doc: Any, source: Path) -> ConfigMerge:
     settings.update(_method_settings(name, spec, top, [params for _, params in inputs], fail))
     settings.update(dict(spec.fixed))
     return ConfigMerge(source, base, agents, settings)
+
+
+def _check_keys(doc: Any, fail: Fail) -> None:
+    """A mapping of the top-level keys ramstream reads; the others are refused by name."""
+    if not isinstance(doc, Mapping):
+        raise fail("a mergekit config is a mapping with merge_method, base_model and models")
+    for key in doc:
+        if key in _REFUSED_KEYS:
+            raise fail(_REFUSED_KEYS[key])
+        if key not in _TOP_KEYS:
+            raise fail(f"unknown key {key!r} (ramstream reads {', '.join(_TOP_KEYS)})")
 
 
 def _count(name: str, spec: MethodMap, models: int, fail: Fail, extra: str = "") -> None:
@@ -395,12 +411,13 @@ def _one_full_slice(slices: Any, fail: Fail) -> tuple[list[Any], dict[str, Any]]
     """mergekit's ``slices`` when they say what ``models`` says (mergekit turns ``models`` into
     exactly this): one slice whose every source spans all the layers of its model. Returns the
     sources as ``models`` entries and the slice's own parameters (which override the top-level
-    ones). Anything else (several slices, part of the layers: a frankenmerge) is refused by name."""
+    ones). Anything else (several slices, part of the layers: a frankenmerge) is refused by name:
+    stacking layer ranges is passthrough's (``parse_stack``)."""
     if not isinstance(slices, list) or len(slices) != 1 or not isinstance(slices[0], Mapping):
         count = len(slices) if isinstance(slices, list) else "no list of"
         raise fail(
             f"slices: ramstream reads one slice spanning every layer of its models (the models: form); "
-            f"this config has {count} slices (frankenmerges and layer ranges are not supported)"
+            f"this config has {count} slices (frankenmerges: merge_method: passthrough stacks layer ranges)"
         )
     extra = sorted(set(slices[0]) - {"sources", "parameters"})
     if extra:
@@ -423,25 +440,38 @@ def _one_full_slice(slices: Any, fail: Fail) -> tuple[list[Any], dict[str, Any]]
 
 def _check_full_range(layer_range: Any, model: Any, where: str, fail: Fail) -> None:
     """``layer_range`` must be [0, the model's num_hidden_layers], read from its config.json."""
+    _two_integers(layer_range, where, fail)
+    directory = Path(str(model).split("+", 1)[0] if _is_lora_reference(model) else str(model)).expanduser()
+    layers = _num_layers(directory, where, "a slice must span every layer; list the models under models: instead", fail)
+    if layer_range != [0, layers]:
+        raise fail(
+            f"{where}: layer_range {layer_range} is not all of {model}'s {layers} layers: slices of part of "
+            f"the layers (frankenmerges) are read for merge_method: passthrough only; use [0, {layers}]"
+        )
+
+
+def _two_integers(layer_range: Any, where: str, fail: Fail) -> tuple[int, int]:
     if (
         not isinstance(layer_range, list)
         or len(layer_range) != 2
         or not all(isinstance(x, int) and not isinstance(x, bool) for x in layer_range)
     ):
         raise fail(f"{where}: layer_range must be [first, end], two integers")
-    directory = Path(str(model).split("+", 1)[0] if _is_lora_reference(model) else str(model)).expanduser()
+    return layer_range[0], layer_range[1]
+
+
+def _num_layers(directory: Path, where: str, hint: str, fail: Fail) -> int:
+    """``num_hidden_layers`` from the model's config.json (``hint``: what to do without it)."""
     try:
-        layers = json.loads((directory / "config.json").read_text())["num_hidden_layers"]
-    except (OSError, ValueError, KeyError, TypeError):
+        config = json.loads((directory / "config.json").read_text())
+        layers = config.get("num_hidden_layers", config.get("n_layer"))  # GPT-2's name
+    except (OSError, ValueError, AttributeError):
+        layers = None
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 0:
         raise fail(
-            f"{where}: cannot read num_hidden_layers from {directory / 'config.json'} to check layer_range "
-            "(a slice must span every layer; list the models under models: instead)"
-        ) from None
-    if layer_range != [0, layers]:
-        raise fail(
-            f"{where}: layer_range {layer_range} is not all of {model}'s {layers} layers: slices of part of "
-            f"the layers (frankenmerges) are not supported; use [0, {layers}]"
+            f"{where}: cannot read num_hidden_layers from {directory / 'config.json'} to check layer_range ({hint})"
         )
+    return layers
 
 
 def _is_lora_reference(value: Any) -> bool:
@@ -638,6 +668,193 @@ def _value(param: Param, value: Any, where: str, fail: Fail) -> float | bool:
     if not math.isfinite(number):
         raise fail(f"{where}.{param.name} must be a finite number, got {value!r}")
     return number
+
+
+# -- passthrough: layers stacked, not merged (frankenmerges) -----------------------------------
+
+PASSTHROUGH = "passthrough"
+SCALE = Param("scale", "scale", "model", "float", varying=True)  # no default: unscaled
+
+
+@dataclass(frozen=True)
+class StackSlice:
+    """Layers ``[start, end)`` of ``model`` (``end`` None: to its last layer), stacked in the
+    output after the slices before it. ``scale`` multiplies its tensors: None (copied as they
+    are), a number, a gradient over the slice's layers, or conditions ``{filter, value}`` tried in
+    order against the tensor's name in ``model`` (none matching: unscaled), as mergekit writes them."""
+
+    model: Path
+    start: int = 0
+    end: int | None = None
+    scale: Any = None
+
+
+@dataclass(frozen=True)
+class ConfigStack:
+    """A passthrough config: the slices in output order, the model whose config.json and tokenizer
+    files the output takes (None: the first slice's), and ``dtype``/``out_dtype`` (bf16, f16, f32)."""
+
+    source: Path
+    slices: tuple[StackSlice, ...]
+    base: Path | None
+    settings: Mapping[str, Any]
+
+
+def parse_stack(doc: Any, source: Path) -> ConfigStack:
+    """A ``merge_method: passthrough`` config: ``slices`` with one source each (a layer range
+    within the model's layers, checked against its config.json when it is a local path), or
+    ``models`` with one model (all its layers). ``scale`` is its one parameter; a source's own
+    setting comes first, then its slice's, then the top-level one (mergekit's precedence)."""
+
+    def fail(message: str) -> ConfigError:
+        return ConfigError(f"{source}: {message}")
+
+    _check_keys(doc, fail)
+    _tokenizer(doc, fail)
+    base = None if doc.get("base_model") is None else _model_path(doc["base_model"], "base_model", fail)
+    top = _scale_parameters(doc.get("parameters"), "parameters", fail)
+    if "slices" in doc and doc.get("models") is not None:
+        raise fail("slices and models are both given: mergekit reads one or the other")
+    if "slices" in doc:
+        slices = _stack_slices(doc["slices"], top, fail)
+    else:
+        slices = (_whole_model(doc.get("models"), base, top, fail),)
+    return ConfigStack(source, slices, base, _stack_dtypes(doc, fail))
+
+
+def _stack_slices(slices: Any, top: dict[str, Any], fail: Fail) -> tuple[StackSlice, ...]:
+    if not isinstance(slices, list) or not slices:
+        raise fail("slices must be a list of {sources: [{model: PATH, layer_range: [start, end]}]} entries")
+    out = []
+    for k, entry in enumerate(slices):
+        where = f"slices[{k}]"
+        if not isinstance(entry, Mapping):
+            raise fail(f"{where} must be a mapping with sources: [{{model: PATH, layer_range: [start, end]}}]")
+        extra = sorted(set(entry) - {"sources", "parameters"})
+        if extra:
+            raise fail(f"{where}: {extra[0]!r} is not supported (a slice holds sources and parameters)")
+        sources = entry.get("sources")
+        if not isinstance(sources, list) or not sources:
+            raise fail(f"{where}.sources must be a list of {{model: PATH, layer_range: [start, end]}} entries")
+        if len(sources) != 1:
+            raise fail(
+                f"{where}: passthrough takes one source per slice (it copies layers, it merges nothing); "
+                f"this slice has {len(sources)}"
+            )
+        params = _scale_parameters(entry.get("parameters"), where, fail)
+        out.append(_stack_source(sources[0], f"{where}.sources[0]", [params, top], fail))
+    return tuple(out)
+
+
+def _stack_source(source: Any, where: str, scopes: list[dict[str, Any]], fail: Fail) -> StackSlice:
+    if not isinstance(source, Mapping) or "model" not in source:
+        raise fail(f"{where} must be a mapping with model: PATH and layer_range: [start, end]")
+    extra = sorted(set(source) - {"model", "layer_range", "parameters"})
+    if extra:
+        raise fail(f"{where}: {extra[0]!r} is not supported (a source holds model, layer_range and parameters)")
+    model = _stack_model(source["model"], where, fail)
+    start, end = _two_integers(source.get("layer_range"), where, fail)
+    if not 0 <= start < end:
+        raise fail(f"{where}: layer_range [{start}, {end}] holds no layer; give [start, end] with 0 <= start < end")
+    if model.is_dir():  # a hub id is checked once resolved (a weights file, against its layers)
+        layers = _num_layers(model, where, "passthrough takes layers that the model has", fail)
+        if end > layers:
+            raise fail(
+                f"{where}: layer_range [{start}, {end}] goes beyond the {layers} layers of {model} "
+                f"(num_hidden_layers in its config.json); end is at most {layers}"
+            )
+    own = _scale_parameters(source.get("parameters"), where, fail)
+    return StackSlice(model, start, end, _scale_chain([own, *scopes], where, fail))
+
+
+def _whole_model(entries: Any, base: Path | None, top: dict[str, Any], fail: Fail) -> StackSlice:
+    """passthrough over ``models``: one model, all its layers (mergekit makes it one slice, with
+    base_model added to its sources: another model there would be a second input)."""
+    if not isinstance(entries, list) or not entries:
+        raise fail("passthrough needs slices: [...] or models: [{model: PATH}] (one model)")
+    if len(entries) != 1:
+        raise fail(
+            f"passthrough takes one model under models: (it copies, it merges nothing); the config lists "
+            f"{len(entries)}: stack layer ranges of several models with slices: instead"
+        )
+    entry = entries[0]
+    if not isinstance(entry, Mapping) or "model" not in entry:
+        raise fail("models[0] must be a mapping with model: PATH")
+    extra = sorted(set(entry) - {"model", "parameters"})
+    if extra:
+        raise fail(f"models[0]: {extra[0]!r} is not supported (a model entry holds model and parameters)")
+    model = _stack_model(entry["model"], "models[0]", fail)
+    if base is not None and not _same(model, base):
+        raise fail(
+            f"base_model {base} is not models[0] ({model}): mergekit adds base_model to the models, which gives "
+            "passthrough two inputs; leave base_model out or make it that model"
+        )
+    own = _scale_parameters(entry.get("parameters"), "models[0]", fail)
+    return StackSlice(model, 0, None, _scale_chain([own, top], "models[0]", fail))
+
+
+def _stack_model(value: Any, where: str, fail: Fail) -> Path:
+    if _is_lora_reference(value):
+        raise fail(f"{where}: {value!r} names a LoRA (model+lora): passthrough copies weights; merge it in first")
+    return _model_path(value, where, fail)
+
+
+def _scale_parameters(value: Any, where: str, fail: Fail) -> dict[str, Any]:
+    params = _parameters(value, where, fail)
+    for key in params:
+        if key != SCALE.name:
+            raise fail(f"{where}.{key}: passthrough has no parameter {key!r} (it reads scale)")
+    return {key: _scale_setting(setting, f"{where}.scale", fail) for key, setting in params.items()}
+
+
+def _scale_setting(value: Any, where: str, fail: Fail) -> Any:
+    """A number, a gradient (numbers), a condition ``{filter, value}`` or a list of conditions,
+    its numbers as floats (YAML reads ``1e-5`` as text; mergekit validates it as a number)."""
+    if isinstance(value, Mapping):
+        extra = sorted(map(str, set(value) - {"filter", "value"}))
+        if extra or "value" not in value or not isinstance(value.get("filter"), (str, type(None))):
+            raise fail(f"{where}: a condition is {{filter: TEXT, value: V}}, got {dict(value)!r}")
+        inner = value["value"]
+        if isinstance(inner, Mapping) or (isinstance(inner, list) and any(isinstance(v, Mapping) for v in inner)):
+            raise fail(f"{where}: a condition's value is a number or a gradient, got {inner!r}")
+        return {**value, "value": _scale_setting(inner, where, fail)}
+    if isinstance(value, list):
+        if not value:
+            raise fail(f"{where}: an empty list gives no value")
+        conditions = [isinstance(v, Mapping) for v in value]
+        if any(isinstance(v, list) for v in value) or (any(conditions) and not all(conditions)):
+            raise fail(f"{where}: a gradient is a list of numbers, got {value!r}")
+        return [_scale_setting(v, where, fail) for v in value]
+    return _value(SCALE, value, where.removesuffix(".scale"), fail)
+
+
+def _scale_chain(scopes: list[dict[str, Any]], where: str, fail: Fail) -> Any:
+    return _chain(SCALE, [params.get(SCALE.name) for params in scopes], where, fail)
+
+
+def _stack_dtypes(doc: Mapping[str, Any], fail: Fail) -> dict[str, Any]:
+    """mergekit's ``dtype`` (the dtype it reads the tensors in, and scales them in) and
+    ``out_dtype``, any of bfloat16, float16, float32: a copy has no arithmetic to keep in float32."""
+    settings = {}
+    for key in ("dtype", "out_dtype"):
+        name = _dtype_name(_name(doc, key, fail), key, fail)
+        if name is not None:
+            settings[key] = _OUT_DTYPES[name]
+    return settings
+
+
+def stack_arguments(config: ConfigStack, flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of ``api.stack`` from a passthrough config and the flags given with it:
+    ``--out-dtype`` when the config sets none; a merge's options are refused (nothing reads them)."""
+    other = [key for key in flags if key != "out_dtype"]
+    if other:
+        flag = FLAGS.get(other[0], "--" + other[0].replace("_", "-"))
+        raise ConfigError(f"{flag} does not apply to {config.source}: passthrough copies layers, it merges nothing")
+    if "out_dtype" in flags and "out_dtype" in config.settings:
+        raise ConfigError(
+            f"--out-dtype is set by {config.source} too ({config.settings['out_dtype']!r}); set it in one place"
+        )
+    return {"slices": config.slices, "base": config.base, **config.settings, **flags}
 
 
 def combine(config: ConfigMerge, flags: Mapping[str, Any]) -> dict[str, Any]:

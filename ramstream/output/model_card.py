@@ -1,5 +1,6 @@
 """The output's README.md: a Hugging Face model card recording the method, its parameters, the
-agents (with their overlap statistics when the merge used the index) and the inputs.
+agents (with their overlap statistics when the merge used the index) and the inputs; for a stack
+of layers (passthrough), its slices instead of agents (``stack_card``).
 
 Its front matter lists the members known by a hub repo id under ``base_model`` with
 ``base_model_relation: merge``, as mergekit's cards do, so the hub draws the model tree; a local
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
+from ramstream.format.checkpoint import Checkpoint
 from ramstream.format.family import Family
 from ramstream.methods.report import AgentReport
 from ramstream.version import __version__
@@ -28,7 +31,7 @@ _MARKDOWN = re.compile(r"([\\`*_\[\]<>|~&#!])")
 
 def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport]) -> str:
     lines = [
-        *front_matter(family),
+        *front_matter(family.members),
         f"# Merge of {len(family.agents)} agents into {text(family.base.name)}",
         "",
         f"Made with ramstream {__version__}, method {code(record['method'])}.",
@@ -46,7 +49,39 @@ def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport
         "",
         "## Inputs",
         "",
+        *_inputs(record),
     ]
+    return "\n".join(lines) + "\n"
+
+
+def stack_card(members: Sequence[Checkpoint], record: dict[str, Any]) -> str:
+    """The card of a stack of layers (passthrough): its slices, in output order, and the inputs."""
+    slices = record["slices"]
+    layers = sum(s["layers"][1] - s["layers"][0] for s in slices)
+    lines = [
+        *front_matter(members),
+        f"# Stack of {layers} layers from {len(slices)} slice{'s' * (len(slices) != 1)}",
+        "",
+        f"Made with ramstream {__version__}, method {code('passthrough')}: layers copied, not merged "
+        f"(embeddings from the first slice's model, final norm and head from the last's).",
+        "",
+        *_missing(record),
+        "## Slices",
+        "",
+        _row(["slice", "model", "layers", "output layers", "scale"]),
+        "|---:|---|---|---|---|",
+    ]
+    for k, s in enumerate(slices):
+        (start, end), first = s["layers"], s["output_start"]
+        scale = "none" if s["scale"] is None else json.dumps(s["scale"])
+        lines.append(_row([k, s["model"], f"{start}-{end - 1}", f"{first}-{first + end - start - 1}", scale]))
+    lines += ["", "## Parameters", "", "```json", json.dumps(record["params"], indent=2), "```", ""]
+    lines += ["## Inputs", "", *_inputs(record)]
+    return "\n".join(lines) + "\n"
+
+
+def _inputs(record: dict[str, Any]) -> list[str]:
+    lines = []
     for fp in record["inputs"]:
         name = code(fp["name"])
         hub = fp.get("hub", {})
@@ -57,12 +92,12 @@ def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport
             blob = f", cached blob {code(blobs[f['file']])}" if f["file"] in blobs else ""
             digest = f"header sha256 `{f['header_sha256']}`" if "header_sha256" in f else f"sha256 `{f['sha256']}`"
             lines.append(f"- {name}: {code(f['file'])}, {f['size']} bytes, {digest}{blob}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def front_matter(family: Family) -> list[str]:
+def front_matter(members: Sequence[Checkpoint]) -> list[str]:
     """The card's YAML header: the members' hub repo ids (only those) and the tags."""
-    repos = list(dict.fromkeys(m.hub.repo_id for m in family.members if m.hub is not None))
+    repos = list(dict.fromkeys(m.hub.repo_id for m in members if m.hub is not None))
     header: dict[str, Any] = {"base_model": repos, "base_model_relation": "merge"} if repos else {}
     header |= {"library_name": "transformers", "tags": ["merge", "ramstream"]}
     return ["---", *yaml.safe_dump(header, sort_keys=False, allow_unicode=False).splitlines(), "---"]
