@@ -165,6 +165,20 @@ def test_a_pickle_asking_for_anything_else_is_refused_and_nothing_runs(tmp_path:
     assert not marker.exists()
 
 
+def test_a_malformed_escape_in_a_pickled_name_is_a_corrupt_file(tmp_path: Path) -> None:
+    """pickletools decodes GLOBAL's names with escape_decode, which only warns on ``\\ ``: the
+    file is damaged, and said so in one line (the fuzzer found this one)."""
+    path = tmp_path / "pytorch_model.bin"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02ctorch._utils\\ x\n_rebuild_tensor_v2\n.")
+        archive.writestr("archive/byteorder", "little")
+        archive.writestr("archive/version", "3\n")
+    with pytest.raises(CorruptFileError) as info:
+        open_checkpoint(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message and "malformed" in message
+
+
 @pytest.mark.parametrize("runner", list(RUNNERS))
 def test_a_hostile_checkpoint_is_one_line_on_the_command_line(tmp_path: Path, runner: str) -> None:
     import os

@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import pickle
 import pickletools
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -254,6 +255,17 @@ class _Unpickler(pickle.Unpickler):
 def check_opcodes(raw: bytes) -> None:
     """Refuse, with ``pickle.UnpicklingError``, a pickle with an opcode outside ``OPCODES`` or
     claims that could make the C unpickler allocate far more than its size."""
+    with warnings.catch_warnings():
+        # pickletools decodes a text argument (GLOBAL's names) with escape_decode, which warns on a
+        # malformed escape ("\ "): for a damaged file that is a refusal, not a warning.
+        warnings.simplefilter("error")
+        try:
+            _check_opcodes(raw)
+        except Warning as exc:
+            raise pickle.UnpicklingError(f"a malformed text argument ({exc})") from None
+
+
+def _check_opcodes(raw: bytes) -> None:
     puts = 0
     for opcode, arg, pos in pickletools.genops(raw):
         if opcode.name not in OPCODES:
