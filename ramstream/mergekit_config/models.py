@@ -24,17 +24,30 @@ def model_path(value: Any, where: str, fail: Fail) -> Path:
     return Path(value).expanduser()  # a hub id (org/name@rev) stays as written: it is resolved on opening
 
 
+# The keys of a model entry, of a slice's source, and what messages call them.
+MODEL_ENTRY = (("model", "parameters"), "a model entry holds model and parameters")
+SLICE_SOURCE = (("model", "layer_range", "parameters"), "a source holds model, layer_range and parameters")
+
+
+def check_entry(
+    entry: Any, where: str, keys: tuple[tuple[str, ...], str], fail: Fail, shape: str = "model: PATH"
+) -> None:
+    """A model entry or a slice's source: a mapping with ``model`` and no key it does not hold."""
+    allowed, holds = keys
+    if not isinstance(entry, Mapping) or "model" not in entry:
+        raise fail(f"{where} must be a mapping with {shape}")
+    extra = sorted(set(entry) - set(allowed))
+    if extra:
+        raise fail(f"{where}: {extra[0]!r} is not supported ({holds})")
+
+
 def model_inputs(entries: Any, base: Path | None, fail: Fail) -> list[tuple[Path, dict[str, Any]]]:
     if not isinstance(entries, list) or not entries:
         raise fail("models must be a list of {model: PATH, parameters: {...}} entries")
     out = []
     for i, entry in enumerate(entries):
         where = f"models[{i}]"
-        if not isinstance(entry, Mapping) or "model" not in entry:
-            raise fail(f"{where} must be a mapping with model: PATH")
-        extra = sorted(set(entry) - {"model", "parameters"})
-        if extra:
-            raise fail(f"{where}: {extra[0]!r} is not supported (a model entry holds model and parameters)")
+        check_entry(entry, where, MODEL_ENTRY, fail)
         model = entry["model"]
         path = _adapter_path(model, base, where, fail) if is_lora_reference(model) else model_path(model, where, fail)
         out.append((path, parameters_of(entry.get("parameters"), where, fail)))
@@ -88,11 +101,7 @@ def one_full_slice(slices: Any, fail: Fail) -> tuple[list[Any], dict[str, Any]]:
     entries = []
     for i, source in enumerate(sources):
         where = f"slices[0].sources[{i}]"
-        if not isinstance(source, Mapping) or "model" not in source:
-            raise fail(f"{where} must be a mapping with model: PATH")
-        extra = sorted(set(source) - {"model", "layer_range", "parameters"})
-        if extra:
-            raise fail(f"{where}: {extra[0]!r} is not supported (a source holds model, layer_range and parameters)")
+        check_entry(source, where, SLICE_SOURCE, fail)
         _check_full_range(source.get("layer_range"), source["model"], where, fail)
         entries.append({key: value for key, value in source.items() if key != "layer_range"})
     return entries, parameters_of(slices[0].get("parameters"), "slices[0]", fail)

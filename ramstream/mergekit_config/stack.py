@@ -9,7 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from ramstream.errors import ConfigError
-from ramstream.mergekit_config.models import is_lora_reference, model_path, num_layers, same_path, two_integers
+from ramstream.mergekit_config.models import (
+    MODEL_ENTRY,
+    SLICE_SOURCE,
+    check_entry,
+    is_lora_reference,
+    model_path,
+    num_layers,
+    same_path,
+    two_integers,
+)
 from ramstream.mergekit_config.tables import FLAGS, OUT_DTYPES, SCALE, Fail
 from ramstream.mergekit_config.values import (
     chain,
@@ -93,11 +102,7 @@ def _stack_slices(slices: Any, top: dict[str, Any], fail: Fail) -> tuple[StackSl
 
 
 def _stack_source(source: Any, where: str, scopes: list[dict[str, Any]], fail: Fail) -> StackSlice:
-    if not isinstance(source, Mapping) or "model" not in source:
-        raise fail(f"{where} must be a mapping with model: PATH and layer_range: [start, end]")
-    extra = sorted(set(source) - {"model", "layer_range", "parameters"})
-    if extra:
-        raise fail(f"{where}: {extra[0]!r} is not supported (a source holds model, layer_range and parameters)")
+    check_entry(source, where, SLICE_SOURCE, fail, "model: PATH and layer_range: [start, end]")
     model = _stack_model(source["model"], where, fail)
     start, end = two_integers(source.get("layer_range"), where, fail)
     if not 0 <= start < end:
@@ -124,11 +129,7 @@ def _whole_model(entries: Any, base: Path | None, top: dict[str, Any], fail: Fai
             f"{len(entries)}: stack layer ranges of several models with slices: instead"
         )
     entry = entries[0]
-    if not isinstance(entry, Mapping) or "model" not in entry:
-        raise fail("models[0] must be a mapping with model: PATH")
-    extra = sorted(set(entry) - {"model", "parameters"})
-    if extra:
-        raise fail(f"models[0]: {extra[0]!r} is not supported (a model entry holds model and parameters)")
+    check_entry(entry, "models[0]", MODEL_ENTRY, fail)
     model = _stack_model(entry["model"], "models[0]", fail)
     if base is not None and not same_path(model, base):
         raise fail(

@@ -75,9 +75,9 @@ def parse(name: str, value: Any) -> Setting:
     return _setting(name, _rules(name, value))
 
 
-def per_model(name: str, value: Any, count: int) -> tuple[Setting, ...]:
-    """One setting per model: a list of ``count`` settings, or one setting for all (a list of
-    conditions is one setting, not one value per model)."""
+def per_model(name: str, value: Any, count: int, per: str = "model") -> tuple[Setting, ...]:
+    """One setting per model (``per``, for messages): a list of ``count`` settings, or one setting
+    for all (a list of conditions is one setting, not one value per model)."""
     one = isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value)
     if isinstance(value, (list, tuple)) and len(value) == count and count > 1 and not one:
         return tuple(parse(name, v) for v in value)
@@ -85,7 +85,7 @@ def per_model(name: str, value: Any, count: int) -> tuple[Setting, ...]:
         return (parse(name, value[0]),) * count
     if isinstance(value, (list, tuple)) and not one:
         flag = options.flag_name(name)
-        raise ConfigError(f"{flag} needs one value per model ({count}) or one for all, got {len(value)}")
+        raise ConfigError(f"{flag} needs one value per {per} ({count}) or one for all, got {len(value)}")
     return (parse(name, value),) * count
 
 
@@ -94,10 +94,7 @@ def per_agent(name: str, value: Any, count: int) -> tuple[Setting, ...]:
     one setting per agent, or one for all."""
     if isinstance(value, np.ndarray):
         value = [float(v) for v in np.ravel(value)]
-    try:
-        return per_model(name, value, count)
-    except ConfigError as exc:
-        raise ConfigError(str(exc).replace("per model", "per agent")) from None
+    return per_model(name, value, count, per="agent")
 
 
 def per_tensor(settings: Sequence[Setting], names: Sequence[str]) -> np.ndarray:
