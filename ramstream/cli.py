@@ -326,9 +326,9 @@ def _method_options(f: F) -> F:
             ("--lambda", "lambda_"),
             {"type": SettingValue(), "help": "Multiplier of the merged task vector (a number, gradient or filters)."},
         ),
-        (("--density",), {"type": FloatList(), "help": f"Fraction of each task vector kept ({per_agent})."}),
-        (("--gamma",), {"type": FloatList(), "help": f"Breadcrumbs: largest fraction dropped ({per_agent})."}),
-        (("--epsilon",), {"type": FloatList(), "help": f"DELLA: keep-probability spread ({per_agent})."}),
+        (("--density",), {"type": SettingList(), "help": f"Fraction of each task vector kept ({per_agent})."}),
+        (("--gamma",), {"type": SettingList(), "help": f"Breadcrumbs: largest fraction dropped ({per_agent})."}),
+        (("--epsilon",), {"type": SettingList(), "help": f"DELLA: keep-probability spread ({per_agent})."}),
         (("--seed",), {"type": click.IntRange(min=0), "help": "Seed of the random methods (DARE, DELLA)."}),
         (
             ("--normalize/--no-normalize",),
@@ -379,8 +379,19 @@ def _given_settings(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any
     help="A mergekit YAML config (merge_method, base_model, models...) instead of BASE AGENT... (docs/methods.md).",
 )
 @click.option("--method", type=MethodName(), default="ram+", show_default=True)
-@click.option("--r", "r", type=float, default=None, help="RAM+ rescale strength r [default: 0.1; 0 for ram].")
-@click.option("--alpha", type=float, default=None, help="RAM+ cap on rho (paper rule) [default: 2.0].")
+@click.option(
+    "--r",
+    "r",
+    type=SettingValue(),
+    default=None,
+    help="RAM+ rescale strength r, a number, gradient or filters [default: 0.1; 0 for ram].",
+)
+@click.option(
+    "--alpha",
+    type=SettingValue(),
+    default=None,
+    help="RAM+ cap on rho (paper rule), a number, gradient or filters [default: 2.0].",
+)
 @click.option(
     "--eps", type=float, default=DEFAULT_EPS, show_default=True, help="RAM: |tau| > eps marks an element active."
 )

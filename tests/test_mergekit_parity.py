@@ -68,6 +68,12 @@ DETERMINISTIC: dict[str, Case] = {
     "ram": ("ram", {}, [{}, {}, {}], None),
     "ramplus_tl": ("ramplus_tl", {}, [{}, {}, {}], None),
     "ramplus_tl-r0.3-alpha1": ("ramplus_tl", {"r": 0.3, "alpha": 1.0}, [{}, {}, {}], None),
+    "ramplus_tl-gradients": (
+        "ramplus_tl",
+        {"r": [0.1, 0.5], "alpha": [{"filter": "mlp", "value": 1.0}, {"value": 0.2}]},
+        [{}, {}, {}],
+        None,
+    ),
     "linear": ("linear", {}, WEIGHTS, None),
     "linear-with-base": ("linear", {"normalize": True}, WEIGHTS, {"weight": 0.3}),
     "linear-base-appended": ("linear", {"weight": 0.25}, WEIGHTS, "appended"),
@@ -119,6 +125,22 @@ DETERMINISTIC: dict[str, Case] = {
         ],
         {},
     ),
+    "ties-density-gradients": (
+        "ties",
+        {},
+        [
+            {"weight": 0.7, "density": [0.1, 0.6]},
+            {"weight": 0.5, "density": [{"filter": "mlp", "value": 0.3}, {"value": 0.7}]},
+            {"weight": 1.0, "density": 0.8},
+        ],
+        {},
+    ),
+    "breadcrumbs-gradients": (
+        "breadcrumbs",
+        {"density": [0.4, 0.7], "gamma": [{"filter": "self_attn", "value": 0.1}, {"value": 0.02}]},
+        WEIGHTS,
+        None,
+    ),
     # task vectors N(0, 0.01) on 55 % of the third agent's elements: t takes some whole, cuts the others to t
     "nearswap": ("nearswap", {"t": 0.005}, [None, None, {}], {}),
     "nearswap-filters-gradients": (
@@ -160,7 +182,10 @@ AS_SLICES = {"slerp-slices", "task_arithmetic-slices"}
 
 RAMSTREAM_NAME = {"ramplus_tl": "ram+"}
 
-MAGNITUDE = {n for n, case in DETERMINISTIC.items() if case[0] in ("ties", "breadcrumbs", "breadcrumbs_ties")}
+# mergekit runs the magnitude methods with stable sorts (SORTED); the comparisons with stock
+# mergekit read one density and gamma per agent, so cases with per-tensor ones are left out of them
+SORTED = {n for n, case in DETERMINISTIC.items() if case[0] in ("ties", "breadcrumbs", "breadcrumbs_ties")}
+MAGNITUDE = SORTED - {"ties-density-gradients", "breadcrumbs-gradients"}
 
 # Runs each [config, out, stable] job as ``mergekit-yaml config out`` does; with ``stable``,
 # torch.argsort and torch.sort (called by mergekit's magnitude trimming) are pinned to stable sorts.
@@ -235,7 +260,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         configs[name] = root / f"{name}.yml"
         write_config(configs[name], fam, case, as_slices=name in AS_SLICES)
         outs[name] = root / "mergekit" / name
-        jobs.append([str(configs[name]), str(outs[name]), name in MAGNITUDE])
+        jobs.append([str(configs[name]), str(outs[name]), name in SORTED])
         if name in MAGNITUDE:
             stock[name] = root / "mergekit-stock" / name
             jobs.append([str(configs[name]), str(stock[name]), False])

@@ -166,8 +166,8 @@ def _refuse_varying(param: Param | None, key: str, value: Any, where: str, fail:
         return
     kind = "gradients" if isinstance(value, list) and not any(isinstance(s, Mapping) for s in value) else "filters"
     raise fail(
-        f"{where}.{key}: per-tensor {kind} are not supported for {key} yet (they are for slerp's and nearswap's t, "
-        "the spherical and GTA methods' weight and the GTA methods' lambda); give one value"
+        f"{where}.{key}: per-tensor {kind} are not supported for {key} (they are for slerp's and nearswap's t, "
+        "the spherical and GTA methods' weight, the GTA methods' lambda, density, gamma and epsilon); give one value"
     )
 
 
@@ -209,13 +209,13 @@ def _varying(
     if param.scope == "shared":
         if param.name not in top:
             return {}  # left to the method, whose default is mergekit's
-        value = chain(param, [top.get(param.name)], "parameters", fail)
+        value = chain(param, [("parameters", top.get(param.name))], fail)
         return {} if value is None else {param.option: value}
     if param.name not in top and not any(param.name in p for p in per_model):
         return {}
     values = []
     for i, p in enumerate(per_model):
-        value = chain(param, [p.get(param.name), top.get(param.name)], f"models[{i}]", fail)
+        value = chain(param, [(f"models[{i}]", p.get(param.name)), ("parameters", top.get(param.name))], fail)
         if value is None:
             raise fail(f"models[{i}]: {param.name} is missing; {name} needs one for every model when any has one")
         values.append(value)

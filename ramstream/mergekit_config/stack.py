@@ -176,7 +176,7 @@ def _scale_setting(value: Any, where: str, fail: Fail) -> Any:
 
 
 def _scale_chain(scopes: list[dict[str, Any]], where: str, fail: Fail) -> Any:
-    return chain(SCALE, [params.get(SCALE.name) for params in scopes], where, fail)
+    return chain(SCALE, [(where, params.get(SCALE.name)) for params in scopes], fail)
 
 
 def _stack_dtypes(doc: Mapping[str, Any], fail: Fail) -> dict[str, Any]:

@@ -50,13 +50,13 @@ WEIGHT = Param("weight", "weights", "model", "float")  # linear: one value per m
 LAMBDA = Param("lambda", "lambda", "shared", "float", 1.0, varying=True)
 
 
-DENSITY = Param("density", "density", "model", "float", 1.0)
+DENSITY = Param("density", "density", "model", "float", 1.0, varying=True)
 
 
-GAMMA = Param("gamma", "gamma", "model", "float", 0.01)
+GAMMA = Param("gamma", "gamma", "model", "float", 0.01, varying=True)
 
 
-DELLA_EPSILON = Param("epsilon", "epsilon", "model", "float", 0.15)
+DELLA_EPSILON = Param("epsilon", "epsilon", "model", "float", 0.15, varying=True)
 
 
 NORMALIZE = Param("normalize", "normalize", "shared", "bool")
@@ -98,7 +98,11 @@ METHODS: dict[str, MethodMap] = {
     "ram": MethodMap("ram", (RAM_EPSILON,)),
     "ramplus_tl": MethodMap(
         "ram+",
-        (Param("r", "r", "shared", "float"), Param("alpha", "alpha", "shared", "float"), RAM_EPSILON),
+        (
+            Param("r", "r", "shared", "float", varying=True),
+            Param("alpha", "alpha", "shared", "float", varying=True),
+            RAM_EPSILON,
+        ),
         fixed=(("rho_scope", "tensor"),),
         implied=(("alpha", 0.2),),
     ),
@@ -135,7 +139,7 @@ _INERT = "has no effect with {method} (mergekit ignores it too)"
 
 DEFAULT_ONLY: dict[str, dict[str, tuple[Param, str]]] = {
     "task_arithmetic": {
-        "density": (DENSITY, _INERT),
+        "density": (Param("density", "density", "model", "float", 1.0), _INERT),
         "rescale": (Param("rescale", "rescale", "shared", "bool", False), _INERT),
         "int8_mask": (INT8_MASK, _INERT),
     },

@@ -55,11 +55,12 @@ def parameters_of(value: Any, where: str, fail: Fail) -> dict[str, Any]:
     return {str(key): setting for key, setting in value.items()}
 
 
-def chain(param: Param, scopes: list[Any], where: str, fail: Fail) -> Any:
-    """The scopes' settings as one list of conditions, tried in order (the method's parser,
-    ``methods.tensor_settings``, reads it); a plain value when that is all there is."""
+def chain(param: Param, scopes: list[tuple[str, Any]], fail: Fail) -> Any:
+    """The scopes' settings (where each is written, its value or None), as one list of conditions
+    tried in order (the method's parser, ``methods.tensor_settings``, reads it); a plain value
+    when that is all there is."""
     conditions: list[Any] = []
-    for value in scopes:
+    for where, value in scopes:
         if value is None:
             continue
         if isinstance(value, Mapping):
@@ -71,7 +72,7 @@ def chain(param: Param, scopes: list[Any], where: str, fail: Fail) -> Any:
         elif isinstance(value, list):
             conditions.append({"value": value})
         else:  # a number, which YAML may have read as text ("1e-5")
-            conditions.append({"value": value_of(param, value, f"{where}.{param.name}", fail)})
+            conditions.append({"value": value_of(param, value, where, fail)})
     default = _default(param)
     if default is not None:
         conditions.append({"value": default})

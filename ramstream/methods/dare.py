@@ -33,7 +33,14 @@ from ramstream.errors import ConfigError
 from ramstream.methods import options
 from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import RandomDrop, check_weighting, gta_prepared, parse_weighting, weight_report
+from ramstream.methods.gta import (
+    RandomDrop,
+    check_weighting,
+    gta_prepared,
+    parse_weighting,
+    uniform_report,
+    weight_report,
+)
 from ramstream.statistics.context import StatsContext
 from ramstream.statistics.exact_sums import DareL1Sums, tensor_sums
 
@@ -45,7 +52,7 @@ DARE_OPTIONS = {"weights", "density", "lambda", "normalize", "seed", "rescale"}
 @dataclass(frozen=True)
 class DareParams:
     weights: tuple[ts.Setting, ...]
-    density: tuple[float, ...]
+    density: tuple[ts.Setting, ...]
     lam: ts.Setting = 1.0
     normalize: bool = False
     seed: int = 0
@@ -54,7 +61,7 @@ class DareParams:
     def to_dict(self) -> dict[str, Any]:
         return {
             "weights": [ts.to_json(w) for w in self.weights],
-            "density": list(self.density),
+            "density": [ts.to_json(d) for d in self.density],
             "lambda": ts.to_json(self.lam),
             "normalize": self.normalize,
             "seed": self.seed,
@@ -75,8 +82,8 @@ def _rescale(value: Any) -> Rescale:
 def dare_spec(name: str, consensus: Consensus) -> MethodSpec:
     def parse(given: Mapping[str, Any], n_agents: int) -> DareParams:
         refuse_unknown(name, given, DARE_OPTIONS)
-        density = options.per_agent("density", given.get("density", 1.0), n_agents)
-        options.in_range("density", density, 0.0, 1.0, low_open=True)
+        density = ts.per_agent("density", given.get("density", 1.0), n_agents)
+        ts.in_range("density", density, 0.0, 1.0, low_open=True)
         weights, lam = parse_weighting(given, n_agents)
         return DareParams(
             weights=weights,
@@ -93,43 +100,57 @@ def dare_spec(name: str, consensus: Consensus) -> MethodSpec:
         keys = np.array([random_keys(params.seed, n_agents, name) for name in names], np.uint64).reshape(
             len(names), n_agents
         )
-        density = np.array(params.density, np.float32)
+        density = ts.per_tensor64(params.density, names)
         return gta_prepared(
-            {**weight_report(params.weights), "density": params.density},
+            {**weight_report(params.weights), **uniform_report("density", params.density)},
             ts.per_tensor(params.weights, names),
-            dare_scales(params, ctx, len(names)),
+            dare_scales(params, ctx, density),
             ts.resolve(params.lam, names).astype(np.float32),
             consensus=consensus,
             normalize=params.normalize,
-            drop=RandomDrop(keys, density),
+            drop=RandomDrop(keys, density.astype(np.float32)),
         )
 
     summary = "DARE: random drop + rescale, then " + ("TIES sign election" if consensus == "sum" else "weighted sum")
 
     def check(params: DareParams, names: Sequence[str]) -> None:
         check_weighting(params.weights, params.lam, names)
+        ts.check(params.density, names)
 
     return MethodSpec(name, summary, parse, prepare, check=check)
 
 
-def dare_scales(params: DareParams, ctx: StatsContext, n_tensors: int) -> np.ndarray:
-    """The float32 rescale factor of each tensor's (rows) surviving elements per agent (columns)."""
-    whole = np.array([d >= 1.0 for d in params.density])
+def dare_scales(params: DareParams, ctx: StatsContext, density: np.ndarray) -> np.ndarray:
+    """The float32 rescale factor of each tensor's (rows) surviving elements per agent (columns),
+    from the float64 densities (tensors, N)."""
+    whole = density >= 1.0
     if params.rescale == "none" or whole.all():
-        return np.ones((n_tensors, len(params.density)), np.float32)
+        return np.ones(density.shape, np.float32)
     if params.rescale == "inverse":
-        inverse = np.array([1.0 / d for d in params.density], np.float64)
-        return np.ascontiguousarray(np.broadcast_to(inverse.astype(np.float32), (n_tensors, len(inverse))))
-    density32 = tuple(float(np.float32(d)) for d in params.density)
-    sums = tensor_sums(ctx, DareL1Sums(params.seed, density32, ctx.allow_nonfinite))  # (tensors, N, 2)
+        return np.ascontiguousarray((1.0 / density).astype(np.float32))
+    density32 = density.astype(np.float32)
+    uniform = ts.uniform(params.density)
+    stat = (
+        DareL1Sums(params.seed, tuple(float(d) for d in density32[0]), ctx.allow_nonfinite)
+        if uniform is not None and len(density32)
+        else DareL1Sums(params.seed, (), ctx.allow_nonfinite, _by_name(ctx, density32))
+    )
+    sums = tensor_sums(ctx, stat)  # (tensors, N, 2)
     return l1_factors(sums[..., 0], sums[..., 1], whole)
 
 
+def _by_name(ctx: StatsContext, density32: np.ndarray) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    return tuple(
+        (name, tuple(float(d) for d in row)) for name, row in zip(ctx.family.base.tensors, density32, strict=True)
+    )
+
+
 def l1_factors(before: np.ndarray, after: np.ndarray, whole: np.ndarray) -> np.ndarray:
-    """float32(before / after) computed in float64; 1 where either is below 1e-7 or density is 1."""
+    """float32(before / after) computed in float64; 1 where either is below 1e-7 or density is 1
+    (``whole``, (tensors, N))."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = before / after
-    tiny = (before < L1_EPS) | (after < L1_EPS) | whole[None, :]
+    tiny = (before < L1_EPS) | (after < L1_EPS) | whole
     return np.ascontiguousarray(np.where(tiny, 1.0, ratio).astype(np.float32))
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -44,7 +45,14 @@ from ramstream.errors import ConfigError
 from ramstream.methods import options
 from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import Selection, check_weighting, gta_prepared, parse_weighting, weight_report
+from ramstream.methods.gta import (
+    Selection,
+    check_weighting,
+    gta_prepared,
+    parse_weighting,
+    uniform_report,
+    weight_report,
+)
 from ramstream.methods.trim import l1_factors
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.context import StatsContext
@@ -57,8 +65,8 @@ OPTIONS = {"weights", "density", "epsilon", "lambda", "normalize", "rescale", "s
 @dataclass(frozen=True)
 class DellaParams:
     weights: tuple[ts.Setting, ...]
-    density: tuple[float, ...]
-    epsilon: tuple[float, ...]
+    density: tuple[ts.Setting, ...]
+    epsilon: tuple[ts.Setting, ...]
     lam: ts.Setting
     normalize: bool
     rescale: Rescale
@@ -67,8 +75,8 @@ class DellaParams:
     def to_dict(self) -> dict[str, Any]:
         return {
             "weights": [ts.to_json(w) for w in self.weights],
-            "density": list(self.density),
-            "epsilon": list(self.epsilon),
+            "density": [ts.to_json(d) for d in self.density],
+            "epsilon": [ts.to_json(e) for e in self.epsilon],
             "lambda": ts.to_json(self.lam),
             "normalize": self.normalize,
             "rescale": self.rescale,
@@ -78,15 +86,13 @@ class DellaParams:
 
 def parse_della(name: str, given: Mapping[str, Any], n_agents: int) -> DellaParams:
     refuse_unknown(name, given, OPTIONS)
-    density = options.per_agent("density", given.get("density", 1.0), n_agents)
-    options.in_range("density", density, 0.0, 1.0)
-    epsilon = options.per_agent("epsilon", given.get("epsilon", 0.15), n_agents)
-    options.in_range("epsilon", epsilon, 0.0, 1.0)
-    for d, e in zip(density, epsilon, strict=True):
-        if 0 < d < 1 and not (d - e > 0 and d + e < 1):
-            raise ConfigError(
-                f"--density {d:g} with --epsilon {e:g}: density - epsilon and density + epsilon must lie in (0, 1)"
-            )
+    density = ts.per_agent("density", given.get("density", 1.0), n_agents)
+    ts.in_range("density", density, 0.0, 1.0)
+    epsilon = ts.per_agent("epsilon", given.get("epsilon", 0.15), n_agents)
+    ts.in_range("epsilon", epsilon, 0.0, 1.0)
+    uniform = ts.uniform(density), ts.uniform(epsilon)
+    if uniform[0] is not None and uniform[1] is not None:
+        _check_window(np.array([uniform[0]]), np.array([uniform[1]]), None)
     weights, lam = parse_weighting(given, n_agents)
     return DellaParams(
         weights=weights,
@@ -97,6 +103,19 @@ def parse_della(name: str, given: Mapping[str, Any], n_agents: int) -> DellaPara
         rescale=rescale_choice(given.get("rescale", "l1")),
         seed=options.seed("seed", given.get("seed", 0)),
     )
+
+
+def _check_window(density: np.ndarray, epsilon: np.ndarray, names: Sequence[str] | None) -> None:
+    """MAGPRUNE's probabilities density -/+ epsilon must lie in (0, 1) wherever it prunes
+    (float64 (tensors, N) values; ``names`` the tensors', None when every tensor has them)."""
+    bad = (density > 0) & (density < 1) & ~((density - epsilon > 0) & (density + epsilon < 1))
+    if bad.any():
+        ti, t = (int(i) for i in np.argwhere(bad)[0])
+        where = "" if names is None else f" for tensor {names[ti]!r}"
+        raise ConfigError(
+            f"--density {density[ti, t]:g} with --epsilon {epsilon[ti, t]:g}{where}: density - epsilon and "
+            "density + epsilon must lie in (0, 1)"
+        )
 
 
 def rescale_choice(value: Any) -> Rescale:
@@ -120,30 +139,44 @@ def geometry(tensor: TensorPlan) -> tuple[int, int]:
 
 @dataclass(frozen=True, eq=False)
 class Magprune:
+    """MAGPRUNE's settings per tensor (rows, in the order of ``names``) and agent (columns)."""
+
     seed: int
-    mode: np.ndarray  # int64 (N,): PRUNE / KEEP_EVERYTHING / DROP_EVERYTHING
-    lo: np.ndarray  # float32 (N,): density - epsilon
-    width: np.ndarray  # float32 (N,): 2 epsilon
+    mode: np.ndarray  # int64 (tensors, N): PRUNE / KEEP_EVERYTHING / DROP_EVERYTHING
+    lo: np.ndarray  # float32 (tensors, N): density - epsilon
+    width: np.ndarray  # float32 (tensors, N): 2 epsilon
+    names: tuple[str, ...]
 
     @classmethod
-    def of(cls, params: DellaParams) -> Magprune:
-        mode = [KEEP_EVERYTHING if d >= 1 else DROP_EVERYTHING if d <= 0 else PRUNE for d in params.density]
-        lo = [d - e for d, e in zip(params.density, params.epsilon, strict=True)]
+    def of(cls, params: DellaParams, names: Sequence[str]) -> Magprune:
+        density, epsilon = ts.per_tensor64(params.density, names), ts.per_tensor64(params.epsilon, names)
+        mode = np.where(density >= 1, KEEP_EVERYTHING, np.where(density <= 0, DROP_EVERYTHING, PRUNE))
         return cls(
             params.seed,
-            np.array(mode, np.int64),
-            np.array(lo, np.float32),
-            np.array([2 * e for e in params.epsilon], np.float32),
+            mode.astype(np.int64),
+            (density - epsilon).astype(np.float32),
+            (2 * epsilon).astype(np.float32),
+            tuple(names),
         )
 
+    @cached_property
+    def _rows(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names)}
+
     def digest(self) -> str:
-        return digest(np.array([self.seed], np.uint64), self.mode, self.lo, self.width)
+        """The settings' identity: one row's when every tensor has the same (the key indexes made
+        before per-tensor settings keep), else every row and the tensors' names."""
+        seed = np.array([self.seed], np.uint64)
+        if all((a == a[:1]).all() for a in (self.mode, self.lo, self.width)) and len(self.names):
+            return digest(seed, self.mode[0], self.lo[0], self.width[0])
+        return digest(seed, self.mode, self.lo, self.width, "\0".join(self.names))
 
     def params(self, tensor: TensorPlan, lo: int, n_agents: int, inverse: bool) -> MagpruneParams:
         """MAGPRUNE over arrays of whole slices of ``tensor`` starting at element ``lo``."""
         size, rows = geometry(tensor)
         keys = random_keys(self.seed, n_agents, tensor.name)
-        return MagpruneParams(lo, size, rows, keys, self.mode, self.lo, self.width, inverse)
+        row = self._rows[tensor.name]
+        return MagpruneParams(lo, size, rows, keys, self.mode[row], self.lo[row], self.width[row], inverse)
 
     def keep(
         self, arrays: BlockArrays, tensor: TensorPlan, start: int, stop: int, inverse: bool, backend: Backend
@@ -166,8 +199,9 @@ class Magprune:
 
 
 def prepare_della(name: str, params: DellaParams, ctx: StatsContext) -> Prepared:
-    prune = Magprune.of(params)
-    n_tensors, n_agents = len(ctx.family.base.tensors), len(params.weights)
+    names = list(ctx.family.base.tensors)
+    prune = Magprune.of(params, names)
+    n_tensors, n_agents = len(names), len(params.weights)
     if params.rescale == "l1" and (prune.mode == PRUNE).any():
 
         def select(arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
@@ -178,13 +212,16 @@ def prepare_della(name: str, params: DellaParams, ctx: StatsContext) -> Prepared
         scale = l1_factors(ctx, stat)
     else:
         scale = np.ones((n_tensors, n_agents), np.float32)
-    tensors = [_tensor_plan(ctx, name) for name in ctx.family.base.tensors]
-    names = list(ctx.family.base.tensors)
+    tensors = [_tensor_plan(ctx, name) for name in names]
     consensus: Consensus = "sum" if name == "della" else "none"
     normalize = params.normalize
     inverse = params.rescale == "inverse"
 
-    per_agent = {**weight_report(params.weights), "density": params.density, "epsilon": params.epsilon}
+    per_agent = {
+        **weight_report(params.weights),
+        **uniform_report("density", params.density),
+        **uniform_report("epsilon", params.epsilon),
+    }
     return gta_prepared(
         per_agent,
         ts.per_tensor(params.weights, names),
@@ -217,5 +254,7 @@ def della_spec(name: str) -> MethodSpec:
 
     def check(params: DellaParams, names: Sequence[str]) -> None:
         check_weighting(params.weights, params.lam, names)
+        ts.check([*params.density, *params.epsilon], names)
+        _check_window(ts.per_tensor64(params.density, names), ts.per_tensor64(params.epsilon, names), names)
 
     return MethodSpec(name, DELLA_METHODS[name], parse, prepare, row_aligned=True, accepts_nonfinite=False, check=check)

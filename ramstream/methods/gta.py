@@ -36,10 +36,10 @@ class Selection:
 
 @dataclass(frozen=True)
 class RandomDrop:
-    """DARE's drop: agent t keeps element i of tensor T where uniform(keys[T, t], i) < density[t]."""
+    """DARE's drop: agent t keeps element i of tensor T where uniform(keys[T, t], i) < density[T, t]."""
 
     keys: np.ndarray  # uint64 (tensors, N)
-    density: np.ndarray  # float32 (N,)
+    density: np.ndarray  # float32 (tensors, N)
 
 
 def parse_weighting(given: Mapping[str, Any], n_agents: int) -> tuple[tuple[ts.Setting, ...], ts.Setting]:
@@ -55,8 +55,14 @@ def weighting_json(weights: Sequence[ts.Setting], lam: ts.Setting) -> dict[str, 
 
 def weight_report(weights: Sequence[ts.Setting]) -> dict[str, tuple[float, ...]]:
     """The weights to report per agent: none when they vary per tensor."""
-    values = ts.uniform(weights)
-    return {} if values is None else {"weight": values}
+    return uniform_report("weight", weights)
+
+
+def uniform_report(name: str, settings: Sequence[ts.Setting]) -> dict[str, tuple[float, ...]]:
+    """A per-agent parameter to report: none when it varies per tensor (the record and the card
+    hold the setting itself)."""
+    values = ts.uniform(settings)
+    return {} if values is None else {name: values}
 
 
 def check_weighting(weights: Sequence[ts.Setting], lam: ts.Setting, names: Sequence[str]) -> None:
@@ -97,7 +103,7 @@ def gta_prepared(
     ) -> int:
         survivors: Keep
         if drop is not None:
-            survivors = KeepRandom(drop.keys[block.tensor], drop.density, block.start)
+            survivors = KeepRandom(drop.keys[block.tensor], drop.density[block.tensor], block.start)
         elif select is not None:
             survivors = select.of(arrays, block, backend)
         else:

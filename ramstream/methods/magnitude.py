@@ -33,7 +33,7 @@ from ramstream.errors import ConfigError
 from ramstream.methods import options, trim
 from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.gta import check_weighting, gta_prepared, parse_weighting, weight_report
+from ramstream.methods.gta import check_weighting, gta_prepared, parse_weighting, uniform_report, weight_report
 from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 
@@ -71,17 +71,20 @@ MAGNITUDE_METHODS = {
 @dataclass(frozen=True)
 class MagnitudeParams:
     weights: tuple[ts.Setting, ...]
-    density: tuple[float, ...]
-    gamma: tuple[float, ...] | None  # breadcrumbs only
+    density: tuple[ts.Setting, ...]
+    gamma: tuple[ts.Setting, ...] | None  # breadcrumbs only
     lam: ts.Setting
     normalize: bool
     rescale: Rescale
     trim_scope: TrimScope
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"weights": [ts.to_json(w) for w in self.weights], "density": list(self.density)}
+        out: dict[str, Any] = {
+            "weights": [ts.to_json(w) for w in self.weights],
+            "density": [ts.to_json(d) for d in self.density],
+        }
         if self.gamma is not None:
-            out["gamma"] = list(self.gamma)
+            out["gamma"] = [ts.to_json(g) for g in self.gamma]
         out["lambda"] = ts.to_json(self.lam)
         out["normalize"] = self.normalize
         out["rescale"] = self.rescale
@@ -94,13 +97,19 @@ def parse_magnitude(method: MagnitudeMethod, given: Mapping[str, Any], n_agents:
     if method.outliers:
         allowed.add("gamma")
     refuse_unknown(method.name, given, allowed)
-    density = options.per_agent("density", given.get("density", 1.0), n_agents)
-    options.in_range("density", density, 0.0, 1.0)
+    density = ts.per_agent("density", given.get("density", 1.0), n_agents)
+    ts.in_range("density", density, 0.0, 1.0)
     gamma = None
     if method.outliers:
-        gamma = options.per_agent("gamma", given.get("gamma", 0.01), n_agents)
-        options.in_range("gamma", gamma, 0.0, 1.0)
+        gamma = ts.per_agent("gamma", given.get("gamma", 0.01), n_agents)
+        ts.in_range("gamma", gamma, 0.0, 1.0)
     weights, lam = parse_weighting(given, n_agents)
+    scope = trim_scope(given.get("trim_scope", "tensor"))
+    if scope == "model" and ts.uniform((*density, *(gamma or ()))) is None:
+        raise ConfigError(
+            "--trim-scope model ranks each agent over the whole model, with one density (and gamma) per "
+            "agent: a value per tensor (a gradient or filter) needs --trim-scope tensor"
+        )
     return MagnitudeParams(
         weights=weights,
         density=density,
@@ -108,7 +117,7 @@ def parse_magnitude(method: MagnitudeMethod, given: Mapping[str, Any], n_agents:
         lam=lam,
         normalize=options.boolean("normalize", given.get("normalize", method.normalize)),
         rescale=rescale_choice(given.get("rescale", "none")),
-        trim_scope=trim_scope(given.get("trim_scope", "tensor")),
+        trim_scope=scope,
     )
 
 
@@ -128,12 +137,13 @@ def trim_scope(value: Any) -> TrimScope:
     raise ConfigError(f"--trim-scope must be tensor or model, got {value!r}")
 
 
-def top_k_counts(density: tuple[float, ...]) -> trim.CutCounts:
-    """TIES: one cut per agent at n - k (the dropped lower set), k = max(1, int(density * n))."""
+def top_k_counts(density: np.ndarray) -> trim.CutCounts:
+    """TIES: one cut per agent at n - k (the dropped lower set), k = max(1, int(density * n)), with
+    ``density`` float64 (tensors, N): the tensor's own row (the model scope has one row's values)."""
 
-    def counts(n: int) -> np.ndarray:
-        out = np.empty((len(density), 1), np.int64)
-        for t, d in enumerate(density):
+    def counts(n: int, tensor: int) -> np.ndarray:
+        out = np.empty((density.shape[1], 1), np.int64)
+        for t, d in enumerate(density[tensor]):
             if d >= 1:
                 out[t, 0] = 0
             elif d <= 0:
@@ -145,12 +155,12 @@ def top_k_counts(density: tuple[float, ...]) -> trim.CutCounts:
     return counts
 
 
-def outlier_counts(density: tuple[float, ...], gamma: tuple[float, ...]) -> trim.CutCounts:
+def outlier_counts(density: np.ndarray, gamma: np.ndarray) -> trim.CutCounts:
     """Breadcrumbs: cuts at bottom and bottom + target (keep the ascending ranks between them)."""
 
-    def counts(n: int) -> np.ndarray:
-        out = np.empty((len(density), 2), np.int64)
-        for t, (d, g) in enumerate(zip(density, gamma, strict=True)):
+    def counts(n: int, tensor: int) -> np.ndarray:
+        out = np.empty((density.shape[1], 2), np.int64)
+        for t, (d, g) in enumerate(zip(density[tensor], gamma[tensor], strict=True)):
             if d >= 1:
                 out[t] = (0, n)
                 continue
@@ -162,19 +172,20 @@ def outlier_counts(density: tuple[float, ...], gamma: tuple[float, ...]) -> trim
     return counts
 
 
-def cut_counts(method: MagnitudeMethod, params: MagnitudeParams) -> tuple[trim.CutCounts, int]:
+def cut_counts(method: MagnitudeMethod, params: MagnitudeParams, names: Sequence[str]) -> tuple[trim.CutCounts, int]:
     """The method's cuts per agent: their counts in a scope of n elements, and how many."""
+    density = ts.per_tensor64(params.density, names)
     if method.outliers:
         assert params.gamma is not None
-        return outlier_counts(params.density, params.gamma), 2
-    return top_k_counts(params.density), 1
+        return outlier_counts(density, ts.per_tensor64(params.gamma, names)), 2
+    return top_k_counts(density), 1
 
 
 def refinement(method: MagnitudeMethod, params: MagnitudeParams, ctx: StatsContext) -> tuple[BlockStatistic, ...]:
     """The statistics ``prepare_magnitude`` will ask for, as far as they are known: the low
     histogram once the high one is, the tie boundaries once the low one is. A sweep computes
     every density's in one pass per stage."""
-    counts, n_cuts = cut_counts(method, params)
+    counts, n_cuts = cut_counts(method, params, _names(ctx))
     placed = trim.place(ctx, counts, n_cuts, params.trim_scope)
     low = placed.low_histogram()
     if low is None:
@@ -184,7 +195,7 @@ def refinement(method: MagnitudeMethod, params: MagnitudeParams, ctx: StatsConte
 
 
 def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: StatsContext) -> Prepared:
-    counts, n_cuts = cut_counts(method, params)
+    counts, n_cuts = cut_counts(method, params, _names(ctx))
     solved = trim.solve(ctx, counts, n_cuts, params.trim_scope, lower_takes_first=method.outliers)
     n_tensors, n_agents = len(ctx.plan.tensors), len(params.weights)
     if params.rescale == "l1":
@@ -195,8 +206,8 @@ def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: Sta
     consensus: Consensus = "sum" if method.consensus == "sum" else "none"
     normalize = params.normalize
 
-    kept = kept_fraction(counts, n_cuts, [t.numel for t in ctx.plan.tensors if t.merged], params.trim_scope)
-    per_agent = {**weight_report(params.weights), "density": params.density, "kept": kept}
+    kept = kept_fraction(counts, n_cuts, ctx, params.trim_scope)
+    per_agent = {**weight_report(params.weights), **uniform_report("density", params.density), "kept": kept}
     return gta_prepared(
         per_agent,
         ts.per_tensor(params.weights, names),
@@ -208,14 +219,19 @@ def prepare_magnitude(method: MagnitudeMethod, params: MagnitudeParams, ctx: Sta
     )
 
 
-def kept_fraction(counts: trim.CutCounts, n_cuts: int, sizes: list[int], scope: TrimScope) -> tuple[float, ...]:
+def kept_fraction(counts: trim.CutCounts, n_cuts: int, ctx: StatsContext, scope: TrimScope) -> tuple[float, ...]:
     """The exact share of the model's merged elements each agent keeps."""
-    total = sum(sizes)
+    sizes = {ti: t.numel for ti, t in enumerate(ctx.plan.tensors) if t.merged and t.numel}
+    total = sum(sizes.values())
     if total == 0:
-        return (0.0,) * counts(0).shape[0]
-    scopes = [total] if scope == "model" else [n for n in sizes if n]
-    kept = sum((c[:, 1] if n_cuts == 2 else n) - c[:, 0] for n in scopes for c in [counts(n)])
+        return (0.0,) * len(ctx.family.agents)
+    scopes = [(total, next(iter(sizes)))] if scope == "model" else [(n, ti) for ti, n in sizes.items()]
+    kept = sum((c[:, 1] if n_cuts == 2 else n) - c[:, 0] for n, ti in scopes for c in [counts(n, ti)])
     return tuple(float(k) / total for k in np.atleast_1d(kept))
+
+
+def _names(ctx: StatsContext) -> list[str]:
+    return [t.name for t in ctx.plan.tensors]
 
 
 def magnitude_spec(name: str) -> MethodSpec:
@@ -232,6 +248,7 @@ def magnitude_spec(name: str) -> MethodSpec:
 
     def check(params: MagnitudeParams, names: Sequence[str]) -> None:
         check_weighting(params.weights, params.lam, names)
+        ts.check([*params.density, *(params.gamma or ())], names)
 
     return MethodSpec(
         name, method.summary, parse, prepare, accepts_nonfinite=False, statistics_ahead=ahead, check=check

@@ -10,6 +10,7 @@ rho comes from the whole model (the paper) or from each tensor (mergekit's ``ram
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -19,6 +20,7 @@ import numpy as np
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
 from ramstream.errors import ConfigError
+from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import Fused, MethodSpec, Prepared, refuse_unknown
 from ramstream.methods.options import FLOAT32_MAX
 from ramstream.plan import Block
@@ -55,31 +57,53 @@ class RamParams:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class RamMerge:
+    """RAM's parameters as a merge takes them: ``rule`` (rho's scope and the lambda rule, r and
+    alpha where they are one value) and r and alpha themselves, which may differ per tensor
+    (gradients and filters, as mergekit reads them; each tensor's lambdas use its own)."""
+
+    rule: RamParams
+    r: ts.Setting
+    alpha: ts.Setting
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.rule.to_dict(), "r": ts.to_json(self.r), "alpha": ts.to_json(self.alpha)}
+
+
 def lambdas(counts: OverlapCounts, params: RamParams) -> np.ndarray:
     """lambda per agent (last axis) for counts of any leading shape."""
-    if params.lambda_rule == "share":
+    return _lambdas(counts, params.lambda_rule, params.r, params.alpha)
+
+
+def _lambdas(counts: OverlapCounts, rule: LambdaRule, r: float | np.ndarray, alpha: float | np.ndarray) -> np.ndarray:
+    """``lambdas`` with r and alpha numbers, or arrays that broadcast against the counts."""
+    if rule == "share":
         shared = counts.shared.astype(np.float64)
         touched = shared + counts.unique
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(touched > 0, shared / np.maximum(touched, 1), 0.0)
-        return 1.0 + params.r * share
+        return 1.0 + r * share
     rho = counts.rho()
-    cap = 1.0 if params.lambda_rule == "script" else params.alpha
-    return 1.0 + params.r * np.clip(rho, 0.0, cap)
+    cap = 1.0 if rule == "script" else alpha
+    return 1.0 + r * np.clip(rho, 0.0, cap)
 
 
-def ram_lambdas(params: RamParams, tensors: OverlapCounts) -> tuple[np.ndarray, np.ndarray]:
-    """lambda per tensor and agent (float32, what the kernel uses) and per agent over the model."""
-    model = lambdas(model_total(tensors), params)
-    if params.rho_scope == "tensor":
-        per_tensor = lambdas(tensors, params)
-    else:
-        per_tensor = np.broadcast_to(model, tensors.unique.shape)
+def ram_lambdas(params: RamMerge, tensors: OverlapCounts, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray | None]:
+    """lambda per tensor and agent (float32, what the kernel uses) and per agent over the model
+    (None when r or alpha differ per tensor: no one lambda per agent then)."""
+    rule = params.rule
+    uniform = ts.uniform((params.r, params.alpha)) is not None
+    model = lambdas(model_total(tensors), rule) if uniform else None
+    r = ts.resolve(params.r, names)[:, None]
+    alpha = ts.resolve(params.alpha, names)[:, None]
+    counts = tensors if rule.rho_scope == "tensor" else model_total(tensors)
+    per_tensor = np.broadcast_to(_lambdas(counts, rule.lambda_rule, r, alpha), tensors.unique.shape)
     return np.ascontiguousarray(per_tensor, dtype=np.float32), model
 
 
-def prepare_ram(params: RamParams, ctx: StatsContext) -> Prepared:
-    per_tensor, model = ram_lambdas(params, ctx.overlap())
+def prepare_ram(params: RamMerge, ctx: StatsContext) -> Prepared:
+    per_tensor, model = ram_lambdas(params, ctx.overlap(), [t.name for t in ctx.plan.tensors])
     eps = ctx.eps
 
     def merge_many(
@@ -97,7 +121,7 @@ def prepare_ram(params: RamParams, ctx: StatsContext) -> Prepared:
         return merge_many(arrays, block, [per_tensor], [out], out_code, backend)
 
     fused = Fused(("ram", eps), per_tensor, merge_many)  # every RAM variant: only the lambdas differ
-    return Prepared(merge_block, {"lambda": tuple(float(x) for x in model)}, fused)
+    return Prepared(merge_block, {} if model is None else {"lambda": tuple(float(x) for x in model)}, fused)
 
 
 RAM_METHODS: dict[str, tuple[str, RamParams]] = {
@@ -111,11 +135,28 @@ RAM_OPTIONS = {"r", "alpha", "rho_scope", "lambda_rule"}
 def ram_spec(name: str) -> MethodSpec:
     summary, _ = RAM_METHODS[name]
 
-    def parse(options: Mapping[str, Any], n_agents: int) -> RamParams:
+    def parse(options: Mapping[str, Any], n_agents: int) -> RamMerge:
         refuse_unknown(name, options, RAM_OPTIONS)
-        return ram_params(name, **options)
+        r, alpha = _setting("r", options.get("r")), _setting("alpha", options.get("alpha"))
+        scope, rule = options.get("rho_scope"), options.get("lambda_rule")
+        for r_value, alpha_value in itertools.product(_values(r), _values(alpha)):
+            ram_params(name, r_value, alpha_value, scope, rule)  # every value a tensor can take, checked
+        params = ram_params(name, _values(r)[0], _values(alpha)[0], scope, rule)
+        return RamMerge(params, params.r if r is None else r, params.alpha if alpha is None else alpha)
 
-    return MethodSpec(name, summary, parse, prepare_ram)
+    def check(params: RamMerge, names: Sequence[str]) -> None:
+        ts.check([params.r, params.alpha], names)
+
+    return MethodSpec(name, summary, parse, prepare_ram, check=check)
+
+
+def _setting(name: str, value: Any) -> ts.Setting | None:
+    return None if value is None else ts.parse(name, value)
+
+
+def _values(setting: ts.Setting | None) -> tuple[float | None, ...]:
+    """The values a setting gives tensors at its gradients' ends (None: not given)."""
+    return (None,) if setting is None else ts.values(setting)
 
 
 def ram_params(

@@ -104,6 +104,27 @@ def per_tensor(settings: Sequence[Setting], names: Sequence[str]) -> np.ndarray:
     return np.stack([resolve(s, names) for s in settings], axis=1).astype(np.float32)
 
 
+def per_tensor64(settings: Sequence[Setting], names: Sequence[str]) -> np.ndarray:
+    """float64 (tensors, len(settings)): each setting's value per tensor, not rounded (what a
+    method compares or multiplies in float64 before rounding, as mergekit's Python floats)."""
+    if not settings:
+        return np.zeros((len(names), 0), np.float64)
+    return np.stack([resolve(s, names) for s in settings], axis=1)
+
+
+def values(setting: Setting) -> tuple[float, ...]:
+    """Every value a setting can give a tensor's interpolation endpoints: a gradient's values lie
+    between them, so a range that holds them holds every tensor's value."""
+    if not isinstance(setting, Varying):
+        return (setting,)
+    return tuple(v for rule in setting.rules for v in rule.values)
+
+
+def in_range(name: str, settings: Sequence[Setting], low: float, high: float, low_open: bool = False) -> None:
+    """``options.in_range`` over every value the settings can give any tensor."""
+    options.in_range(name, tuple(v for s in settings for v in values(s)), low, high, low_open)
+
+
 def uniform(settings: Sequence[Setting]) -> tuple[float, ...] | None:
     """The values when none varies per tensor (what reports can show per agent), else None."""
     values = tuple(s for s in settings if not isinstance(s, Varying))

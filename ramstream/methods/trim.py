@@ -48,8 +48,9 @@ from ramstream.statistics.magnitude import (
 
 REAL, EMPTY, FULL = 0, 1, 2  # a cut inside the scope; the empty lower set; the whole scope
 
-# counts(n) -> int64 (N, C): the ascending counts of each agent's cuts in a scope of n elements
-CutCounts = Callable[[int], np.ndarray]
+# counts(n, tensor) -> int64 (N, C): the ascending counts of each agent's cuts in a scope of n
+# elements: tensor ``tensor`` (with the tensor scope), or the whole model (any merged tensor's index)
+CutCounts = Callable[[int, int], np.ndarray]
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,11 +157,18 @@ def place(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str) -> Plac
     for ti, hist in tensor_totals(ctx, high):
         check_finite(plan.tensors[ti], hist, ctx.family.agent_names)
         if scope == "tensor":
-            _place(kind, targets, rank, [ti], hist, counts(plan.tensors[ti].numel))
+            _place(kind, targets, rank, [ti], hist, counts(plan.tensors[ti].numel, ti))
         else:
             model_hist += hist
     if scope == "model":
-        _place(kind, targets, rank, merged, model_hist, counts(sum(plan.tensors[ti].numel for ti in merged)))
+        _place(
+            kind,
+            targets,
+            rank,
+            merged,
+            model_hist,
+            counts(sum(plan.tensors[ti].numel for ti in merged), merged[0] if merged else 0),
+        )
     return Placement(kind, targets, rank, merged)
 
 

@@ -11,6 +11,7 @@ the backend (``Backend.abs_sums``, ``Backend.gram``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from ramstream.blocks import BlockArrays
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
+from ramstream.statistics.magnitude import digest
 
 
 def _check_finite(first_nonfinite: int, arrays: BlockArrays, allow: bool) -> None:
@@ -34,18 +36,28 @@ def _check_finite(first_nonfinite: int, arrays: BlockArrays, allow: bool) -> Non
 class DareL1Sums:
     """Per agent: exact sum of |tau| (row 0) and of |tau| over the elements DARE keeps (row 1).
 
-    ``density`` holds the float32 values the keep test compares with; they and the seed are
-    part of the key.
+    ``density`` holds the float32 values the keep test compares with, the same for every tensor;
+    or ``by_tensor`` holds them per tensor name (a density that varies per tensor). They and the
+    seed are part of the key.
     """
 
     seed: int
     density: tuple[float, ...]
     allow_nonfinite: bool = False  # NaN/Inf elements count as 0 instead of raising (not in the key)
+    by_tensor: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     @property
     def key(self) -> str:
+        if self.by_tensor:
+            rows = np.array([d for _, d in self.by_tensor], np.float32)
+            names = "\0".join(name for name, _ in self.by_tensor).encode()
+            return f"dare_l1_v1-seed{self.seed}-pertensor{digest(rows, names)}"
         bits = "_".join(f"{int(np.float32(d).view(np.uint32)):08x}" for d in self.density)
         return f"dare_l1_v1-seed{self.seed}-density{bits}"
+
+    @cached_property
+    def _densities(self) -> dict[str, np.ndarray]:
+        return {name: np.array(d, np.float32) for name, d in self.by_tensor}
 
     def shape(self, n_agents: int) -> tuple[int, ...]:
         return (n_agents, 2, BINS + 1)
@@ -56,7 +68,8 @@ class DareL1Sums:
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
         keys = random_keys(self.seed, arrays.n_agents, tensor.name)
-        result = backend.abs_sums(arrays, KeepRandom(keys, np.array(self.density, np.float32), block.start))
+        density = self._densities[tensor.name] if self.by_tensor else np.array(self.density, np.float32)
+        result = backend.abs_sums(arrays, KeepRandom(keys, density, block.start))
         _check_finite(result.first_nonfinite, arrays, self.allow_nonfinite)
         return result.sums
 
