@@ -136,7 +136,12 @@ DETERMINISTIC: dict[str, Case] = {
     "nuslerp": ("nuslerp", {}, [{"weight": 0.3}, {"weight": 0.9}], None),
     "nuslerp-no-base": ("nuslerp", {}, [{"weight": 1.0}, {"weight": [0.2, 2.0]}], "absent"),
     "nuslerp-rows": ("nuslerp", {"nuslerp_flatten": False}, [{"weight": 0.3}, {"weight": [0.9, 0.2]}], None),
-    "nuslerp-columns": ("nuslerp", {"nuslerp_flatten": False, "nuslerp_row_wise": True}, [{"weight": 0.3}, {"weight": 0.9}], None),
+    "nuslerp-columns": (
+        "nuslerp",
+        {"nuslerp_flatten": False, "nuslerp_row_wise": True},
+        [{"weight": 0.3}, {"weight": 0.9}],
+        None,
+    ),
     "nuslerp-rows-no-base": ("nuslerp", {"nuslerp_flatten": False}, [{"weight": 1.0}, {"weight": 3.0}], "absent"),
     "nuslerp-columns-no-base": (
         "nuslerp",

@@ -159,7 +159,9 @@ def test_nuslerp_per_row_or_column_matches_reference(fam: Family, tmp_path: Path
 @pytest.mark.parametrize("row_wise", [False, True])
 def test_nuslerp_per_vector_without_base_interpolates_the_weights(fam: Family, tmp_path: Path, row_wise: bool) -> None:
     members = [fam.base, fam.agents[1]]
-    ours = run_merge(tmp_path, members, "nb", "--method", "nuslerp", "--no-base", "--weights", "1,3", *vector_flags(row_wise))
+    ours = run_merge(
+        tmp_path, members, "nb", "--method", "nuslerp", "--no-base", "--weights", "1,3", *vector_flags(row_wise)
+    )
     values = {
         name: ref.nuslerp_vectors(0.75, *weights_of(fam, name, [-1, 1]), DEFAULT_SHAPES[name], row_wise)
         for name in fam.base_values
@@ -179,7 +181,14 @@ def test_nuslerp_per_vector_of_equal_and_zero_rows(twins: Family, tmp_path: Path
         values[name] = base + ref.nuslerp_vectors(0.5, *tvs(twins, name, [0, 1]), DEFAULT_SHAPES[name], row_wise)
     expect(values, ours)
     same = run_merge(
-        tmp_path, [twins.base, twins.agents[1]], "eq", "--method", "nuslerp", "--no-base", "--weights", "1,2",
+        tmp_path,
+        [twins.base, twins.agents[1]],
+        "eq",
+        "--method",
+        "nuslerp",
+        "--no-base",
+        "--weights",
+        "1,2",
         *vector_flags(row_wise),
     )
     for name, raw in same.items():  # the agent equals the base: every vector is (1 - t) x + t x = x
@@ -225,7 +234,10 @@ def test_karcher_with_an_agent_equal_to_the_base(twins: Family, tmp_path: Path) 
 CASES: dict[str, tuple[dict[str, Any], int]] = {
     "slerp": ({"t": T_FILTERS}, 1),
     "nuslerp": ({"weights": [0.3, 0.9]}, 2),
-    "nuslerp-rows": ({"weights": [[{"filter": "mlp", "value": [1, 3]}, {"value": 0.5}], 0.9], "nuslerp_flatten": False}, 2),
+    "nuslerp-rows": (
+        {"weights": [[{"filter": "mlp", "value": [1, 3]}, {"value": 0.5}], 0.9], "nuslerp_flatten": False},
+        2,
+    ),
     "nuslerp-columns": ({"weights": [0.3, 0.9], "nuslerp_flatten": False, "nuslerp_row_wise": True}, 2),
     "nuslerp-columns-no-base": (
         {"weights": [1.0, 2.0], "nuslerp_flatten": False, "nuslerp_row_wise": True, "no_base": True},

@@ -232,7 +232,13 @@ class Backend(Protocol):
         ...
 
     def merge_vectors(
-        self, arrays: BlockArrays, layout: VectorLayout, coefs: np.ndarray, weights: bool, out: np.ndarray, out_code: int
+        self,
+        arrays: BlockArrays,
+        layout: VectorLayout,
+        coefs: np.ndarray,
+        weights: bool,
+        out: np.ndarray,
+        out_code: int,
     ) -> int:
         """Each element combined with its vector's coefficients ``coefs`` (layout.count, K) float32:
         ``c0 f32(base) + sum_t c_t f32(agent_t)`` (``weights``) or ``base + sum_t c_t tau_t``

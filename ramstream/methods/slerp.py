@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from ramstream.errors import ConfigError
-from ramstream.methods import options
-from ramstream.methods import tensor_settings as ts
 from ramstream.backends.base import Backend
 from ramstream.backends.vector_sums import vector_ids, vector_layout
 from ramstream.blocks import BlockArrays
+from ramstream.errors import ConfigError
+from ramstream.methods import options
+from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
 from ramstream.methods.combination import combination_prepared, tensor_names
 from ramstream.plan import Block

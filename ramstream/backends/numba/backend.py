@@ -364,7 +364,13 @@ class NumbaBackend:
         return ExactSums(total.reshape(layout.count, n_pairs, DIGITS), _first(bad))
 
     def merge_vectors(
-        self, arrays: BlockArrays, layout: VectorLayout, coefs: np.ndarray, weights: bool, out: np.ndarray, out_code: int
+        self,
+        arrays: BlockArrays,
+        layout: VectorLayout,
+        coefs: np.ndarray,
+        weights: bool,
+        out: np.ndarray,
+        out_code: int,
     ) -> int:
         coefs = np.ascontiguousarray(coefs, np.float32)
         with self._scoped(arrays.size) as workers:

@@ -148,7 +148,6 @@ def reduce_normalised(acc):  # type: ignore[no-untyped-def]
 def merge_vectors_block(base, base_code, agents, agent_codes, weights, start, div, mod, coefs, out, out_code, workers):  # type: ignore[no-untyped-def]
     n = base.shape[0]
     n_agents = len(agents)
-    lead = 1 if weights else 0
     n_tiles = (n + TILE - 1) // TILE
     first = (start // div) % mod
     firsts = np.full(workers, -1, np.int64)

@@ -37,11 +37,11 @@ from ramstream.backends.base import (
 )
 from ramstream.backends.exact_sum import BINS, renormalised
 from ramstream.backends.settings import BackendSettings
-from ramstream.backends.vector_sums import DIGITS, VectorLayout, normalise
 from ramstream.backends.torch import codecs, della, device, exact_sums, magnitude, merges, probe, vectors
 from ramstream.backends.torch.rng import uniform
 from ramstream.backends.torch.staging import ALIGN, InputRing, OutputRing, Part, Staging, array_part, file_part
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
+from ramstream.backends.vector_sums import DIGITS, VectorLayout, normalise
 from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.blocks.lora import numpy_product
 from ramstream.config import show_size
@@ -627,7 +627,9 @@ class TorchBackend:
                 for value in values:
                     first[w] = torch.minimum(first[w], probe.first_nonfinite([value]) + lo)
                     rows.append(torch.where(torch.isfinite(value), value, zero))
-                which = vectors.block_vectors(self._positions(layout.start + lo, m), layout.div, layout.mod, layout.start)
+                which = vectors.block_vectors(
+                    self._positions(layout.start + lo, m), layout.div, layout.mod, layout.start
+                )
                 for k, (a, b) in enumerate(pairs):
                     vectors.add_products(acc[w], rows[a], rows[b], which * len(pairs) + k)
 
@@ -636,7 +638,13 @@ class TorchBackend:
             return ExactSums(total, self._found(first))
 
     def merge_vectors(
-        self, arrays: BlockArrays, layout: VectorLayout, coefs: np.ndarray, weights: bool, out: np.ndarray, out_code: int
+        self,
+        arrays: BlockArrays,
+        layout: VectorLayout,
+        coefs: np.ndarray,
+        weights: bool,
+        out: np.ndarray,
+        out_code: int,
     ) -> int:
         parts = self._array_parts(arrays)
         codes = self._codes(arrays)
@@ -656,7 +664,9 @@ class TorchBackend:
                 else:
                     agents = values[1:]
                 unders = [codecs.minus(base, c) for c in codes[1:]]
-                which = vectors.block_vectors(self._positions(layout.start + lo, m), layout.div, layout.mod, layout.start)
+                which = vectors.block_vectors(
+                    self._positions(layout.start + lo, m), layout.div, layout.mod, layout.start
+                )
                 merged = vectors.merge_vectors(base, agents, unders, on_device, which, weights)
                 outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
