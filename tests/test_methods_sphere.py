@@ -345,3 +345,15 @@ def test_config_gradient_longer_than_the_layers_is_refused(fam: Family, tmp_path
     out = tmp_path / "out"
     one_line_error(in_process("merge", "--config", config, "--out", out), "gradient of 4 values", "2 layers")
     assert_nothing_finished(out)
+
+
+def test_per_row_statistics_too_large_for_a_block_are_refused(tmp_path: Path) -> None:
+    """Rows of one element in a block of 200 000: a partial of 200 000 vectors (~92 MiB)."""
+    short = build_family(tmp_path / "short", densities=(0.5, 0.5), shapes={"model.w.weight": (200_000, 1)}, seed=2)
+    out = tmp_path / "out"
+    outcome = in_process(
+        "merge", short.base, *short.agents, "--out", out, "--method", "nuslerp", "--weights", "1,1",
+        "--cache-dir", tmp_path / "cache", *vector_flags(False),
+    )  # fmt: skip
+    one_line_error(outcome, "per-vector nuslerp statistics", "200000 rows", "nuslerp_flatten: true")
+    assert_nothing_finished(out)
