@@ -58,6 +58,19 @@ def nuslerp(t: float, v0: np.ndarray, v1: np.ndarray) -> np.ndarray:
     return (np.sin((1 - t) * theta) * a + np.sin(t * theta) * b) / np.sin(theta)
 
 
+def nuslerp_vectors(t: float, v0: np.ndarray, v1: np.ndarray, shape: tuple[int, ...], row_wise: bool) -> np.ndarray:
+    """mergekit's ``nuslerp_flatten: false``: ``nuslerp`` per row (vectors along dim -1) or with
+    ``row_wise`` per column (dim 0 swapped with dim -1); a 1-D tensor is one vector. Flat result."""
+    if len(shape) < 2:
+        return nuslerp(t, v0, v1)
+    a, b = (v.astype(np.float64).reshape(shape) for v in (v0, v1))
+    if row_wise:
+        a, b = np.swapaxes(a, 0, -1), np.swapaxes(b, 0, -1)
+    rows = [nuslerp(t, x, y) for x, y in zip(a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]), strict=True)]
+    out = np.stack(rows).reshape(a.shape)
+    return (np.swapaxes(out, 0, -1) if row_wise else out).ravel()
+
+
 def multislerp(vectors: list[np.ndarray], weights: list[float], normalize: bool = True) -> np.ndarray:
     vs = [v.astype(np.float64).ravel() for v in vectors]
     if len(vs) == 1:

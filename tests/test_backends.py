@@ -65,16 +65,23 @@ def _files(out: Path) -> dict[str, bytes]:
 
 
 def _merge(
-    family: Family, out: Path, method: str, given: dict[str, Any], backend: str = "numba", **run: Any
+    family: Family,
+    out: Path,
+    method: str,
+    given: dict[str, Any],
+    backend: str = "numba",
+    agents: int | None = None,
+    **run: Any,
 ) -> dict[str, bytes]:
-    """Merge with ``method`` into ``out`` (blocks of 256 elements; ``run``: more ``RunOptions``)."""
+    """Merge the first ``agents`` agents (None: all) with ``method`` into ``out`` (blocks of 256
+    elements; ``run``: more ``RunOptions``)."""
     ram = {k: given[k] for k in ("rho_scope", "lambda_rule") if k in given}
     others = {k: v for k, v in given.items() if k not in ram}
     run = {"block_elems": 256, **run}
     options = RunOptions(cache_dir=out.parent / "cache", quiet=True, backend=backend, **run)
     merge(
         family.base,
-        [str(a) for a in family.agents],
+        [str(a) for a in family.agents[:agents]],
         out=out,
         method=method,
         method_options=others,
@@ -123,6 +130,23 @@ def test_every_backend_writes_the_numba_bytes(
     expected = numba_bytes.of(family, tmp_path, method, given)
     assert any(name.endswith(".safetensors") for name in expected)
     assert _merge(family, tmp_path / backend / "out", method, given, backend) == expected
+
+
+# nuslerp interpolates two models: per row and per column, with and without the base.
+PER_VECTOR: list[tuple[dict[str, Any], int]] = [
+    ({"weights": [0.3, 0.9], "nuslerp_flatten": False}, 2),
+    ({"weights": [0.3, 0.9], "nuslerp_flatten": False, "nuslerp_row_wise": True}, 2),
+    ({"weights": [1.0, 2.0], "nuslerp_flatten": False, "nuslerp_row_wise": True, "no_base": True}, 1),
+]
+
+
+@pytest.mark.parametrize("backend", installed_backends())
+@pytest.mark.parametrize(("given", "agents"), PER_VECTOR, ids=["rows", "columns", "columns-no-base"])
+def test_every_backend_writes_the_numba_bytes_of_per_vector_nuslerp(
+    family: Family, tmp_path: Path, backend: str, given: dict[str, Any], agents: int
+) -> None:
+    expected = _merge(family, tmp_path / "numba" / "out", "nuslerp", given, "numba", agents, block_elems=192)
+    assert _merge(family, tmp_path / backend / "out", "nuslerp", given, backend, agents, block_elems=320) == expected
 
 
 def test_a_backend_scopes_its_threads_and_leaves_the_callers_setting(family: Family, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ramstream import api
 from ramstream.config import RunOptions
 from tests import reference_sphere as ref
-from tests.families import Family, build_family, f32_to_bf16, read_model_dir
+from tests.families import DEFAULT_SHAPES, Family, build_family, f32_to_bf16, read_model_dir
 from tests.test_cli import assert_nothing_finished, in_process, ok, one_line_error
 
 MIN_IDENTICAL = 0.9999
@@ -131,6 +131,70 @@ def test_nuslerp_without_base_interpolates_the_weights(fam: Family, tmp_path: Pa
     expect(values, ours)
 
 
+def vector_flags(row_wise: bool) -> list[str]:
+    return ["--nuslerp-flatten", "false", "--nuslerp-row-wise", "true" if row_wise else "false"]
+
+
+@pytest.mark.parametrize("row_wise", [False, True])
+@pytest.mark.parametrize("weights", ["0.3,0.9", "[0.2, 2.0],1"])
+def test_nuslerp_per_row_or_column_matches_reference(fam: Family, tmp_path: Path, row_wise: bool, weights: str) -> None:
+    """Rows (dim -1) or columns (dim 0) each interpolated on their own; the 1-D norms are one
+    vector; agent 0 is sparse enough that many of its rows and columns are zero."""
+    members = [fam.base, fam.agents[0], fam.agents[1]]
+    ours = run_merge(tmp_path, members, "nv", "--method", "nuslerp", "--weights", weights, *vector_flags(row_wise))
+    parsed = json.loads(f"[{weights}]")
+    values = {}
+    for name in fam.base_values:
+        x = ref.layer_x(name, LAYERS)
+        w0, w1 = (ref.setting_value(w, name, x) for w in parsed)
+        assert w0 is not None and w1 is not None
+        t = 0.5 if abs(w0 + w1) < 1e-6 else w1 / (w0 + w1)
+        base = fam.base_values[name].astype(np.float64).ravel()
+        values[name] = base + ref.nuslerp_vectors(t, *tvs(fam, name, [0, 1]), DEFAULT_SHAPES[name], row_wise)
+    expect(values, ours)
+    flat = run_merge(tmp_path, members, "nf", "--method", "nuslerp", "--weights", weights)
+    assert any(not np.array_equal(flat[name], ours[name]) for name in ours)  # not the whole-tensor merge
+
+
+@pytest.mark.parametrize("row_wise", [False, True])
+def test_nuslerp_per_vector_without_base_interpolates_the_weights(fam: Family, tmp_path: Path, row_wise: bool) -> None:
+    members = [fam.base, fam.agents[1]]
+    ours = run_merge(
+        tmp_path, members, "nb", "--method", "nuslerp", "--no-base", "--weights", "1,3", *vector_flags(row_wise)
+    )
+    values = {
+        name: ref.nuslerp_vectors(0.75, *weights_of(fam, name, [-1, 1]), DEFAULT_SHAPES[name], row_wise)
+        for name in fam.base_values
+    }
+    expect(values, ours)
+
+
+@pytest.mark.parametrize("row_wise", [False, True])
+def test_nuslerp_per_vector_of_equal_and_zero_rows(twins: Family, tmp_path: Path, row_wise: bool) -> None:
+    """Agent 0 changes one element, agent 1 none: every row (column) but one has a zero task
+    vector, and no_base sees rows equal in both models (the colinear branch, (1 - t) x + t x)."""
+    members = [twins.base, *twins.agents]
+    ours = run_merge(tmp_path, members, "tw", "--method", "nuslerp", "--weights", "1,1", *vector_flags(row_wise))
+    values = {}
+    for name in twins.base_values:
+        base = twins.base_values[name].astype(np.float64).ravel()
+        values[name] = base + ref.nuslerp_vectors(0.5, *tvs(twins, name, [0, 1]), DEFAULT_SHAPES[name], row_wise)
+    expect(values, ours)
+    same = run_merge(
+        tmp_path,
+        [twins.base, twins.agents[1]],
+        "eq",
+        "--method",
+        "nuslerp",
+        "--no-base",
+        "--weights",
+        "1,2",
+        *vector_flags(row_wise),
+    )
+    for name, raw in same.items():  # the agent equals the base: every vector is (1 - t) x + t x = x
+        assert np.array_equal(raw, f32_to_bf16(twins.base_values[name].ravel()))
+
+
 @pytest.mark.parametrize(("no_base", "normalize"), [(False, True), (True, False)])
 def test_multislerp_matches_reference(fam: Family, tmp_path: Path, no_base: bool, normalize: bool) -> None:
     flags = ["--method", "multislerp", "--weights", "0.7,0.5,1.0" if not no_base else "0.7,0.5,1.0,0.2"]
@@ -170,6 +234,15 @@ def test_karcher_with_an_agent_equal_to_the_base(twins: Family, tmp_path: Path) 
 CASES: dict[str, tuple[dict[str, Any], int]] = {
     "slerp": ({"t": T_FILTERS}, 1),
     "nuslerp": ({"weights": [0.3, 0.9]}, 2),
+    "nuslerp-rows": (
+        {"weights": [[{"filter": "mlp", "value": [1, 3]}, {"value": 0.5}], 0.9], "nuslerp_flatten": False},
+        2,
+    ),
+    "nuslerp-columns": ({"weights": [0.3, 0.9], "nuslerp_flatten": False, "nuslerp_row_wise": True}, 2),
+    "nuslerp-columns-no-base": (
+        {"weights": [1.0, 2.0], "nuslerp_flatten": False, "nuslerp_row_wise": True, "no_base": True},
+        1,
+    ),
     "multislerp": ({"weights": [[{"filter": "mlp", "value": [1, 3]}, {"value": 0.5}], 1, 2]}, 3),
     "karcher": ({}, 3),
 }
@@ -185,6 +258,12 @@ CASES: dict[str, tuple[dict[str, Any], int]] = {
 def test_block_size_threads_and_backend_change_no_byte(
     fam: Family, tmp_path_factory: pytest.TempPathFactory, method: str, block_elems: int, threads: int, backend: str
 ) -> None:
+    assert_same_bytes(fam, tmp_path_factory, method, block_elems, threads, backend)
+
+
+def assert_same_bytes(
+    fam: Family, tmp_path_factory: pytest.TempPathFactory, method: str, block_elems: int, threads: int, backend: str
+) -> None:
     if backend == "torch":
         pytest.importorskip("torch")
     given_options, n_agents = CASES[method]
@@ -198,10 +277,35 @@ def test_block_size_threads_and_backend_change_no_byte(
             RunOptions(cache_dir=tmp / "c1", quiet=True, block_elems=block_elems, threads=threads, backend=backend),
         ),
     ):
-        api.merge(fam.base, members, out=tmp / name, method=method, method_options=given_options, options=run)
+        kind = method.split("-")[0]
+        api.merge(fam.base, members, out=tmp / name, method=kind, method_options=given_options, options=run)
         outputs.append(merged(tmp / name))
     for name in outputs[0]:
         assert np.array_equal(outputs[0][name], outputs[1][name]), name
+
+
+VECTOR_CASES = sorted(c for c in CASES if c.startswith("nuslerp-"))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    method=st.sampled_from(VECTOR_CASES),
+    block_elems=st.sampled_from([64, 192, 320, 4096]),
+    threads=st.sampled_from([1, 2]),
+    backend=st.sampled_from(["numba", "torch"]),
+)
+def test_per_vector_nuslerp_block_size_threads_and_backend_change_no_byte(
+    fam: Family, tmp_path_factory: pytest.TempPathFactory, method: str, block_elems: int, threads: int, backend: str
+) -> None:
+    """Blocks cut rows and columns anywhere (rows of 24 and 40 elements, blocks of 64...)."""
+    assert_same_bytes(fam, tmp_path_factory, method, block_elems, threads, backend)
+
+
+@pytest.mark.parametrize("method", VECTOR_CASES)
+def test_per_vector_nuslerp_same_bytes_from_numba_and_torch(
+    fam: Family, tmp_path_factory: pytest.TempPathFactory, method: str
+) -> None:
+    assert_same_bytes(fam, tmp_path_factory, method, 64, 2, "torch")
 
 
 # -- bad input: one line, nothing written ---------------------------------------------------------
@@ -240,4 +344,16 @@ def test_config_gradient_longer_than_the_layers_is_refused(fam: Family, tmp_path
     config.write_text(json.dumps(doc))
     out = tmp_path / "out"
     one_line_error(in_process("merge", "--config", config, "--out", out), "gradient of 4 values", "2 layers")
+    assert_nothing_finished(out)
+
+
+def test_per_row_statistics_too_large_for_a_block_are_refused(tmp_path: Path) -> None:
+    """Rows of one element in a block of 200 000: a partial of 200 000 vectors (~92 MiB)."""
+    short = build_family(tmp_path / "short", densities=(0.5, 0.5), shapes={"model.w.weight": (200_000, 1)}, seed=2)
+    out = tmp_path / "out"
+    outcome = in_process(
+        "merge", short.base, *short.agents, "--out", out, "--method", "nuslerp", "--weights", "1,1",
+        "--cache-dir", tmp_path / "cache", *vector_flags(False),
+    )  # fmt: skip
+    one_line_error(outcome, "per-vector nuslerp statistics", "200000 rows", "nuslerp_flatten: true")
     assert_nothing_finished(out)

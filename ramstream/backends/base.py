@@ -26,6 +26,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from ramstream.backends.vector_sums import VectorLayout
 from ramstream.blocks import BlockArrays
 
 Consensus = Literal["none", "sum"]
@@ -223,6 +224,25 @@ class Backend(Protocol):
         """Exact sums of tau_a * tau_b for every pair a <= b ((0,0), (0,1), ...): (pairs, BINS + 1);
         with ``weights``, of x_a * x_b over the weights themselves, the base first (N + 1 vectors).
         A NaN/Inf value counts as 0 and is reported."""
+        ...
+
+    def vector_gram(self, arrays: BlockArrays, layout: VectorLayout, weights: bool = False) -> ExactSums:
+        """``gram`` per block vector (``layout``), in ``backends.vector_sums``' format, normalised:
+        (layout.count, pairs, DIGITS) (the semantics in ``backends/numba/vectors.py``)."""
+        ...
+
+    def merge_vectors(
+        self,
+        arrays: BlockArrays,
+        layout: VectorLayout,
+        coefs: np.ndarray,
+        weights: bool,
+        out: np.ndarray,
+        out_code: int,
+    ) -> int:
+        """Each element combined with its vector's coefficients ``coefs`` (layout.count, K) float32:
+        ``c0 f32(base) + sum_t c_t f32(agent_t)`` (``weights``) or ``base + sum_t c_t tau_t``
+        (the semantics and order in ``backends/numba/vectors.py``)."""
         ...
 
     def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:

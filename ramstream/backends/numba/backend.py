@@ -43,6 +43,7 @@ from ramstream.backends.numba import (
     nearswap,
     nonfinite,
     probe,
+    vectors,
 )
 from ramstream.backends.numba.keep import (
     KEEP_ALL,
@@ -57,6 +58,7 @@ from ramstream.backends.numba.keep import (
 )
 from ramstream.backends.numba.sources import ITEMSIZES
 from ramstream.backends.settings import BackendSettings
+from ramstream.backends.vector_sums import DIGITS, VectorLayout
 from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.errors import ConfigError
 from ramstream.io.reader import InputFiles
@@ -339,6 +341,55 @@ class NumbaBackend:
             exact_stats.gram_block(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, weights, acc, bad)
             total = np.asarray(exact_stats.reduce_workers(acc))
         return ExactSums(total, _first(bad))
+
+    def vector_gram(self, arrays: BlockArrays, layout: VectorLayout, weights: bool = False) -> ExactSums:
+        n_vectors = len(arrays.agents) + (1 if weights else 0)
+        n_pairs = n_vectors * (n_vectors + 1) // 2
+        with self._scoped(arrays.size) as workers:
+            acc = np.zeros((workers, layout.count, n_pairs, DIGITS), np.int64)
+            bad = np.empty(workers, np.int64)
+            vectors.vector_gram_block(
+                arrays.base,
+                arrays.base_code,
+                arrays.agents,
+                arrays.agent_codes,
+                weights,
+                layout.start,
+                layout.div,
+                layout.mod,
+                acc,
+                bad,
+            )
+            total = np.asarray(vectors.reduce_normalised(acc))
+        return ExactSums(total.reshape(layout.count, n_pairs, DIGITS), _first(bad))
+
+    def merge_vectors(
+        self,
+        arrays: BlockArrays,
+        layout: VectorLayout,
+        coefs: np.ndarray,
+        weights: bool,
+        out: np.ndarray,
+        out_code: int,
+    ) -> int:
+        coefs = np.ascontiguousarray(coefs, np.float32)
+        with self._scoped(arrays.size) as workers:
+            return int(
+                vectors.merge_vectors_block(
+                    arrays.base,
+                    arrays.base_code,
+                    arrays.agents,
+                    arrays.agent_codes,
+                    weights,
+                    layout.start,
+                    layout.div,
+                    layout.mod,
+                    coefs,
+                    out,
+                    out_code,
+                    workers,
+                )
+            )
 
     def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:
         keep = np.empty((len(arrays.agents), arrays.size), np.float32)

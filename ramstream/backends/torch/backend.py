@@ -37,10 +37,11 @@ from ramstream.backends.base import (
 )
 from ramstream.backends.exact_sum import BINS, renormalised
 from ramstream.backends.settings import BackendSettings
-from ramstream.backends.torch import codecs, della, device, exact_sums, magnitude, merges, probe
+from ramstream.backends.torch import codecs, della, device, exact_sums, magnitude, merges, probe, vectors
 from ramstream.backends.torch.rng import uniform
 from ramstream.backends.torch.staging import ALIGN, InputRing, OutputRing, Part, Staging, array_part, file_part
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
+from ramstream.backends.vector_sums import DIGITS, VectorLayout, normalise
 from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.blocks.lora import numpy_product
 from ramstream.config import show_size
@@ -602,6 +603,76 @@ class TorchBackend:
             return ExactSums(renormalised(acc.sum(0).cpu().numpy()), self._found(first))
 
     # -- DELLA ------------------------------------------------------------------------------------
+    def vector_gram(self, arrays: BlockArrays, layout: VectorLayout, weights: bool = False) -> ExactSums:
+        n_agents = len(arrays.agents)
+        n_vectors = n_agents + (1 if weights else 0)
+        pairs = [(a, b) for a in range(n_vectors) for b in range(a, n_vectors)]
+        codes = self._codes(arrays)
+        size = layout.count * len(pairs) * DIGITS
+        with self._scoped():
+            zero = torch.zeros((), dtype=torch.float32, device=self._device)
+            acc = self._zeros(self.workers, self._fixed(size * 8, "the per-vector sums") // 8)
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                base = codecs.decode(raw[0], codes[0])
+                values = [base] if weights else []
+                for t in range(n_agents):
+                    agent = codecs.decode(raw[1 + t], codes[1 + t])
+                    if not weights:
+                        values.append(agent - codecs.minus(base, codes[1 + t]))
+                    else:  # a task vector (TAU32) weighs in as f32(base) + tau
+                        values.append(base + agent if codes[1 + t] == TAU32 else agent)
+                rows = []
+                for value in values:
+                    first[w] = torch.minimum(first[w], probe.first_nonfinite([value]) + lo)
+                    rows.append(torch.where(torch.isfinite(value), value, zero))
+                which = vectors.block_vectors(
+                    self._positions(layout.start + lo, m), layout.div, layout.mod, layout.start
+                )
+                for k, (a, b) in enumerate(pairs):
+                    vectors.add_products(acc[w], rows[a], rows[b], which * len(pairs) + k)
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_vectors + 4)
+            total = normalise(acc.sum(0).cpu().numpy().reshape(layout.count, len(pairs), DIGITS))
+            return ExactSums(total, self._found(first))
+
+    def merge_vectors(
+        self,
+        arrays: BlockArrays,
+        layout: VectorLayout,
+        coefs: np.ndarray,
+        weights: bool,
+        out: np.ndarray,
+        out_code: int,
+    ) -> int:
+        parts = self._array_parts(arrays)
+        codes = self._codes(arrays)
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        table = np.ascontiguousarray(coefs, np.float32)
+        with self._scoped():
+            self._fixed(table.nbytes, "the per-vector coefficients")
+            on_device = torch.from_numpy(table.copy()).to(self._device)
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+                base = values[0]
+                if weights:  # an agent given as its task vector (TAU32) weighs in as base + tau
+                    agents = [base + v if c == TAU32 else v for v, c in zip(values[1:], codes[1:], strict=True)]
+                else:
+                    agents = values[1:]
+                unders = [codecs.minus(base, c) for c in codes[1:]]
+                which = vectors.block_vectors(
+                    self._positions(layout.start + lo, m), layout.div, layout.mod, layout.start
+                )
+                merged = vectors.merge_vectors(base, agents, unders, on_device, which, weights)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(parts, arrays.size, tile, inputs=len(parts) + 3)
+            return self._found(first)
+
     def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:
         n_agents = len(arrays.agents)
         keep = np.empty((n_agents, arrays.size), np.float32)
