@@ -37,7 +37,7 @@ def threshold(values: np.ndarray) -> np.float32:
     """median + 1.5 (q3 - q1), the quantiles at ascending index floor(q (n - 1)) of all values."""
     s = np.sort(values.ravel())
     n = s.size
-    q1, median, q3 = (s[int(math.floor(q * (n - 1)))] for q in (0.25, 0.5, 0.75))
+    q1, median, q3 = (s[math.floor(q * (n - 1))] for q in (0.25, 0.5, 0.75))
     return F(median + F(1.5) * F(q3 - q1))
 
 

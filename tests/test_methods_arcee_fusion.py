@@ -7,7 +7,6 @@ line before anything is written."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +21,9 @@ from ramstream.config import RunOptions
 from ramstream.errors import NonFiniteWeightError
 from ramstream.statistics import fusion as fusion_stats
 from tests import reference_fusion as ref
-from tests.families import Family, build_family, f32_to_bf16, read_safetensors, write_safetensors
+from tests.families import Family, build_family, f32_to_bf16, with_raw_value
 from tests.test_cli import assert_nothing_finished, in_process, one_line_error
+from tests.test_methods_nearswap import config_and_flags_agree, refuse_two_models
 from tests.test_methods_sphere import merged, run_merge
 
 F = np.float32
@@ -175,20 +175,15 @@ def test_a_task_vector_input_weighs_in_as_base_plus_tau() -> None:
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])
-def test_a_nan_in_the_agent_is_refused_by_name(tmp_path: Path, backend: str) -> None:
+def test_a_nan_in_the_agent_is_refused_by_name(fam: Family, tmp_path: Path, backend: str) -> None:
+    """Found by the importance histogram: in the block (of 64 elements), or in the rest of the row
+    whose KL it spoils."""
     if backend == "torch":
         pytest.importorskip("torch")
-    fam = build_family(tmp_path / "fam", densities=(0.3,), seed=6)
-    path = fam.agents[0] / "model.safetensors"
-    tensors = read_safetensors(path)
-    dtype, shape, raw = tensors["model.norm.weight"]
-    raw = raw.copy()
-    raw[5] = 0x7FC0  # bf16 NaN
-    tensors["model.norm.weight"] = (dtype, shape, raw)
-    write_safetensors(path, tensors)
+    bad = with_raw_value(fam.agents[0], tmp_path / "bad", "model.layers.1.mlp.down_proj.bias", 150, 0x7FC0)  # NaN
     options = RunOptions(cache_dir=tmp_path / "cache", quiet=True, backend=backend, block_elems=64)
-    with pytest.raises(NonFiniteWeightError, match=r"tensor 'model.norm.weight' .* index \[5\]"):
-        api.merge(fam.base, [str(fam.agents[0])], out=tmp_path / "out", method="arcee_fusion", method_options={},
+    with pytest.raises(NonFiniteWeightError, match=r"tensor 'model.layers.1.mlp.down_proj.bias' .* index \[150\]"):
+        api.merge(fam.base, [str(bad)], out=tmp_path / "out", method="arcee_fusion", method_options={},
                   options=options)  # fmt: skip
 
 
@@ -210,35 +205,11 @@ def test_an_option_it_would_ignore_is_refused(fam: Family, tmp_path: Path) -> No
 
 
 def test_a_config_with_two_models_is_refused(fam: Family, tmp_path: Path) -> None:
-    config = tmp_path / "fusion.yml"
-    doc = {
-        "merge_method": "arcee_fusion",
-        "base_model": str(fam.base),
-        "models": [{"model": str(fam.agents[0])}, {"model": str(fam.agents[1])}],
-    }
-    config.write_text(json.dumps(doc))
-    out = tmp_path / "out"
-    one_line_error(in_process("merge", "--config", config, "--out", out), "arcee_fusion", "exactly 1 model", "lists 2")
-    assert not out.exists()
+    refuse_two_models(fam, tmp_path, "arcee_fusion", {})
 
 
 def test_a_config_and_flags_give_the_same_bytes(fam: Family, tmp_path: Path) -> None:
-    config = tmp_path / "fusion.yml"
-    doc = {
-        "merge_method": "arcee_fusion",
-        "base_model": str(fam.base),
-        "models": [{"model": str(fam.base)}, {"model": str(fam.agents[1])}],
-        "dtype": "float32",
-        "out_dtype": "bfloat16",
-    }
-    config.write_text(json.dumps(doc))
-    cache = ("--cache-dir", tmp_path / "cache", "--quiet")
-    by_config = in_process("merge", "--config", config, "--out", tmp_path / "a", *cache)
-    assert by_config.code == 0, by_config.err
-    by_flags = in_process("merge", fam.base, fam.agents[1], "--out", tmp_path / "b", "--method", "arcee_fusion", *cache)
-    assert by_flags.code == 0, by_flags.err
-    a, b = merged(tmp_path / "a"), merged(tmp_path / "b")
-    assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
+    config_and_flags_agree(fam, tmp_path, {}, ("--method", "arcee_fusion"))
 
 
 def test_a_sweep_grid_runs_it(fam: Family, tmp_path: Path) -> None:

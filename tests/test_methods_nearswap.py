@@ -257,36 +257,43 @@ def test_a_filter_matching_nothing_is_refused(fam: Family, tmp_path: Path) -> No
     assert_nothing_finished(out)
 
 
-def test_a_config_with_two_models_is_refused(fam: Family, tmp_path: Path) -> None:
-    config = tmp_path / "nearswap.yml"
-    doc = {
-        "merge_method": "nearswap",
-        "base_model": str(fam.base),
-        "models": [{"model": str(fam.agents[0])}, {"model": str(fam.agents[1])}],
-        "parameters": {"t": 0.01},
-    }
-    config.write_text(json.dumps(doc))
+def refuse_two_models(fam: Family, tmp_path: Path, method: str, parameters: dict[str, Any]) -> None:
+    """A config of a one-agent method listing two models besides the base: one line, nothing written."""
+    config = tmp_path / f"{method}.yml"
+    models = [{"model": str(fam.agents[0])}, {"model": str(fam.agents[1])}]
+    doc = {"merge_method": method, "base_model": str(fam.base), "models": models, "parameters": parameters}
+    config.write_text(json.dumps({k: v for k, v in doc.items() if v}))
     out = tmp_path / "out"
-    one_line_error(in_process("merge", "--config", config, "--out", out), "nearswap", "exactly 1 model", "lists 2")
+    one_line_error(in_process("merge", "--config", config, "--out", out), method, "exactly 1 model", "lists 2")
     assert not out.exists()
 
 
-def test_a_config_and_flags_give_the_same_bytes(fam: Family, tmp_path: Path) -> None:
-    config = tmp_path / "nearswap.yml"
+def config_and_flags_agree(fam: Family, tmp_path: Path, parameters: dict[str, Any], flags: tuple[str, ...]) -> None:
+    """The base listed in models, the agent second, ``parameters`` at the top: the bytes of ``flags``."""
+    config = tmp_path / "merge.yml"
     doc = {
-        "merge_method": "nearswap",
+        "merge_method": flags[1],
         "base_model": str(fam.base),
         "models": [{"model": str(fam.base)}, {"model": str(fam.agents[1])}],
-        "parameters": {"t": T_FILTERS},
+        "parameters": parameters,
         "dtype": "float32",
         "out_dtype": "bfloat16",
     }
-    config.write_text(json.dumps(doc))
+    config.write_text(json.dumps({k: v for k, v in doc.items() if v}))
     cache = ("--cache-dir", tmp_path / "cache", "--quiet")
     by_config = in_process("merge", "--config", config, "--out", tmp_path / "a", *cache)
     assert by_config.code == 0, by_config.err
-    flags = ("--method", "nearswap", "--t", json.dumps(T_FILTERS), "--out-dtype", "bf16")
-    by_flags = in_process("merge", fam.base, fam.agents[1], "--out", tmp_path / "b", *flags, *cache)
+    by_flags = in_process(
+        "merge", fam.base, fam.agents[1], "--out", tmp_path / "b", *flags, "--out-dtype", "bf16", *cache
+    )
     assert by_flags.code == 0, by_flags.err
     a, b = merged(tmp_path / "a"), merged(tmp_path / "b")
     assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
+
+
+def test_a_config_with_two_models_is_refused(fam: Family, tmp_path: Path) -> None:
+    refuse_two_models(fam, tmp_path, "nearswap", {"t": 0.01})
+
+
+def test_a_config_and_flags_give_the_same_bytes(fam: Family, tmp_path: Path) -> None:
+    config_and_flags_agree(fam, tmp_path, {"t": T_FILTERS}, ("--method", "nearswap", "--t", json.dumps(T_FILTERS)))
