@@ -23,7 +23,7 @@ from ramstream.statistics import fusion as fusion_stats
 from tests import reference_fusion as ref
 from tests.families import Family, build_family, f32_to_bf16, with_raw_value
 from tests.test_cli import assert_nothing_finished, in_process, one_line_error
-from tests.test_methods_nearswap import config_and_flags_agree, refuse_two_models
+from tests.test_methods_nearswap import OTHER_RUNS, config_and_flags_agree, refuse_two_models, same_bytes_under
 from tests.test_methods_sphere import merged, run_merge
 
 F = np.float32
@@ -103,33 +103,14 @@ def test_rows_taken_in_any_chunks_give_the_same_kl(fam: Family, monkeypatch: pyt
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    block_elems=st.sampled_from([64, 320, 4096]),
-    threads=st.sampled_from([1, 2]),
-    backend=st.sampled_from(["numba", "torch"]),
-    agent=st.sampled_from([1, 2]),
-)
+@given(agent=st.sampled_from([1, 2]), **OTHER_RUNS)
 def test_block_size_threads_and_backend_change_no_byte(
     fam: Family, tmp_path_factory: pytest.TempPathFactory, block_elems: int, threads: int, backend: str, agent: int
 ) -> None:
     """float32 output, where a last-bit difference would show; blocks of 64 hold fewer elements
-    than the 1-D tensors' single row."""
-    if backend == "torch":
-        pytest.importorskip("torch")
-    tmp = tmp_path_factory.mktemp("prop")
-    outputs = []
-    for name, run in (
-        ("plain", RunOptions(cache_dir=tmp / "c0", quiet=True)),
-        (
-            "other",
-            RunOptions(cache_dir=tmp / "c1", quiet=True, block_elems=block_elems, threads=threads, backend=backend),
-        ),
-    ):
-        api.merge(fam.base, [str(fam.agents[agent])], out=tmp / name, method="arcee_fusion", method_options={},
-                  out_dtype="f32", options=run)  # fmt: skip
-        outputs.append(merged(tmp / name))
-    for name in outputs[0]:
-        assert np.array_equal(outputs[0][name], outputs[1][name]), name
+    than the bias's single row."""
+    run = {"block_elems": block_elems, "threads": threads, "backend": backend, "out_dtype": "f32"}
+    same_bytes_under(fam, tmp_path_factory.mktemp("prop"), agent, "arcee_fusion", {}, **run)
 
 
 def test_torch_tiles_smaller_than_a_row_give_the_numba_bytes(

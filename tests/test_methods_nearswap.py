@@ -120,34 +120,35 @@ def test_nearswap_of_an_agent_equal_to_the_base_is_the_base(tmp_path: Path) -> N
         assert np.array_equal(raw, f32_to_bf16(twins.base_values[name].ravel()))
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    block_elems=st.sampled_from([64, 320, 4096]),
-    threads=st.sampled_from([1, 2]),
-    backend=st.sampled_from(["numba", "torch"]),
-    agent=st.sampled_from([0, 2]),
-)
-def test_block_size_threads_and_backend_change_no_byte(
-    fam: Family, tmp_path_factory: pytest.TempPathFactory, block_elems: int, threads: int, backend: str, agent: int
-) -> None:
-    if backend == "torch":
+# Another block size, thread count and backend than the defaults (a one-agent method's property test).
+OTHER_RUNS = {
+    "block_elems": st.sampled_from([64, 320, 4096]),
+    "threads": st.sampled_from([1, 2]),
+    "backend": st.sampled_from(["numba", "torch"]),
+}
+
+
+def same_bytes_under(fam: Family, tmp: Path, agent: int, method: str, options: dict[str, Any], **run: Any) -> None:
+    """The merge of the base and ``agent`` gives the same bytes under ``run`` as under the defaults."""
+    if run.get("backend") == "torch":
         pytest.importorskip("torch")
-    tmp = tmp_path_factory.mktemp("prop")
     outputs = []
-    for name, run in (
-        ("plain", RunOptions(cache_dir=tmp / "c0", quiet=True)),
-        (
-            "other",
-            RunOptions(cache_dir=tmp / "c1", quiet=True, block_elems=block_elems, threads=threads, backend=backend),
-        ),
-    ):
-        options = {"t": T_FILTERS}
-        api.merge(
-            fam.base, [str(fam.agents[agent])], out=tmp / name, method="nearswap", method_options=options, options=run
-        )
+    out_dtype = run.pop("out_dtype", "auto")  # both outputs in it
+    for name, more in (("plain", {}), ("other", run)):
+        api.merge(fam.base, [str(fam.agents[agent])], out=tmp / name, method=method, method_options=options,
+                  out_dtype=out_dtype, options=RunOptions(cache_dir=tmp / f"c-{name}", quiet=True, **more))  # fmt: skip
         outputs.append(merged(tmp / name))
     for name in outputs[0]:
         assert np.array_equal(outputs[0][name], outputs[1][name]), name
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(agent=st.sampled_from([0, 2]), **OTHER_RUNS)
+def test_block_size_threads_and_backend_change_no_byte(
+    fam: Family, tmp_path_factory: pytest.TempPathFactory, block_elems: int, threads: int, backend: str, agent: int
+) -> None:
+    run = {"block_elems": block_elems, "threads": threads, "backend": backend}
+    same_bytes_under(fam, tmp_path_factory.mktemp("prop"), agent, "nearswap", {"t": T_FILTERS}, **run)
 
 
 def test_torch_tiles_smaller_than_a_block_give_the_numba_bytes(
