@@ -157,7 +157,7 @@ SPHERICAL = {
     "multislerp": ["--weights", "1"],
     "nearswap": ["--t", "0.005"],
 }
-ONE_AGENT = ("slerp", "nearswap")
+ONE_AGENT = ("slerp", "nearswap", "arcee_fusion")
 
 
 @pytest.mark.parametrize("method", method_names())

@@ -170,6 +170,12 @@ def test_nearswap_takes_t_per_tensor() -> None:
     assert got.settings == {"method": "nearswap", "t": t}
 
 
+def test_arcee_fusion_takes_the_base_and_one_model() -> None:
+    got = parse({"merge_method": "arcee_fusion", "base_model": "b", "models": models("b", "a")})
+    assert got.base == Path("b") and got.agents == (Path("a"),)
+    assert got.settings == {"method": "arcee_fusion"}
+
+
 def test_every_mergekit_method_maps_to_a_registered_method() -> None:
     assert {m.method for m in mergekit_config.METHODS.values()} <= set(method_names())
 
@@ -211,6 +217,11 @@ BASE_DOC: dict[str, Any] = {"merge_method": "ties", "base_model": "base", "model
         (
             {"merge_method": "nearswap", "models": models("a"), "parameters": {"t": 0.01, "weight": 1.0}},
             ["parameters.weight", "nearswap has no parameter"],
+        ),
+        ({"merge_method": "arcee_fusion"}, ["arcee_fusion", "exactly 1 model", "lists 2"]),
+        (
+            {"merge_method": "arcee_fusion", "models": models("a"), "parameters": {"t": 0.5}},
+            ["parameters.t", "arcee_fusion has no parameter"],
         ),
         ({"models_typo": []}, ["unknown key", "models_typo"]),
         ({"base_model": None}, ["base_model is required"]),

@@ -120,34 +120,35 @@ def test_nearswap_of_an_agent_equal_to_the_base_is_the_base(tmp_path: Path) -> N
         assert np.array_equal(raw, f32_to_bf16(twins.base_values[name].ravel()))
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    block_elems=st.sampled_from([64, 320, 4096]),
-    threads=st.sampled_from([1, 2]),
-    backend=st.sampled_from(["numba", "torch"]),
-    agent=st.sampled_from([0, 2]),
-)
-def test_block_size_threads_and_backend_change_no_byte(
-    fam: Family, tmp_path_factory: pytest.TempPathFactory, block_elems: int, threads: int, backend: str, agent: int
-) -> None:
-    if backend == "torch":
+# Another block size, thread count and backend than the defaults (a one-agent method's property test).
+OTHER_RUNS = {
+    "block_elems": st.sampled_from([64, 320, 4096]),
+    "threads": st.sampled_from([1, 2]),
+    "backend": st.sampled_from(["numba", "torch"]),
+}
+
+
+def same_bytes_under(fam: Family, tmp: Path, agent: int, method: str, options: dict[str, Any], **run: Any) -> None:
+    """The merge of the base and ``agent`` gives the same bytes under ``run`` as under the defaults."""
+    if run.get("backend") == "torch":
         pytest.importorskip("torch")
-    tmp = tmp_path_factory.mktemp("prop")
     outputs = []
-    for name, run in (
-        ("plain", RunOptions(cache_dir=tmp / "c0", quiet=True)),
-        (
-            "other",
-            RunOptions(cache_dir=tmp / "c1", quiet=True, block_elems=block_elems, threads=threads, backend=backend),
-        ),
-    ):
-        options = {"t": T_FILTERS}
-        api.merge(
-            fam.base, [str(fam.agents[agent])], out=tmp / name, method="nearswap", method_options=options, options=run
-        )
+    out_dtype = run.pop("out_dtype", "auto")  # both outputs in it
+    for name, more in (("plain", {}), ("other", run)):
+        api.merge(fam.base, [str(fam.agents[agent])], out=tmp / name, method=method, method_options=options,
+                  out_dtype=out_dtype, options=RunOptions(cache_dir=tmp / f"c-{name}", quiet=True, **more))  # fmt: skip
         outputs.append(merged(tmp / name))
     for name in outputs[0]:
         assert np.array_equal(outputs[0][name], outputs[1][name]), name
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(agent=st.sampled_from([0, 2]), **OTHER_RUNS)
+def test_block_size_threads_and_backend_change_no_byte(
+    fam: Family, tmp_path_factory: pytest.TempPathFactory, block_elems: int, threads: int, backend: str, agent: int
+) -> None:
+    run = {"block_elems": block_elems, "threads": threads, "backend": backend}
+    same_bytes_under(fam, tmp_path_factory.mktemp("prop"), agent, "nearswap", {"t": T_FILTERS}, **run)
 
 
 def test_torch_tiles_smaller_than_a_block_give_the_numba_bytes(
@@ -257,36 +258,43 @@ def test_a_filter_matching_nothing_is_refused(fam: Family, tmp_path: Path) -> No
     assert_nothing_finished(out)
 
 
-def test_a_config_with_two_models_is_refused(fam: Family, tmp_path: Path) -> None:
-    config = tmp_path / "nearswap.yml"
-    doc = {
-        "merge_method": "nearswap",
-        "base_model": str(fam.base),
-        "models": [{"model": str(fam.agents[0])}, {"model": str(fam.agents[1])}],
-        "parameters": {"t": 0.01},
-    }
-    config.write_text(json.dumps(doc))
+def refuse_two_models(fam: Family, tmp_path: Path, method: str, parameters: dict[str, Any]) -> None:
+    """A config of a one-agent method listing two models besides the base: one line, nothing written."""
+    config = tmp_path / f"{method}.yml"
+    models = [{"model": str(fam.agents[0])}, {"model": str(fam.agents[1])}]
+    doc = {"merge_method": method, "base_model": str(fam.base), "models": models, "parameters": parameters}
+    config.write_text(json.dumps({k: v for k, v in doc.items() if v}))
     out = tmp_path / "out"
-    one_line_error(in_process("merge", "--config", config, "--out", out), "nearswap", "exactly 1 model", "lists 2")
+    one_line_error(in_process("merge", "--config", config, "--out", out), method, "exactly 1 model", "lists 2")
     assert not out.exists()
 
 
-def test_a_config_and_flags_give_the_same_bytes(fam: Family, tmp_path: Path) -> None:
-    config = tmp_path / "nearswap.yml"
+def config_and_flags_agree(fam: Family, tmp_path: Path, parameters: dict[str, Any], flags: tuple[str, ...]) -> None:
+    """The base listed in models, the agent second, ``parameters`` at the top: the bytes of ``flags``."""
+    config = tmp_path / "merge.yml"
     doc = {
-        "merge_method": "nearswap",
+        "merge_method": flags[1],
         "base_model": str(fam.base),
         "models": [{"model": str(fam.base)}, {"model": str(fam.agents[1])}],
-        "parameters": {"t": T_FILTERS},
+        "parameters": parameters,
         "dtype": "float32",
         "out_dtype": "bfloat16",
     }
-    config.write_text(json.dumps(doc))
+    config.write_text(json.dumps({k: v for k, v in doc.items() if v}))
     cache = ("--cache-dir", tmp_path / "cache", "--quiet")
     by_config = in_process("merge", "--config", config, "--out", tmp_path / "a", *cache)
     assert by_config.code == 0, by_config.err
-    flags = ("--method", "nearswap", "--t", json.dumps(T_FILTERS), "--out-dtype", "bf16")
-    by_flags = in_process("merge", fam.base, fam.agents[1], "--out", tmp_path / "b", *flags, *cache)
+    by_flags = in_process(
+        "merge", fam.base, fam.agents[1], "--out", tmp_path / "b", *flags, "--out-dtype", "bf16", *cache
+    )
     assert by_flags.code == 0, by_flags.err
     a, b = merged(tmp_path / "a"), merged(tmp_path / "b")
     assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
+
+
+def test_a_config_with_two_models_is_refused(fam: Family, tmp_path: Path) -> None:
+    refuse_two_models(fam, tmp_path, "nearswap", {"t": 0.01})
+
+
+def test_a_config_and_flags_give_the_same_bytes(fam: Family, tmp_path: Path) -> None:
+    config_and_flags_agree(fam, tmp_path, {"t": T_FILTERS}, ("--method", "nearswap", "--t", json.dumps(T_FILTERS)))

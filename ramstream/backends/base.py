@@ -130,6 +130,17 @@ class Cuts:
     range: np.ndarray  # int64 (N, 2, 2)
 
 
+@dataclass(frozen=True, eq=False)
+class RowScale:
+    """Per-row float32 factors over a block (arcee_fusion's row KL): element i of the block lies
+    in row ``(offset + i) // row_len`` of ``scale``; its importance is f32(|agent - base|) times
+    that row's factor, one float32 multiplication."""
+
+    scale: np.ndarray  # float32 (rows,)
+    row_len: int
+    offset: int  # the block's first element's position within its first row
+
+
 @dataclass(frozen=True)
 class ProbeCounts:
     """One block's probe partials (the masks went into the caller's buffer)."""
@@ -190,6 +201,24 @@ class Backend(Protocol):
     def merge_nearswap(self, arrays: BlockArrays, t: np.float32, out: np.ndarray, out_code: int) -> int:
         """NearSwap of the base and the one agent (the semantics in ``backends/numba/nearswap.py``):
         per element w = clamp((1 / max(|a - b|, 1e-6)) * t, 0, 1), then w b + (1 - w) a."""
+        ...
+
+    def importance_high_histogram(self, arrays: BlockArrays, rows: RowScale) -> np.ndarray:
+        """int32 (HIGH_BINS,): elements per high half of the bits of the one agent's importance
+        f32(|b - a|) * rows.scale[row] (sign bit cleared; a TAU32 agent is b = f32(a + tau))."""
+        ...
+
+    def importance_low_histogram(self, arrays: BlockArrays, rows: RowScale, targets: np.ndarray) -> np.ndarray:
+        """int32 (C, LOW_BINS): per target high half ``targets[c]`` (int32 (C,); -1 matches
+        nothing), the low halves of the importances whose high half it is."""
+        ...
+
+    def merge_fusion(
+        self, arrays: BlockArrays, rows: RowScale, threshold: np.float32, out: np.ndarray, out_code: int
+    ) -> int:
+        """arcee_fusion (``backends/numba/fusion.py``): per element, d = b - a and
+        m = 1 where the importance (as ``importance_high_histogram``) >= threshold, else 0;
+        merged = a + d * m, each operation in float32."""
         ...
 
     def has_nonfinite(self, out: np.ndarray, out_code: int) -> bool:

@@ -108,6 +108,7 @@ METHODS: dict[str, MethodMap] = {
     ),
     "slerp": MethodMap("slerp", (T,), agents=(1, 1)),
     "nearswap": MethodMap("nearswap", (T,), agents=(1, 1)),
+    "arcee_fusion": MethodMap("arcee_fusion", (), agents=(1, 1)),
     "nuslerp": MethodMap(
         "nuslerp",
         (

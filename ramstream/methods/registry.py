@@ -9,6 +9,7 @@ from ramstream.registry import Registry
 def _builtin_methods() -> list[MethodSpec]:
     """Every method ramstream ships, in the order ``--help`` lists them."""
     from ramstream.methods import (
+        arcee_fusion,
         dare,
         della,
         linear,
@@ -35,6 +36,7 @@ def _builtin_methods() -> list[MethodSpec]:
         sphere_mean.MULTISLERP,
         sphere_mean.KARCHER,
         nearswap.NEARSWAP,
+        arcee_fusion.ARCEE_FUSION,
     ]
 
 

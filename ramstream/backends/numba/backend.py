@@ -29,12 +29,14 @@ from ramstream.backends.base import (
     LinearParams,
     MagpruneParams,
     ProbeCounts,
+    RowScale,
 )
 from ramstream.backends.exact_sum import BINS
 from ramstream.backends.nonfinite import EXPONENT
 from ramstream.backends.numba import (
     della,
     exact_stats,
+    fusion,
     gta,
     linear,
     lora,
@@ -272,6 +274,57 @@ class NumbaBackend:
                     arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, t, out, out_code, workers
                 )
             )
+
+    def merge_fusion(
+        self, arrays: BlockArrays, rows: RowScale, threshold: np.float32, out: np.ndarray, out_code: int
+    ) -> int:
+        scale = np.ascontiguousarray(rows.scale, np.float32)
+        with self._scoped(arrays.size) as workers:
+            return int(
+                fusion.merge_fusion_block(
+                    arrays.base,
+                    arrays.base_code,
+                    arrays.agents,
+                    arrays.agent_codes,
+                    scale,
+                    rows.row_len,
+                    rows.offset,
+                    np.float32(threshold),
+                    out,
+                    out_code,
+                    workers,
+                )
+            )
+
+    def importance_high_histogram(self, arrays: BlockArrays, rows: RowScale) -> np.ndarray:
+        return self._importance_histograms(arrays, rows, None)[0]
+
+    def importance_low_histogram(self, arrays: BlockArrays, rows: RowScale, targets: np.ndarray) -> np.ndarray:
+        return self._importance_histograms(arrays, rows, np.ascontiguousarray(targets, np.int32))[1]
+
+    def _importance_histograms(
+        self, arrays: BlockArrays, rows: RowScale, targets: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(high (HIGH_BINS,), low (C, LOW_BINS)): the high histogram without ``targets``, else the low one."""
+        scale = np.ascontiguousarray(rows.scale, np.float32)
+        aims = np.full(0, -1, np.int32) if targets is None else targets
+        with self._scoped(arrays.size) as workers:
+            high = np.zeros((workers, HIGH_BINS if targets is None else 0), np.int32)
+            low = np.zeros((workers, len(aims), LOW_BINS), np.int32)
+            if targets is None or aims.max(initial=-1) >= 0:
+                fusion.importance_histograms(
+                    arrays.base,
+                    arrays.base_code,
+                    arrays.agents[0],
+                    int(arrays.agent_codes[0]),
+                    scale,
+                    rows.row_len,
+                    rows.offset,
+                    aims,
+                    high,
+                    low,
+                )
+        return _reduce_counts(high), _reduce_counts(low)
 
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
         with self._scoped(arrays.size) as workers:

@@ -34,10 +34,11 @@ from ramstream.backends.base import (
     LinearParams,
     MagpruneParams,
     ProbeCounts,
+    RowScale,
 )
 from ramstream.backends.exact_sum import BINS, renormalised
 from ramstream.backends.settings import BackendSettings
-from ramstream.backends.torch import codecs, della, device, exact_sums, magnitude, merges, probe, vectors
+from ramstream.backends.torch import codecs, della, device, exact_sums, fusion, magnitude, merges, probe, vectors
 from ramstream.backends.torch.rng import uniform
 from ramstream.backends.torch.staging import ALIGN, InputRing, OutputRing, Part, Staging, array_part, file_part
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
@@ -451,6 +452,61 @@ class TorchBackend:
 
             self._run(parts, arrays.size, tile)
             return self._found(first)
+
+    # -- arcee_fusion -----------------------------------------------------------------------------
+    def merge_fusion(
+        self, arrays: BlockArrays, rows: RowScale, threshold: np.float32, out: np.ndarray, out_code: int
+    ) -> int:
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        with self._scoped():
+            importance, limit, first = (
+                fusion.Importance(rows, self._codes(arrays), self._device),
+                self._f32(threshold),
+                self._first(),
+            )
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw, importance.codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+                merged = fusion.merge(*importance(raw, lo, m), limit)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=6)
+            return self._found(first)
+
+    def importance_high_histogram(self, arrays: BlockArrays, rows: RowScale) -> np.ndarray:
+        fixed = self._fixed(self.workers * (HIGH_BINS + magnitude.SPREAD) * 8, "the importance histogram")
+        with self._scoped():
+            importance, counts = (
+                fusion.Importance(rows, self._codes(arrays), self._device),
+                self._zeros(self.workers, HIGH_BINS + magnitude.SPREAD),
+            )
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                magnitude.add_high_counts(counts[w], fusion.bits(importance(raw, lo, m)[2]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=8, fixed=fixed)
+            return counts.sum(0)[:HIGH_BINS].cpu().numpy().astype(np.int32)
+
+    def importance_low_histogram(self, arrays: BlockArrays, rows: RowScale, targets: np.ndarray) -> np.ndarray:
+        n_cuts = len(targets)
+        if np.max(targets, initial=-1) < 0:
+            return np.zeros((n_cuts, LOW_BINS), np.int32)
+        size = n_cuts * LOW_BINS + magnitude.SPREAD
+        fixed = self._fixed(self.workers * size * 8, "the fine importance histograms")
+        with self._scoped():
+            importance, counts = (
+                fusion.Importance(rows, self._codes(arrays), self._device),
+                self._zeros(self.workers, size),
+            )
+            agent = torch.zeros(1, dtype=torch.int64, device=self._device)
+            aims = torch.tensor([np.asarray(targets, np.int32).tolist()], dtype=torch.int32, device=self._device)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                magnitude.add_low_counts(counts[w], fusion.bits(importance(raw, lo, m)[2]), agent, aims)
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=4 * n_cuts + 8, fixed=fixed)
+            return counts.sum(0)[: n_cuts * LOW_BINS].view(n_cuts, LOW_BINS).cpu().numpy().astype(np.int32)
 
     # -- magnitudes -------------------------------------------------------------------------------
     @staticmethod
