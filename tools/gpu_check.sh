@@ -66,7 +66,7 @@ if torch.cuda.is_available():
     print(torch.cuda.get_device_name(0), p.total_memory // 2**20, 'MiB', p.multi_processor_count, 'SMs')
 "
     step tests "$logs/tests.log" "$python" -m pytest -q -rs -p no:cacheprovider \
-        tests/test_torch_backend.py tests/test_torch_streamed.py tests/test_backends.py
+        tests/test_torch_backend.py tests/test_torch_streamed.py tests/test_cuda_streams.py tests/test_backends.py
     if [ -n "$data" ]; then
         step bench "$logs/bench.log" "$python" tools/bench_torch.py --cuda --data "$data"
     fi
