@@ -39,7 +39,7 @@ def numba_bytes() -> NumbaBytes:
 
 @contextmanager
 def lagging(
-    make_streams: Callable[[torch.device], LaggingCudaStreams], work_bytes: int = TINY_TILES
+    make_streams: Callable[[torch.device], LaggingCudaStreams], tile_cap: int | None = TINY_TILES
 ) -> Iterator[list[LaggingCudaStreams]]:
     """Every torch backend made inside streams through fresh lagging CUDA streams."""
     made: list[LaggingCudaStreams] = []
@@ -50,7 +50,7 @@ def lagging(
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch_backend, "make", make)
-        patch.setattr(torch_backend, "WORK_BYTES", work_bytes)
+        patch.setattr(torch_backend, "TILE_CAP", tile_cap)
         try:
             yield made
         finally:

@@ -362,7 +362,7 @@ def test_every_method_on_cuda_writes_the_numba_bytes(
     """On the GPU, with tiles smaller than a block (a GPU budget that fits only a few elements),
     so the copy stream, the events and the rings are all used."""
     expected = _merge(odd_family, tmp_path / "numba" / "out", method, given, "numba")
-    monkeypatch.setattr(torch_backend, "WORK_BYTES", 1 << 20)  # a 16 MiB budget then holds ~64-element tiles
+    monkeypatch.setattr(torch_backend, "TILE_CAP", 64)  # tiles of 64 elements: many per block
     from ramstream.api import merge
     from ramstream.config import RunOptions
 

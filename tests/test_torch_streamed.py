@@ -35,7 +35,7 @@ SHAPES = {
     "model.layers.0.self_attn.q_proj.weight": (64, 33),
     "norm": (53,),
 }
-TINY_TILES = 1 << 20  # device bytes per element and input: a 16 MiB budget then holds 64-element tiles
+TINY_TILES = 64  # elements per streamed tile at most: every block is several uploads, downloads and waits
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def numba_bytes() -> NumbaBytes:
 
 @contextmanager
 def simulated_gpu(
-    make_device: Callable[[], SimulatedGpu], work_bytes: int = TINY_TILES
+    make_device: Callable[[], SimulatedGpu], tile_cap: int | None = TINY_TILES
 ) -> Iterator[list[SimulatedGpu]]:
     """Every torch backend made inside streams through a fresh simulated device."""
     devices: list[SimulatedGpu] = []
@@ -62,7 +62,7 @@ def simulated_gpu(
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch_backend, "make", make)
-        patch.setattr(torch_backend, "WORK_BYTES", work_bytes)
+        patch.setattr(torch_backend, "TILE_CAP", tile_cap)
         try:
             yield devices
         finally:
@@ -98,7 +98,7 @@ def test_a_compute_that_does_not_wait_for_its_upload_is_caught(family: Family, t
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     block_elems=st.integers(1, 48).map(lambda k: 64 * k),
-    work_bytes=st.sampled_from([TINY_TILES, 1 << 12, 1 << 10, torch_backend.WORK_BYTES]),
+    tile_cap=st.sampled_from([TINY_TILES, 128, 512, None]),
     budget=st.integers(16, 64).map(lambda mib: mib << 20),
     seed=st.integers(0, 2**16),
     case=st.sampled_from([("ram+", {}), ("dare_ties", {"density": 0.5, "seed": 3}), ("della", METHODS[12][1])]),
@@ -108,7 +108,7 @@ def test_blocks_tiles_budget_and_timing_never_change_a_byte(
     tmp_path_factory: pytest.TempPathFactory,
     numba_bytes: NumbaBytes,
     block_elems: int,
-    work_bytes: int,
+    tile_cap: int | None,
     budget: int,
     seed: int,
     case: tuple[str, dict[str, Any]],
@@ -116,7 +116,7 @@ def test_blocks_tiles_budget_and_timing_never_change_a_byte(
     method, options = case
     expected = numba_bytes.of(family, tmp_path_factory.mktemp("numba"), method, options)
     out = tmp_path_factory.mktemp("streamed") / "out"
-    with simulated_gpu(lambda: SimulatedGpu(budget=budget, seed=seed), work_bytes):
+    with simulated_gpu(lambda: SimulatedGpu(budget=budget, seed=seed), tile_cap):
         got = _merge(family, out, method, options, "torch", device="cpu", block_elems=block_elems)
     assert got == expected
 
@@ -203,7 +203,7 @@ def test_a_tensor_larger_than_the_device_budget_streams_in_tiles(tmp_path: Path)
     the Numba bytes."""
     big = build_family(tmp_path / "family", shapes={"model.layers.0.mlp.up_proj.weight": (2048, 2048)}, seed=4)
     expected = _merge(big, tmp_path / "numba" / "out", "ram+", {}, "numba", block_elems=None, memory=64 << 20)
-    with simulated_gpu(lambda: SimulatedGpu(budget=16 << 20), work_bytes=torch_backend.WORK_BYTES) as devices:
+    with simulated_gpu(lambda: SimulatedGpu(budget=16 << 20), tile_cap=None) as devices:
         got = _merge(
             big, tmp_path / "gpu" / "out", "ram+", {}, "torch", device="cpu", block_elems=None, memory=64 << 20
         )
@@ -243,7 +243,7 @@ def test_device_memory_stays_within_the_gpu_budget(
     budget = 16 << 20
     out = tmp_path / "out"
     # copies without delay: a late download keeps its result alive longer than a GPU stream would
-    with simulated_gpu(lambda: SimulatedGpu(budget=budget, delay=(0.0, 0.0)), work_bytes=torch_backend.WORK_BYTES):
+    with simulated_gpu(lambda: SimulatedGpu(budget=budget, delay=(0.0, 0.0)), tile_cap=None):
         peak = _peak_torch_bytes(
             lambda: _merge(wide_family, out, method, given, "torch", device="cpu", block_elems=1 << 18)
         )
@@ -261,6 +261,23 @@ def test_histograms_too_large_for_the_gpu_budget_are_one_line(tmp_path: Path) ->
     message = str(caught.value)
     assert "--gpu-memory 16MiB cannot hold the fine magnitude histograms of 10 agents (10 MiB" in message
     assert "give --gpu-memory 24MiB or more" in message
+
+
+def test_whole_slices_beyond_the_gpu_budget_are_one_line(tmp_path: Path) -> None:
+    """DELLA ranks |tau| within dim-0 slices, so a tile holds whole ones: a slice of 65536
+    elements does not fit a 16 MiB budget's temporaries, and is refused naming a budget that
+    does (which then merges to the Numba bytes), not computed beyond the budget."""
+    wide = build_family(tmp_path / "family", shapes={"model.layers.0.mlp.up_proj.weight": (4, 65536)}, seed=3)
+    given = {"density": 0.5, "epsilon": 0.1}
+    with simulated_gpu(lambda: SimulatedGpu(budget=16 << 20), tile_cap=None), pytest.raises(RamstreamError) as caught:
+        _merge(wide, tmp_path / "small" / "out", "della", given, "torch", device="cpu", block_elems=1 << 18)
+    message = str(caught.value)
+    assert "\n" not in message and "--gpu-memory 16MiB cannot hold one dim-0 slice of 65536 elements" in message
+    suggested = int(message.rsplit("give --gpu-memory ", 1)[1].split("MiB")[0])
+    expected = _merge(wide, tmp_path / "numba" / "out", "della", given, "numba", block_elems=1 << 18)
+    with simulated_gpu(lambda: SimulatedGpu(budget=suggested << 20), tile_cap=None):
+        got = _merge(wide, tmp_path / "enough" / "out", "della", given, "torch", device="cpu", block_elems=1 << 18)
+    assert got == expected
 
 
 def test_a_gpu_out_of_memory_is_one_line_naming_the_budget(family: Family, tmp_path: Path) -> None:
@@ -282,7 +299,7 @@ def test_a_probe_of_many_agents_stays_within_the_gpu_budget(tmp_path: Path) -> N
     many = build_family(tmp_path / "family", shapes=shapes, densities=tuple(0.01 + 0.015 * k for k in range(64)))
     budget = 16 << 20
     expected = _merge(many, tmp_path / "numba" / "out", "ram+", {}, "numba", block_elems=1 << 15)
-    with simulated_gpu(lambda: SimulatedGpu(budget=budget, delay=(0.0, 0.0)), work_bytes=torch_backend.WORK_BYTES):
+    with simulated_gpu(lambda: SimulatedGpu(budget=budget, delay=(0.0, 0.0)), tile_cap=None):
         got: dict[str, bytes] = {}
         peak = _peak_torch_bytes(
             lambda: got.update(

@@ -55,6 +55,7 @@ DEPTH = 3  # slots per ring: one being filled, one uploading or computing, one l
 MIN_SLOT, MAX_SLOT = 1 << 20, 64 << 20  # bytes of a CUDA staging slot
 GROUP = 64  # tiles start at multiples of 64 elements: the exact sums' groups
 WORK_BYTES = 48  # device bytes per element of a tile's temporaries, per input (a generous bound)
+TILE_CAP: int | None = None  # streamed tiles of at most this many elements (tests: tiny tiles)
 
 # tile(worker, first element, elements, the parts on the device, the worker's output ring)
 TileFn = Callable[[int, int, int, list[torch.Tensor], OutputRing], None]
@@ -153,8 +154,22 @@ class TorchBackend:
             per_element = max(sum(p.itemsize for p in parts), 1)  # slot_bytes pads each part to ALIGN
             room = max(self._gpu_budget - DEPTH * self._slot, self._gpu_budget // 2) - fixed
             room = room * 3 // 4  # the rest: the caching allocator's rounding and split blocks
-            elems = min((self._slot - ALIGN * len(parts)) // per_element, room // (WORK_BYTES * (inputs + 2)))
+            fits = room // (WORK_BYTES * (inputs + 2))
+            if align > max(fits, GROUP):
+                self._refuse_whole_slices(align, inputs, fixed)
+            elems = min((self._slot - ALIGN * len(parts)) // per_element, fits)
+            if TILE_CAP is not None:
+                elems = min(elems, TILE_CAP)
         return max(align, elems // align * align)
+
+    def _refuse_whole_slices(self, align: int, inputs: int, fixed: int) -> None:
+        """A tile of whole dim-0 slices (DELLA ranks |tau| within them) that the GPU budget cannot
+        hold: one line naming the budget that would, rather than a tile beyond it."""
+        need = 2 * (-(-align * WORK_BYTES * (inputs + 2) * 4 // 3) + fixed)
+        raise ConfigError(
+            f"--gpu-memory {show_size(self._gpu_budget)} cannot hold one dim-0 slice of {align} elements on the "
+            f"device (the method ranks |tau| within whole slices); give --gpu-memory {-(-need // 2**20)}MiB or more"
+        )
 
     def _fixed(self, nbytes: int, what: str) -> int:
         """Device bytes a call holds whatever its tiles (accumulators, per-tile results of a fixed
