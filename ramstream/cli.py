@@ -329,6 +329,10 @@ def _method_options(f: F) -> F:
         (("--density",), {"type": FloatList(), "help": f"Fraction of each task vector kept ({per_agent})."}),
         (("--gamma",), {"type": FloatList(), "help": f"Breadcrumbs: largest fraction dropped ({per_agent})."}),
         (("--epsilon",), {"type": FloatList(), "help": f"DELLA: keep-probability spread ({per_agent})."}),
+        (
+            ("--select-topk",),
+            {"type": float, "help": "sce: fraction of the highest-variance elements kept [default: 1]."},
+        ),
         (("--seed",), {"type": click.IntRange(min=0), "help": "Seed of the random methods (DARE, DELLA)."}),
         (
             ("--normalize/--no-normalize",),

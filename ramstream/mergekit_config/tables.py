@@ -104,6 +104,7 @@ METHODS: dict[str, MethodMap] = {
     ),
     "slerp": MethodMap("slerp", (T,), agents=(1, 1)),
     "nearswap": MethodMap("nearswap", (T,), agents=(1, 1)),
+    "sce": MethodMap("sce", (Param("select_topk", "select_topk", "shared", "float", 1.0),)),
     "nuslerp": MethodMap(
         "nuslerp",
         (
@@ -141,7 +142,7 @@ DEFAULT_ONLY: dict[str, dict[str, tuple[Param, str]]] = {
     },
     **{
         m: {"int8_mask": (INT8_MASK, _INERT)}
-        for m in ("ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear")
+        for m in ("ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear", "sce")
     },
     "multislerp": {"eps": (Param("eps", "eps", "shared", "float", 1e-8), "is not supported: only eps: 1e-8")},
     "model_stock": {
@@ -201,6 +202,7 @@ FLAGS = {
     "nuslerp_flatten": "--nuslerp-flatten",
     "max_iter": "--max-iter",
     "tol": "--tol",
+    "select_topk": "--select-topk",
     "index": "--index",
     "allow_nonfinite": "--allow-nonfinite",
 }

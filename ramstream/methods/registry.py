@@ -16,6 +16,7 @@ def _builtin_methods() -> list[MethodSpec]:
         model_stock,
         nearswap,
         ram,
+        sce,
         slerp,
         sphere_mean,
         task_arithmetic,
@@ -35,6 +36,7 @@ def _builtin_methods() -> list[MethodSpec]:
         sphere_mean.MULTISLERP,
         sphere_mean.KARCHER,
         nearswap.NEARSWAP,
+        sce.SCE,
     ]
 
 
