@@ -77,6 +77,7 @@ def _fixed_cuts(keep_all: bool) -> Cuts:
 def sce_weights(ctx: StatsContext, stat: KeptSquares) -> np.ndarray:
     """float32 (tensors, N): mergekit's sce_weight from exact sums of the kept tau^2."""
     n_agents = len(ctx.family.agents)
+    ctx.compute(stat)
     weights = np.full((len(ctx.plan.tensors), n_agents), np.float32(1.0) / np.float32(n_agents), np.float32)
     for ti, total in tensor_totals(ctx, stat):
         numel = ctx.plan.tensors[ti].numel
