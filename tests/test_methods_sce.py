@@ -180,7 +180,9 @@ def test_block_size_threads_and_backend_change_no_byte(
         (["--select-topk", "0.5", "--density", "0.5"], ["--density", "sce"]),
     ],
 )
-def test_bad_select_topk_is_refused_in_one_line(fam: Family, tmp_path: Path, flags: list[str], needles: list[str]) -> None:
+def test_bad_select_topk_is_refused_in_one_line(
+    fam: Family, tmp_path: Path, flags: list[str], needles: list[str]
+) -> None:
     out = tmp_path / "out"
     outcome = in_process("merge", fam.base, *fam.agents, "--out", out, "--quiet", "--cache-dir", tmp_path / "c",
                          "--method", "sce", *flags)  # fmt: skip

@@ -38,7 +38,7 @@ from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
 from ramstream.plan import Block
 from ramstream.statistics.context import StatsContext
 from ramstream.statistics.magnitude import digest, tensor_totals
-from ramstream.statistics.variance import KeptSquares, key_bits, kept_by_cut
+from ramstream.statistics.variance import KeptSquares, kept_by_cut, key_bits
 
 MIN_WEIGHT_SUM = 1e-6  # below it, mergekit weighs the agents equally
 

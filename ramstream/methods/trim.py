@@ -34,8 +34,8 @@ from ramstream.backends.exact_sum import finish
 from ramstream.blocks import BlockArrays
 from ramstream.methods.gta import Selection
 from ramstream.plan import Block, TensorPlan
-from ramstream.statistics.context import StatsContext
 from ramstream.statistics.base import BlockStatistic
+from ramstream.statistics.context import StatsContext
 from ramstream.statistics.magnitude import (
     AbsHighHistogram,
     AbsLowHistogram,

@@ -59,7 +59,8 @@ class VarHighHistogram:
             if bad >= 0:
                 raise arrays.nonfinite_error(bad)
             raise NonFiniteWeightError(
-                f"tensor {tensor.name!r}: the variance of the agents' task vectors overflows float32; fix the checkpoints"
+                f"tensor {tensor.name!r}: the variance of the agents' task vectors overflows float32; "
+                "fix the checkpoints"
             )
         return out
 
