@@ -329,6 +329,13 @@ def _method_options(f: F) -> F:
         (("--density",), {"type": SettingList(), "help": f"Fraction of each task vector kept ({per_agent})."}),
         (("--gamma",), {"type": SettingList(), "help": f"Breadcrumbs: largest fraction dropped ({per_agent})."}),
         (("--epsilon",), {"type": SettingList(), "help": f"DELLA: keep-probability spread ({per_agent})."}),
+        (
+            ("--select-topk",),
+            {
+                "type": SettingValue(),
+                "help": "sce: share of the highest-variance elements kept (number, gradient or filters) [default: 1].",
+            },
+        ),
         (("--seed",), {"type": click.IntRange(min=0), "help": "Seed of the random methods (DARE, DELLA)."}),
         (
             ("--normalize/--no-normalize",),

@@ -41,6 +41,8 @@ METHODS: list[tuple[str, dict[str, Any]]] = [
     ("della", {"density": 0.5, "epsilon": 0.1, "seed": 1}),
     ("della_linear", {"density": 0.5, "epsilon": 0.1, "rescale": "inverse"}),
     ("model_stock", {}),
+    ("sce", {}),
+    ("sce", {"select_topk": 0.3}),
 ]
 
 

@@ -270,6 +270,7 @@ def test_exact_sum_kernels_match_fractions(
         density,
         start,
         NO_KEEP,
+        False,
         acc,
         nonfinite,
     )
@@ -287,7 +288,7 @@ def test_exact_sum_kernels_match_fractions(
         mask[t, t::3] = 1
     acc = np.zeros((workers, N, 2, BINS + 1), np.int64)
     no_keys, no_density = NO_KEYS, NO_DENSITY
-    abs_sums_block(raw_base, BF16, raw_agents, codes, KEEP_ARRAY, no_keys, no_density, 0, mask, acc, nonfinite)
+    abs_sums_block(raw_base, BF16, raw_agents, codes, KEEP_ARRAY, no_keys, no_density, 0, mask, False, acc, nonfinite)
     sums = np.asarray(reduce_workers(acc)).reshape(N, 2, BINS + 1)
     for t in range(N):
         assert finish(sums[t, 0]) == _grouped_exact(taus[t].tolist())

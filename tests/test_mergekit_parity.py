@@ -42,6 +42,7 @@ from ramstream.cli import main
 from ramstream.demo.samples import FamilyShape
 from ramstream.methods.registry import method_names
 from tests import reference_fusion, reference_sphere
+from tests import test_methods_sce as reference_sce
 from tests.families import Family, bf16_to_f32, build_family, f32_to_bf16, read_model_dir, read_safetensors
 
 pytestmark = pytest.mark.slow
@@ -155,6 +156,7 @@ DETERMINISTIC: dict[str, Case] = {
         [None, None, {}],
         {},
     ),
+    "sce": ("sce", {}, [{}, {}, {}], {}),
     "nuslerp": ("nuslerp", {}, [{"weight": 0.3}, {"weight": 0.9}], None),
     "nuslerp-no-base": ("nuslerp", {}, [{"weight": 1.0}, {"weight": [0.2, 2.0]}], "absent"),
     "nuslerp-rows": ("nuslerp", {"nuslerp_flatten": False}, [{"weight": 0.3}, {"weight": [0.9, 0.2]}], None),
@@ -193,7 +195,10 @@ SINGLE: dict[str, Case] = {
 FUSION: dict[str, Case] = {
     f"arcee_fusion-agent{i}": ("arcee_fusion", {}, [None] * i + [{}] + [None] * (2 - i), {}) for i in range(3)
 }
-ALL = {**DETERMINISTIC, **RANDOM, **SINGLE, **FUSION}
+# sce's top-k by variance: which of the elements equal to the k-th largest variance are kept is
+# up to torch.topk (ramstream keeps the lowest indices), as magnitude trimming's ties.
+VARIANCE_CUT: dict[str, Case] = {"sce-select_topk0.3": ("sce", {"select_topk": 0.3}, [{}, {}, {}], {})}
+ALL = {**DETERMINISTIC, **RANDOM, **SINGLE, **FUSION, **VARIANCE_CUT}
 # Cases written as mergekit's one slice over every layer of each model, as the hub's slerp
 # configs are (mergekit turns a models: list into exactly that).
 AS_SLICES = {"slerp-slices", "task_arithmetic-slices"}
@@ -290,7 +295,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         (member / "config.json").write_text(json.dumps(SHAPE.config()))
         (member / "tokenizer.json").unlink()
     f32_configs, f32_stock = {}, {}
-    for name in [*sorted(MAGNITUDE), *FUSION]:
+    for name in [*sorted(MAGNITUDE | set(VARIANCE_CUT)), *FUSION]:
         f32_configs[name] = root / f"{name}-f32.yml"
         write_config(f32_configs[name], f32, ALL[name])
         f32_stock[name] = root / "mergekit-stock-f32" / name
@@ -553,6 +558,51 @@ def test_arcee_fusion_differs_from_mergekit_only_where_its_float32_kl_rounds(
     print("\n" + line)
     record_property("parity-fusion", line)
     assert result.share >= 0.999 and far == 0, line
+
+
+def at_a_variance_tie(fam: Family, name: str, tensor: str, index: np.ndarray) -> np.ndarray:
+    """Which of ``index`` a tie at the cut explains: in a tensor whose cut splits a group of equal
+    variances (mergekit's k), the elements of that group (kept or not), and those where two agents
+    or more changed (the weights come from the kept squares, which then differ)."""
+    topk = ALL[name][1]["select_topk"]
+    base = fam.base_values[tensor].astype(np.float32).ravel()
+    taus = np.stack([v[tensor].astype(np.float32).ravel() - base for v in fam.agent_values])
+    var = reference_sce.welford_variance(taus)
+    k = int(np.float32(np.float32(np.count_nonzero(var)) * np.float32(topk)))
+    if k == 0:
+        return np.zeros(index.size, bool)
+    threshold = np.sort(var)[::-1][k - 1]
+    if not (var > threshold).sum() < k < (var >= threshold).sum():
+        return np.zeros(index.size, bool)
+    return (var[index] == threshold) | ((taus[:, index] != 0).sum(axis=0) >= 2)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANCE_CUT))
+@pytest.mark.parametrize("family", ["bf16", "f32"])
+def test_sce_top_k_differs_from_mergekit_only_at_variance_ties(
+    runs: Runs, name: str, family: str, record_property: Any
+) -> None:
+    """Every difference of more than one ulp lies in a tensor whose cut splits a group of equal
+    variances, at that group or where the weights (from the kept squares, which then differ) mix
+    two agents or more. bf16 task vectors hold many equal variances; on the float32 family the two
+    agree on >= 99.99 % of the elements."""
+    need(name)
+    fam, config, theirs_dir = runs.family, runs.configs[name], runs.mergekit[name]
+    if family == "f32":
+        fam, config, theirs_dir = runs.f32_family, runs.f32_configs[name], runs.f32_stock[name]
+    ours = read_output(ramstream_merge(runs, name, out=f"{name}-{family}", config=config))
+    theirs = read_output(theirs_dir)
+    result = compare(ours, theirs, fam)
+    unexplained = 0
+    for tensor in result.per_tensor:
+        index = np.flatnonzero(np.abs(ordered(ours[tensor]) - ordered(theirs[tensor])) > 1)
+        unexplained += int((~at_a_variance_tie(fam, name, tensor, index)).sum())
+    line = result.line(f"{name} ({family} family)") + f"; {unexplained} over 1 ulp not at a variance tie"
+    print("\n" + line)
+    record_property("parity-variance", line)
+    assert unexplained == 0, line
+    if family == "f32":
+        assert result.share >= MIN_IDENTICAL, line
 
 
 # -- random methods -------------------------------------------------------------------------

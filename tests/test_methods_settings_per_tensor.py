@@ -1,5 +1,5 @@
 """Parameters per tensor (gradients and filters): the sparsifying methods' density, gamma and
-epsilon, and RAM+'s r and alpha.
+epsilon, sce's select_topk, and RAM+'s r and alpha.
 
 A tensor's cuts (TIES, breadcrumbs), draws (DARE), MAGPRUNE probabilities (DELLA), L1 rescale
 factors and RAM+ lambdas (rho is counted over the model or the tensor, whatever r and alpha are)
@@ -71,6 +71,18 @@ CASES: list[Case] = [
         {"rho_scope": "tensor"},
         {"r": [{"filter": "self_attn", "value": [0.3, 0.05]}, {"value": 0.2}]},
         lambda n: {"r": (0.05 if _second(n) else 0.3) if ".self_attn." in n else 0.2},
+    ),
+    (
+        "sce",
+        {},
+        {"select_topk": [0.2, 0.7]},
+        lambda n: {"select_topk": 0.7 if _second(n) else 0.2},
+    ),
+    (
+        "sce",
+        {},
+        {"select_topk": [{"filter": "mlp", "value": 1.0}, {"filter": "self_attn", "value": 0.0}, {"value": 0.4}]},
+        lambda n: {"select_topk": 1.0 if ".mlp." in n else 0.0 if ".self_attn." in n else 0.4},
     ),
     (
         "della",

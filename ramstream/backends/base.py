@@ -101,6 +101,14 @@ class GtaParams:
 
 
 @dataclass(frozen=True, eq=False)
+class SceParams:
+    """SCE over one block (see ``merge_sce``): the agents' weights and the variance cut."""
+
+    weights: np.ndarray  # float32 (N,)
+    cuts: Cuts  # one row (1, 2): element i is kept where its variance lies in cut 1's lower set, not cut 0's
+
+
+@dataclass(frozen=True, eq=False)
 class LinearParams:
     weights: np.ndarray  # float32 (N,)
     base_weight: np.float32
@@ -194,6 +202,17 @@ class Backend(Protocol):
         ``KeepMagprune`` needs arrays of whole dim-0 slices."""
         ...
 
+    def merge_sce(self, arrays: BlockArrays, params: SceParams, out: np.ndarray, out_code: int) -> int:
+        """SCE (the semantics in ``backends/numba/sce.py``): the elements whose ``variance`` bits lie
+        in the cut are kept for every agent, signs elected by the sum of the kept tau, and the
+        weighted mean of the agreeing ones (divisor at least 1e-6) added to the base."""
+        ...
+
+    def variance(self, arrays: BlockArrays) -> np.ndarray:
+        """float32 (n,): per element, the population variance of the agents' tau (Welford in
+        float64 in agent order, as torch's CPU ``var``; rounded to float32 once). SCE's key."""
+        ...
+
     def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> int:
         """(w0 base + sum_t w_t agent_t), divided by the summed weights with ``normalize``."""
         ...
@@ -243,10 +262,10 @@ class Backend(Protocol):
         after ``begin`` whose |tau| bits equal ``value`` (-1 if fewer), and how many there are."""
         ...
 
-    def abs_sums(self, arrays: BlockArrays, keep: Keep) -> ExactSums:
+    def abs_sums(self, arrays: BlockArrays, keep: Keep, squares: bool = False) -> ExactSums:
         """Per agent, exact sums of |tau| (row 0) and of |tau| over the kept elements (row 1):
-        (N, 2, BINS + 1). Groups of 64 elements (aligned in the tensor) are summed in float64 in
-        order, then added exactly."""
+        (N, 2, BINS + 1); with ``squares``, of tau * tau (exact in float64). Groups of 64 elements
+        (aligned in the tensor) are summed in float64 in order, then added exactly."""
         ...
 
     def gram(self, arrays: BlockArrays, weights: bool = False) -> ExactSums:

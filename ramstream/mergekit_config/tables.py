@@ -109,6 +109,7 @@ METHODS: dict[str, MethodMap] = {
     "slerp": MethodMap("slerp", (T,), agents=(1, 1)),
     "nearswap": MethodMap("nearswap", (T,), agents=(1, 1)),
     "arcee_fusion": MethodMap("arcee_fusion", (), agents=(1, 1)),
+    "sce": MethodMap("sce", (Param("select_topk", "select_topk", "shared", "float", 1.0, varying=True),)),
     "nuslerp": MethodMap(
         "nuslerp",
         (
@@ -146,7 +147,7 @@ DEFAULT_ONLY: dict[str, dict[str, tuple[Param, str]]] = {
     },
     **{
         m: {"int8_mask": (INT8_MASK, _INERT)}
-        for m in ("ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear")
+        for m in ("ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear", "sce")
     },
     "multislerp": {"eps": (Param("eps", "eps", "shared", "float", 1e-8), "is not supported: only eps: 1e-8")},
     "model_stock": {
@@ -206,6 +207,7 @@ FLAGS = {
     "nuslerp_flatten": "--nuslerp-flatten",
     "max_iter": "--max-iter",
     "tol": "--tol",
+    "select_topk": "--select-topk",
     "index": "--index",
     "allow_nonfinite": "--allow-nonfinite",
 }

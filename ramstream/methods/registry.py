@@ -17,6 +17,7 @@ def _builtin_methods() -> list[MethodSpec]:
         model_stock,
         nearswap,
         ram,
+        sce,
         slerp,
         sphere_mean,
         task_arithmetic,
@@ -37,6 +38,7 @@ def _builtin_methods() -> list[MethodSpec]:
         sphere_mean.KARCHER,
         nearswap.NEARSWAP,
         arcee_fusion.ARCEE_FUSION,
+        sce.SCE,
     ]
 
 

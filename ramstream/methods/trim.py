@@ -34,6 +34,7 @@ from ramstream.backends.exact_sum import finish
 from ramstream.blocks import BlockArrays
 from ramstream.methods.gta import Selection
 from ramstream.plan import Block, TensorPlan
+from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 from ramstream.statistics.magnitude import (
     AbsHighHistogram,
@@ -45,12 +46,38 @@ from ramstream.statistics.magnitude import (
     digest,
     tensor_totals,
 )
+from ramstream.statistics.variance import VarHighHistogram, VarLowHistogram, VarTieBoundary
 
 REAL, EMPTY, FULL = 0, 1, 2  # a cut inside the scope; the empty lower set; the whole scope
 
 # counts(n, tensor) -> int64 (N, C): the ascending counts of each agent's cuts in a scope of n
 # elements: tensor ``tensor`` (with the tensor scope), or the whole model (any merged tensor's index)
 CutCounts = Callable[[int, int], np.ndarray]
+
+
+@dataclass(frozen=True)
+class RankKey:
+    """What a trim ranks: each agent's |tau| (``ABS``: TIES, breadcrumbs, DELLA), or one key shared
+    by every agent (``VARIANCE``: SCE's variance of the task vectors), whose exact zeros the
+    ranks skip: a cut's count c is counted among the nonzero keys, below them all."""
+
+    high: BlockStatistic
+    low: Callable[[np.ndarray], BlockStatistic]
+    tie: Callable[[str, np.ndarray, np.ndarray, np.ndarray], TieBoundary]
+    shared: bool  # one row; the high partial's last slot counts the zeros
+
+    def rows(self, n_agents: int) -> int:
+        return 1 if self.shared else n_agents
+
+    def split(self, hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A scope's high histogram (rows, HIGH_BINS) and the zeros its ranks skip (rows,)."""
+        if self.shared:
+            return hist[:, :HIGH_BINS], hist[:, HIGH_BINS]
+        return hist, np.zeros(hist.shape[0], np.int64)
+
+
+ABS = RankKey(AbsHighHistogram(), AbsLowHistogram, TieBoundary, False)
+VARIANCE = RankKey(VarHighHistogram(), VarLowHistogram, VarTieBoundary, True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,49 +162,55 @@ class Placement:
     targets: np.ndarray  # int32: the target high half; -1 where the cut is not REAL
     rank: np.ndarray  # int64: position of the cut inside its target bin
     merged: list[int]  # the tensors with blocks
+    key: RankKey = ABS
 
-    def low_histogram(self) -> AbsLowHistogram | None:
+    def low_histogram(self) -> BlockStatistic | None:
         """Stage 2's statistic; None when no cut falls inside a scope (nothing to refine)."""
-        return AbsLowHistogram(self.targets) if (self.kind == REAL).any() else None
+        return self.key.low(self.targets) if (self.kind == REAL).any() else None
 
 
-def place(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str) -> Placement:
+def place(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, key: RankKey = ABS) -> Placement:
     """Stage 1: gather the high histogram (a pass, cached in the index) and place every cut in its bin."""
     plan = ctx.plan
-    n_agents = len(ctx.family.agents)
+    n_agents = key.rows(len(ctx.family.agents))
     shape = (len(plan.tensors), n_agents, n_cuts)
     kind = np.full(shape, EMPTY, np.int8)
     targets = np.full(shape, -1, np.int32)
     rank = np.zeros(shape, np.int64)
     merged = [ti for ti in range(len(plan.tensors)) if len(plan.blocks_of(ti))]
 
-    high = AbsHighHistogram()
-    ctx.compute(high)
+    ctx.compute(key.high)
     model_hist = np.zeros((n_agents, HIGH_BINS), np.int64)
-    for ti, hist in tensor_totals(ctx, high):
+    model_zeros = np.zeros(n_agents, np.int64)
+    for ti, total in tensor_totals(ctx, key.high):
+        hist, zeros = key.split(total)
         check_finite(plan.tensors[ti], hist, ctx.family.agent_names)
         if scope == "tensor":
-            _place(kind, targets, rank, [ti], hist, counts(plan.tensors[ti].numel, ti))
+            _place(kind, targets, rank, [ti], hist, _skipping(counts, plan.tensors[ti].numel, ti, zeros))
         else:
             model_hist += hist
+            model_zeros += zeros
     if scope == "model":
-        _place(
-            kind,
-            targets,
-            rank,
-            merged,
-            model_hist,
-            counts(sum(plan.tensors[ti].numel for ti in merged), merged[0] if merged else 0),
-        )
-    return Placement(kind, targets, rank, merged)
+        n = sum(plan.tensors[ti].numel for ti in merged)
+        _place(kind, targets, rank, merged, model_hist, _skipping(counts, n, merged[0] if merged else 0, model_zeros))
+    return Placement(kind, targets, rank, merged, key)
 
 
-def solve(ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_takes_first: bool) -> Trim:
+def _skipping(counts: CutCounts, n: int, tensor: int, zeros: np.ndarray) -> np.ndarray:
+    """The cuts' counts among the n - zeros nonzero keys, moved above the zeros (the same for every row)."""
+    skipped = int(zeros.max(initial=0))
+    return counts(n - skipped, tensor) + zeros[:, None]
+
+
+def solve(
+    ctx: StatsContext, counts: CutCounts, n_cuts: int, scope: str, lower_takes_first: bool, key: RankKey = ABS
+) -> Trim:
     """Gather the two histograms (two passes over the blocks, cached in the index), solve the cuts
     and find where their tie groups end (a third pass, over the blocks where they end)."""
-    kind, value, ties, first, straddle = _solved(ctx, place(ctx, counts, n_cuts, scope), scope, lower_takes_first)
+    placed = place(ctx, counts, n_cuts, scope, key)
+    kind, value, ties, first, straddle = _solved(ctx, placed, scope, lower_takes_first)
     boundary = np.where(first >= ties, _numel(ctx), 0).astype(np.int64)
-    stat = _tie_statistic(kind, value, ties, first, straddle, lower_takes_first)
+    stat = _tie_statistic(kind, value, ties, first, straddle, lower_takes_first, key)
     if stat is not None:
         ctx.compute(stat)
         inside = _ends_inside(kind, ties, first)
@@ -194,7 +227,7 @@ def tie_boundaries_ahead(
     low = placed.low_histogram()
     if low is None or not ctx.has(low):
         return None
-    return _tie_statistic(*_solved(ctx, placed, scope, lower_takes_first), lower_takes_first)
+    return _tie_statistic(*_solved(ctx, placed, scope, lower_takes_first), lower_takes_first, placed.key)
 
 
 def _numel(ctx: StatsContext) -> np.ndarray:
@@ -208,13 +241,14 @@ def _tie_statistic(
     first: np.ndarray,
     straddle: np.ndarray,
     lower_takes_first: bool,
+    key: RankKey,
 ) -> TieBoundary | None:
     """Where the tie groups that end inside a tensor end: the tensor position below which its
     ties form the group, found by scanning the one index block where it ends (cached)."""
     if not _ends_inside(kind, ties, first).any():
         return None
     flag = b"first" if lower_takes_first else b"last"
-    return TieBoundary(digest(kind, value, ties, first, straddle, flag), value, first, straddle)
+    return key.tie(digest(kind, value, ties, first, straddle, flag), value, first, straddle)
 
 
 def _ends_inside(kind: np.ndarray, ties: np.ndarray, first: np.ndarray) -> np.ndarray:
@@ -230,7 +264,7 @@ def _solved(
     n_cuts = placed.kind.shape[2]
     kind, targets, rank, merged = placed.kind, placed.targets, placed.rank, placed.merged
     plan = ctx.plan
-    n_agents = len(ctx.family.agents)
+    n_agents = kind.shape[1]
     shape = kind.shape
     value = np.zeros(shape, np.uint32)
     lower = np.zeros(shape, np.int64)  # ties in the lower set: per tensor (tensor scope) or per agent

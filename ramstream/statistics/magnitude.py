@@ -107,22 +107,26 @@ class TieBoundary:
         return f"tie_boundary_v1-{self.cuts}"
 
     def shape(self, n_agents: int) -> tuple[int, ...]:
-        return (n_agents, self.value.shape[2])
+        return (self.value.shape[1], self.value.shape[2])
 
     @property
     def dtype(self) -> str:
         return "int64"
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
-        out = np.zeros((arrays.n_agents, self.value.shape[2]), np.int64)
+        out = np.zeros((self.value.shape[1], self.value.shape[2]), np.int64)
         for t, c in zip(*np.nonzero(self.straddle[block.tensor, :, :, 1] == block.stop), strict=True):
             start, stop, before = (int(x) for x in self.straddle[block.tensor, t, c])
             if (start, stop) != (block.start, block.stop):
                 continue
             need = int(self.first[block.tensor, t, c]) - before
-            position, _ = backend.find_tie(arrays, int(t), int(self.value[block.tensor, t, c]), 0, need)
-            out[t, c] = block.start + position + 1
+            out[t, c] = block.start + self.find(arrays, backend, int(t), int(self.value[block.tensor, t, c]), need) + 1
         return out
+
+    def find(self, arrays: BlockArrays, backend: Backend, row: int, value: int, need: int) -> int:
+        """The block position of the ``need``-th element of row ``row`` whose key bits are ``value``."""
+        position, _ = backend.find_tie(arrays, row, value, 0, need)
+        return position
 
 
 # selector(arrays, block, tensor, backend) -> (N, block.size) array, nonzero where kept

@@ -30,6 +30,7 @@ from ramstream.backends.base import (
     MagpruneParams,
     ProbeCounts,
     RowScale,
+    SceParams,
 )
 from ramstream.backends.exact_sum import BINS
 from ramstream.backends.nonfinite import EXPONENT
@@ -45,6 +46,7 @@ from ramstream.backends.numba import (
     nearswap,
     nonfinite,
     probe,
+    sce,
     vectors,
 )
 from ramstream.backends.numba.keep import (
@@ -326,6 +328,32 @@ class NumbaBackend:
                 )
         return _reduce_counts(high), _reduce_counts(low)
 
+    def merge_sce(self, arrays: BlockArrays, params: SceParams, out: np.ndarray, out_code: int) -> int:
+        cut_value = np.ascontiguousarray(params.cuts.value[0], np.uint32)
+        cut_range = np.ascontiguousarray(params.cuts.range[0], np.int64)
+        weights = np.ascontiguousarray(params.weights, np.float32)
+        with self._scoped(arrays.size) as workers:
+            return int(
+                sce.merge_sce_block(
+                    arrays.base,
+                    arrays.base_code,
+                    arrays.agents,
+                    arrays.agent_codes,
+                    weights,
+                    cut_value,
+                    cut_range,
+                    out,
+                    out_code,
+                    workers,
+                )
+            )
+
+    def variance(self, arrays: BlockArrays) -> np.ndarray:
+        out = np.empty(arrays.size, np.float32)
+        with self._scoped(arrays.size) as workers:
+            sce.variance_block(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, out, workers)
+        return out
+
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
         with self._scoped(arrays.size) as workers:
             counts = np.zeros((workers, len(arrays.agents), HIGH_BINS), np.int32)
@@ -363,7 +391,7 @@ class NumbaBackend:
                 workers,
             )
 
-    def abs_sums(self, arrays: BlockArrays, keep: Keep) -> ExactSums:
+    def abs_sums(self, arrays: BlockArrays, keep: Keep, squares: bool = False) -> ExactSums:
         mode, keep_array, keys, density, start = self._keep_args(keep)
         n_agents = len(arrays.agents)
         with self._scoped(arrays.size) as workers:
@@ -379,6 +407,7 @@ class NumbaBackend:
                 density,
                 start,
                 keep_array,
+                squares,
                 acc,
                 bad,
             )

@@ -7,9 +7,10 @@ multiples of 64) is summed in float64, in element order starting from 0.0, and t
 is added exactly into an ``exact_sum`` accumulator. Each thread owns its accumulators; a serial
 reduction then adds them, so the partial of a block is the same whatever the thread count.
 
-``abs_sums_block``: per agent, sum |tau| over all elements and over the elements kept, which are
-either those DARE keeps (``KEEP_RANDOM``: ``counter_rng.uniform(keys[t], start + i) < density[t]``)
-or those a keep mask marks (``KEEP_ARRAY``: ``keep[t, i] != 0``; magnitude ranks, DELLA's draws);
+``abs_sums_block``: per agent, sum |tau| (or tau * tau: SCE's weights) over all elements and over
+the elements kept, which are either those DARE keeps
+(``KEEP_RANDOM``: ``counter_rng.uniform(keys[t], start + i) < density[t]``) or those a keep mask
+marks (``KEEP_ARRAY``: ``keep[t, i] != 0``; magnitude ranks, DELLA's draws, SCE's variance cut);
 the modes of ``ramstream.backends.numba.keep``.
 ``gram_block``: per pair a <= b (in the order (0,0), (0,1), ..., (0,N-1), (1,1), ...),
 sum tau_a * tau_b (the product of two float32 values is exact in float64); or the same sums over
@@ -33,8 +34,9 @@ GROUP = 64
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def abs_sums_block(base, base_code, agents, agent_codes, keep_mode, keys, density, start, keep, acc, nonfinite):  # type: ignore[no-untyped-def]
-    """acc: int64 (workers, N, 2, BINS + 1) zeroed; row 0 = sum |tau|, row 1 = sum |tau| kept.
+def abs_sums_block(base, base_code, agents, agent_codes, keep_mode, keys, density, start, keep, square, acc, nonfinite):  # type: ignore[no-untyped-def]
+    """acc: int64 (workers, N, 2, BINS + 1) zeroed; row 0 = sum |tau|, row 1 = sum |tau| kept
+    (with ``square``, of tau * tau in float64).
     ``keys``/``density``/``start`` serve ``KEEP_RANDOM``, ``keep`` (N, n) serves ``KEEP_ARRAY``;
     the other mode's arguments are not read (give ``keep.NO_*``)."""
     n = base.shape[0]
@@ -74,9 +76,9 @@ def abs_sums_block(base, base_code, agents, agent_codes, keep_mode, keys, densit
                     row = keep[t, lo : lo + m]
                     for i in range(m):
                         kept[i] = agent_vals[i] if row[i] != 0 else zero
-                for g in range(_group_sums(agent_vals, agent_vals, False, m, sums)):
+                for g in range(_group_sums(agent_vals, agent_vals, square, m, sums)):
                     add(acc[w, t, 0], sums[g])
-                for g in range(_group_sums(kept, kept, False, m, sums)):
+                for g in range(_group_sums(kept, kept, square, m, sums)):
                     add(acc[w, t, 1], sums[g])
         nonfinite[w] = first_bad
 

@@ -35,10 +35,22 @@ from ramstream.backends.base import (
     MagpruneParams,
     ProbeCounts,
     RowScale,
+    SceParams,
 )
 from ramstream.backends.exact_sum import BINS, renormalised
 from ramstream.backends.settings import BackendSettings
-from ramstream.backends.torch import codecs, della, device, exact_sums, fusion, magnitude, merges, probe, vectors
+from ramstream.backends.torch import (
+    codecs,
+    della,
+    device,
+    exact_sums,
+    fusion,
+    magnitude,
+    merges,
+    probe,
+    sce,
+    vectors,
+)
 from ramstream.backends.torch.rng import uniform
 from ramstream.backends.torch.staging import ALIGN, InputRing, OutputRing, Part, Staging, array_part, file_part
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
@@ -468,6 +480,44 @@ class TorchBackend:
             self._run(parts, arrays.size, tile)
             return self._found(first)
 
+    # -- SCE --------------------------------------------------------------------------------------
+    @staticmethod
+    def _taus(values: list[torch.Tensor], codes: list[int]) -> list[torch.Tensor]:
+        """The agents' tau from the decoded inputs, the base first."""
+        return [v - codecs.minus(values[0], c) for v, c in zip(values[1:], codes[1:], strict=True)]
+
+    def merge_sce(self, arrays: BlockArrays, params: SceParams, out: np.ndarray, out_code: int) -> int:
+        parts = self._array_parts(arrays)
+        codes = self._codes(arrays)
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        values, ranges = params.cuts.value[0].tolist(), params.cuts.range[0].tolist()
+        with self._scoped():
+            weights = self._f32(params.weights)
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                decoded = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(decoded) + lo)
+                taus = self._taus(decoded, codes)
+                merged = sce.merge_sce(decoded[0], taus, self._positions(lo, m), values, ranges, weights)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(parts, arrays.size, tile, inputs=2 * len(parts) + 4)
+            return self._found(first)
+
+    def variance(self, arrays: BlockArrays) -> np.ndarray:
+        out = np.empty(arrays.size, np.float32)
+        codes = self._codes(arrays)
+        parts = self._array_parts(arrays)
+        with self._scoped():
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                decoded = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                outputs.put(sce.variance(self._taus(decoded, codes)), self._sink(out, lo, lo + m))
+
+            self._run(parts, arrays.size, tile, inputs=len(parts) + 4)
+        return out
+
     # -- arcee_fusion -----------------------------------------------------------------------------
     def merge_fusion(
         self, arrays: BlockArrays, rows: RowScale, threshold: np.float32, out: np.ndarray, out_code: int
@@ -608,7 +658,7 @@ class TorchBackend:
         return int(torch.cat(positions)[need - 1]), total
 
     # -- exact sums -------------------------------------------------------------------------------
-    def abs_sums(self, arrays: BlockArrays, keep: Keep) -> ExactSums:
+    def abs_sums(self, arrays: BlockArrays, keep: Keep, squares: bool = False) -> ExactSums:
         n_agents = len(arrays.agents)
         parts = self._array_parts(arrays)
         if isinstance(keep, KeepArray):
@@ -635,7 +685,9 @@ class TorchBackend:
                         rows += [size, torch.where(mask != 0, size, zero)]
                     else:
                         rows += [size, size]
-                exact_sums.accumulate(acc[w], exact_sums.group_sums(torch.stack(rows)))
+                stacked = torch.stack(rows)
+                sums = exact_sums.product_group_sums(stacked, stacked) if squares else exact_sums.group_sums(stacked)
+                exact_sums.accumulate(acc[w], sums)
 
             self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2)
             total = acc.sum(0).cpu().numpy()
