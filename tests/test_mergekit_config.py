@@ -208,7 +208,7 @@ BASE_DOC: dict[str, Any] = {"merge_method": "ties", "base_model": "base", "model
         ({"dtype": "bfloat16"}, ["dtype: bfloat16", "float32"]),
         ({"dtype": "int8"}, ["dtype", "int8"]),
         ({"out_dtype": "float8"}, ["out_dtype", "float8"]),
-        ({"merge_method": "arcee_fusion"}, ["merge_method", "arcee_fusion"]),
+        ({"merge_method": "model_soup"}, ["merge_method", "model_soup", "is not supported"]),
         (
             {"merge_method": "sce", "models": models("a", a={"select_topk": 0.5})},
             ["models[0].select_topk", "top-level"],

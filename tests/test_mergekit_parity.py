@@ -78,6 +78,12 @@ DETERMINISTIC: dict[str, Case] = {
     "linear": ("linear", {}, WEIGHTS, None),
     "linear-with-base": ("linear", {"normalize": True}, WEIGHTS, {"weight": 0.3}),
     "linear-base-appended": ("linear", {"weight": 0.25}, WEIGHTS, "appended"),
+    "linear-gradients": (
+        "linear",
+        {},
+        [{"weight": [0.2, 1.0]}, {"weight": [{"filter": "mlp", "value": 0.5}, {"value": 1.0}]}, {"weight": 1.0}],
+        None,
+    ),
     "task_arithmetic": ("task_arithmetic", {"lambda": 0.8}, WEIGHTS, {}),
     "task_arithmetic-normalize": ("task_arithmetic", {"normalize": True}, WEIGHTS, None),
     "ties": (

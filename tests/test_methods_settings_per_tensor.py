@@ -1,5 +1,5 @@
 """Parameters per tensor (gradients and filters): the sparsifying methods' density, gamma and
-epsilon, sce's select_topk, and RAM+'s r and alpha.
+epsilon, sce's select_topk, linear's weights, and RAM+'s r and alpha.
 
 A tensor's cuts (TIES, breadcrumbs), draws (DARE), MAGPRUNE probabilities (DELLA), L1 rescale
 factors and RAM+ lambdas (rho is counted over the model or the tensor, whatever r and alpha are)
@@ -85,6 +85,15 @@ CASES: list[Case] = [
         lambda n: {"select_topk": 1.0 if ".mlp." in n else 0.0 if ".self_attn." in n else 0.4},
     ),
     (
+        "linear",
+        {},
+        {"weights": [[0.2, 1.0], 1.0, [{"filter": "mlp", "value": 0.5}, {"value": 2.0}]], "base_weight": [0.0, 0.3]},
+        lambda n: {
+            "weights": [1.0 if _second(n) else 0.2, 1.0, 0.5 if ".mlp." in n else 2.0],
+            "base_weight": 0.3 if _second(n) else 0.0,
+        },
+    ),
+    (
         "della",
         {"seed": 1},
         {"density": [[0.3, 0.6]], "epsilon": [[{"filter": "mlp", "value": 0.2}, {"value": 0.05}]]},
@@ -127,6 +136,7 @@ def test_the_cli_takes_density_gradients(family: Family, tmp_path: Path) -> None
         (["--method", "ties", "--density", "[{filter: attention, value: 0.2}, {value: 0.5}]"], ["'attention'"]),
         (["--method", "ties", "--density", "[0.1, 0.6]", "--trim-scope", "model"], ["--trim-scope tensor"]),
         (["--method", "breadcrumbs", "--gamma", "[{filter: mlp, value: 0.1}]"], ["gamma", "no value for tensor"]),
+        (["--method", "linear", "--weights", "[1, -1],[-1, 1],0"], ["weights sum to zero for tensor", "layers.0"]),
         (["--method", "ram+", "--r", "[0.1, -0.2]"], ["--r", ">= 0", "-0.2"]),
         (["--method", "ram", "--r", "[0.1, 0.2]"], ["--r has no effect with --method ram"]),
         (["--method", "ram+", "--r", "[0.1, 0.2, 0.3]"], ["r", "3 values", "2 layers"]),

@@ -44,7 +44,7 @@ class MethodMap:
     agents: tuple[int, int | None] = (1, None)  # how many models besides the base (min, max)
 
 
-WEIGHT = Param("weight", "weights", "model", "float")  # linear: one value per model
+WEIGHT = Param("weight", "weights", "model", "float", varying=True)  # linear: one per model, no default
 
 
 LAMBDA = Param("lambda", "lambda", "shared", "float", 1.0, varying=True)
