@@ -283,15 +283,33 @@ def main() -> None:
     is_flag=True,
     help="Let NaN/Inf weights through (a non-finite task-vector element counts as inactive) instead of refusing.",
 )
+@click.option(
+    "--agreement",
+    is_flag=True,
+    help="Also gather how each pair of agents agrees (shared elements, signs, cosine; inspect --pairs): "
+    "one more read of the checkpoints, added to an existing index too.",
+)
 @_checkpoint_options
 @_friendly
 def probe(
-    base: str, agents: tuple[str, ...], index: Path | None, eps: float, allow_nonfinite: bool, **run: Any
+    base: str,
+    agents: tuple[str, ...],
+    index: Path | None,
+    eps: float,
+    allow_nonfinite: bool,
+    agreement: bool,
+    **run: Any,
 ) -> None:
     """Gather the statistics of AGENTS against BASE into the index (resumable)."""
     api = _load_api(run["backend"])
     store = api.probe(
-        base, [str(a) for a in agents], index=index, eps=eps, allow_nonfinite=allow_nonfinite, options=_options(**run)
+        base,
+        [str(a) for a in agents],
+        index=index,
+        eps=eps,
+        allow_nonfinite=allow_nonfinite,
+        agreement=agreement,
+        options=_options(**run),
     )
     click.echo(f"index: {store.path}")
 
