@@ -209,6 +209,23 @@ def test_backends_store_the_same_partials(family: Family, tmp_path: Path, backen
     np.testing.assert_array_equal(arrays[backend], arrays["numba"])
 
 
+def test_streamed_through_a_late_device_the_torch_backend_stores_the_same_partials(
+    family: Family, baseline: IndexView, tmp_path: Path
+) -> None:
+    """The torch backend's streamed (CUDA) path on a simulated device: uploads and downloads
+    late, tiles of 64 elements, every buffer poisoned with NaN bytes until written."""
+    pytest.importorskip("torch")
+    from tests.simulated_gpu import SimulatedGpu
+    from tests.test_torch_streamed import simulated_gpu
+
+    with simulated_gpu(SimulatedGpu) as devices:
+        view = probed(family, tmp_path / "index.zarr", block_elems=128, threads=1, backend="torch", device="cpu")
+    assert devices and sum(d.uploads for d in devices) > 0
+    key = f"stats/{Agreement(EPS).key}"
+    got, want = (np.asarray(zarr.open_group(str(v.path), mode="r")[key][...]) for v in (view, baseline))  # type: ignore[index]
+    np.testing.assert_array_equal(got, want)
+
+
 def test_added_to_an_existing_index_and_on_two_dask_workers(
     family: Family, baseline: IndexView, tmp_path: Path
 ) -> None:
