@@ -29,6 +29,7 @@ from ramstream.runs.output import (
     plan_output,
 )
 from ramstream.runs.stack import StackResult, run_stack
+from ramstream.statistics.agreement import Agreement
 from ramstream.statistics.context import StatsContext
 from ramstream.sweep.run import SweepResult, sweep
 
@@ -75,12 +76,14 @@ def probe(
     index: str | Path | None = None,
     eps: float = DEFAULT_EPS,
     allow_nonfinite: bool = False,
+    agreement: bool = False,
     options: RunOptions | None = None,
 ) -> IndexStore:
     """Run (or finish) the probe pass; return the complete index.
 
     NaN/Inf in any weight is refused unless ``allow_nonfinite`` (a non-finite task vector
-    element then counts as inactive).
+    element then counts as inactive). With ``agreement``, also gather the pairwise agreement
+    statistics (``IndexView.pairs``; one more read of the inputs, once).
     """
     options = options or RunOptions()
     family = open_family(base, list(agents), hf_cache=options.hf_cache, hub_timeout=options.hub_timeout)
@@ -97,6 +100,8 @@ def probe(
             allow_nonfinite,
         )
         ctx.overlap()
+        if agreement:
+            ctx.compute(Agreement(ctx.store.header.eps))
         return ctx.store
     finally:
         executor.close()

@@ -23,7 +23,7 @@ from ramstream.config import (
     default_cache_dir,
     parse_size,
 )
-from ramstream.errors import RamstreamError
+from ramstream.errors import ConfigError, RamstreamError
 from ramstream.version import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -283,15 +283,33 @@ def main() -> None:
     is_flag=True,
     help="Let NaN/Inf weights through (a non-finite task-vector element counts as inactive) instead of refusing.",
 )
+@click.option(
+    "--agreement",
+    is_flag=True,
+    help="Also gather how each pair of agents agrees (shared elements, signs, cosine; inspect --pairs): "
+    "one more read of the checkpoints, added to an existing index too.",
+)
 @_checkpoint_options
 @_friendly
 def probe(
-    base: str, agents: tuple[str, ...], index: Path | None, eps: float, allow_nonfinite: bool, **run: Any
+    base: str,
+    agents: tuple[str, ...],
+    index: Path | None,
+    eps: float,
+    allow_nonfinite: bool,
+    agreement: bool,
+    **run: Any,
 ) -> None:
     """Gather the statistics of AGENTS against BASE into the index (resumable)."""
     api = _load_api(run["backend"])
     store = api.probe(
-        base, [str(a) for a in agents], index=index, eps=eps, allow_nonfinite=allow_nonfinite, options=_options(**run)
+        base,
+        [str(a) for a in agents],
+        index=index,
+        eps=eps,
+        allow_nonfinite=allow_nonfinite,
+        agreement=agreement,
+        options=_options(**run),
     )
     click.echo(f"index: {store.path}")
 
@@ -508,6 +526,12 @@ def _summary(method: str, per_agent: dict[str, tuple[float, ...]]) -> str:
 )
 @click.option("--agent", default=None, help="With --top: only this agent.")
 @click.option("--tensor", "tensor", default=None, help="One tensor's numbers (and, with --plot, its mask image).")
+@click.option(
+    "--pairs",
+    is_flag=True,
+    help="How each pair of agents agrees (shared elements, same sign, cosine, magnitude ratio), grouped by --by "
+    "instead of the overlap tables; needs probe --agreement.",
+)
 @click.option("--r", "r", type=float, default=0.1, show_default=True, help="r used to show lambda.")
 @click.option("--alpha", type=float, default=2.0, show_default=True, help="alpha used to show lambda.")
 @click.option(
@@ -536,6 +560,7 @@ def inspect(
     alpha: float,
     lambda_rule: str,
     plot: Path | None,
+    pairs: bool,
 ) -> None:
     """Sparsity and overlap per agent, layer, module and tensor, from the index alone (no weights read)."""
     from ramstream.inspect import document, text
@@ -551,15 +576,20 @@ def inspect(
         agent=agent,
         tensor=tensor,
         params=RamParams(r=r, alpha=alpha, lambda_rule=lambda_rule),  # type: ignore[arg-type]
+        pairs=pairs,
     )
     if plot is not None:
         from ramstream.inspect import plots
 
+        if pairs and tensor is not None:
+            raise ConfigError("--plot draws the pairs (--pairs) or one tensor (--tensor), not both; give one")
         plots.check_target(plot)
     view = open_index(path)
     doc, reports = document.build(view, request)
     if plot is not None:
-        if tensor is not None:
+        if pairs:
+            figure = plots.pairs_figure(view.pairs.modules if tables[:1] == ("module",) else view.pairs.layers)
+        elif tensor is not None:
             figure = plots.tensor_figure(view.mask_image(tensor))
         else:
             figure = plots.summary_figure(view.model, view.modules if tables[:1] == ("module",) else view.layers)

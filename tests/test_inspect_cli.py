@@ -69,7 +69,7 @@ def test_json_keeps_the_spine_keys(probed: tuple[Path, dict[str, ref.Dense], lis
     code, out = run("inspect", str(index), "--json", "--r", "0.3", "--alpha", "1.0")
     assert code == 0, out
     doc = json.loads(out)
-    assert doc["schema"] == 1 and doc["r"] == 0.3 and doc["alpha"] == 1.0
+    assert doc["schema"] == 2 and doc["r"] == 0.3 and doc["alpha"] == 1.0
     total = ref.summed(list(dense.values()), len(names))
     assert doc["params"] == total.params
     for t, agent in enumerate(doc["agents"]):

@@ -159,6 +159,14 @@ class ProbeCounts:
 
 
 @dataclass(frozen=True)
+class AgreementSums:
+    """One block's agreement of every pair of agents (the layout in ``backends.agreement``)."""
+
+    counts: np.ndarray  # int64 (P, 2): per pair, elements active in both, and of those, same sign
+    sums: np.ndarray  # int64 (3 P + 2 N, DIGITS): exact sums, normalised
+
+
+@dataclass(frozen=True)
 class ExactSums:
     """Exact accumulators (``backends.exact_sum`` format) and where a task vector was NaN/Inf
     (those elements counted as 0)."""
@@ -277,6 +285,13 @@ class Backend(Protocol):
     def vector_gram(self, arrays: BlockArrays, layout: VectorLayout, weights: bool = False) -> ExactSums:
         """``gram`` per block vector (``layout``), in ``backends.vector_sums``' format, normalised:
         (layout.count, pairs, DIGITS) (the semantics in ``backends/numba/vectors.py``)."""
+        ...
+
+    def agreement(self, arrays: BlockArrays, eps: float) -> AgreementSums:
+        """Per pair of agents, over the elements both change (eps < |tau| < Inf, as ``probe``): the
+        count, the same-sign count, and exact sums of tau_i tau_j, tau_i^2, tau_j^2; per agent, exact
+        sums of tau^2 over its unique and its shared elements (``backends.agreement``). A NaN/Inf
+        tau is inactive, as in the probe's masks."""
         ...
 
     def merge_vectors(

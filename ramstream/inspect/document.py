@@ -2,7 +2,9 @@
 
 Schema 1 is the per-agent summary (``agents``, ``params``, ``r``, ``alpha``, ...); the sections
 ``layers``, ``modules``, ``tensors``, ``top`` and ``tensor`` were added to it without changing
-any earlier key, and appear only when asked for. Infinite rho is written as the string "inf".
+any earlier key, and appear only when asked for. Schema 2 adds ``pairs`` (with ``pairs``: the
+agreement of every pair of agents, grouped as ``by`` says instead of the overlap sections).
+Infinite rho and magnitude ratios are written as the string "inf".
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import numpy as np
 
 from ramstream.errors import ConfigError
 from ramstream.inspect.grouping import Role, role_of
+from ramstream.inspect.pairs import PairTable
 from ramstream.inspect.tables import By, RankBy, Table
 from ramstream.inspect.view import IndexView
 from ramstream.methods.ram import RamParams, lambdas
 from ramstream.methods.report import AgentReport, agent_reports
 from ramstream.version import __version__
 
-INSPECT_SCHEMA = 1
+INSPECT_SCHEMA = 2
 SECTIONS: dict[By, str] = {"layer": "layers", "module": "modules", "tensor": "tensors"}
 
 
@@ -34,6 +37,7 @@ class InspectRequest:
     agent: str | None = None
     tensor: str | None = None
     params: RamParams = field(default_factory=RamParams)
+    pairs: bool = False  # the agreement of every pair of agents, grouped by ``by`` (and the model)
 
     def __post_init__(self) -> None:
         if self.top is not None and self.top < 1:
@@ -135,6 +139,48 @@ def top_section(view: IndexView, request: InspectRequest) -> dict[str, Any]:
     return out
 
 
+def pair_entry(table: PairTable, r: int) -> dict[str, Any]:
+    """One row of a pair table: per pair its numbers, per agent its unique energy share."""
+    entry: dict[str, Any] = {"key": table.keys[r]}
+    if table.by == "layer":
+        entry["layer"] = int(table.keys[r]) if table.keys[r].isdigit() else None
+    share_i, share_j = table.both_share
+    sq_i, sq_j = table.sum_squares
+    entry["pairs"] = [
+        {
+            "agents": [table.agents[i], table.agents[j]],
+            "both": int(table.both[r, p]),
+            "both_share": [float(share_i[r, p]), float(share_j[r, p])],
+            "same_sign": int(table.same_sign[r, p]),
+            "sign_agreement": float(table.sign_agreement[r, p]),
+            "cosine": float(table.cosine[r, p]),
+            "magnitude_ratio": number(table.magnitude_ratio[r, p]),
+            "sum_products": float(table.sum_products[r, p]),
+            "sum_squares": [float(sq_i[r, p]), float(sq_j[r, p])],
+        }
+        for p, (i, j) in enumerate(table.pairs)
+    ]
+    entry["agents"] = [
+        {
+            "name": name,
+            "unique_energy": float(table.unique_energy[r, t]),
+            "shared_energy": float(table.shared_energy[r, t]),
+            "unique_energy_share": float(table.unique_energy_share[r, t]),
+        }
+        for t, name in enumerate(table.agents)
+    ]
+    return entry
+
+
+def pairs_section(view: IndexView, by: tuple[By, ...]) -> dict[str, Any]:
+    """``pairs``: the model's row, and the rows of each grouping asked for."""
+    section: dict[str, Any] = {"model": pair_entry(view.pairs.model, 0)}
+    for b in by:
+        table = view.pairs.table(b)
+        section[SECTIONS[b]] = [pair_entry(table, r) for r in range(len(table))]
+    return section
+
+
 def build(view: IndexView, request: InspectRequest) -> tuple[dict[str, Any], list[AgentReport]]:
     """The whole document for ``request``, and the per-agent reports (for the text table)."""
     params = request.params
@@ -156,7 +202,9 @@ def build(view: IndexView, request: InspectRequest) -> tuple[dict[str, Any], lis
         "collide": float(model.collide[0]),
         "ramstream_version": __version__,
     }
-    for by in request.by:
+    if request.pairs:
+        doc["pairs"] = pairs_section(view, request.by)
+    for by in () if request.pairs else request.by:
         if by == "tensor":
             doc["tensors"] = tensor_entries(view, list(range(len(view.tensors))), params)
         elif by in SECTIONS:

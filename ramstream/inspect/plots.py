@@ -5,6 +5,8 @@
   heatmaps of density and unique share per layer (or module) x agent.
 - ``tensor_figure``: which agents change which elements of one tensor, downsampled: per agent
   the fraction of each cell's elements it changed, and the fraction two or more agents changed.
+- ``pairs_figure``: pair x layer (or module) heatmaps of the cosine and of the sign agreement
+  over the elements both agents changed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from ramstream.errors import ConfigError, OutputError
 from ramstream.inspect.extras import require
 from ramstream.inspect.masks import MaskImage
+from ramstream.inspect.pairs import PairTable
 from ramstream.inspect.tables import Table
 
 FORMATS = (".png", ".svg")
@@ -119,4 +122,28 @@ def tensor_figure(image: MaskImage) -> Any:
     shape = "x".join(str(s) for s in image.shape) or "scalar"
     figure.suptitle(f"{image.tensor} ({shape}): share of changed elements per cell ({height}x{width} cells)")
     figure.colorbar(mappable, ax=list(axes), shrink=0.8)
+    return figure
+
+
+def pairs_figure(groups: PairTable) -> Any:
+    """Two heatmaps, pairs (rows) x groups (columns): cosine in [-1, 1], sign agreement in [0, 1];
+    a cell where the two agents share no element is left blank."""
+    if not groups.pairs:
+        raise ConfigError("--pairs --plot needs two agents or more: an index of one agent has no pairs")
+    names = groups.pair_names
+    width = max(8.0, min(0.25 * len(groups) + 4.0, 30.0))
+    height = 1.6 + 0.3 * len(names)
+    figure = new_figure(width, 2 * height + 0.6)
+    panels = (
+        (groups.cosine, "coolwarm", -1.0, f"cosine over shared elements, per {groups.by}"),
+        (groups.sign_agreement, "viridis", 0.0, f"sign agreement over shared elements, per {groups.by}"),
+    )
+    step = max(1, len(groups) // 60)
+    for ax, (values, cmap, low, title) in zip(figure.subplots(2, 1), panels, strict=True):
+        shown = np.ma.masked_where(groups.both.T == 0, values.T)
+        image = ax.imshow(shown, aspect="auto", cmap=cmap, vmin=low, vmax=1.0, interpolation="nearest")
+        ax.set_title(title)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.set_xticks(range(0, len(groups), step), groups.keys[::step], rotation=60, ha="right", fontsize=7)
+        figure.colorbar(image, ax=ax, shrink=0.9)
     return figure

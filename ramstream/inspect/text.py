@@ -66,6 +66,50 @@ def tensor_table(entry: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _pair_cells(p: dict[str, Any]) -> str:
+    share = f"{p['both_share'][0]:.4f}/{p['both_share'][1]:.4f}"
+    return (
+        f"{_human(p['both']):>9} {share:>15} {p['sign_agreement']:>9.4f} {p['cosine']:>8.4f} "
+        f"{_rho(p['magnitude_ratio']):>9}"
+    )
+
+
+PAIR_HEAD = f"{'both':>9} {'both/active i/j':>15} {'same-sign':>9} {'cosine':>8} {'|i|/|j|':>9}"
+
+
+def pair_tables(section: dict[str, Any]) -> str:
+    """The model's row per pair, then for each grouping a table per pair (rows: its groups), and
+    the agents' unique energy shares (sum tau^2 over unique elements / over active ones)."""
+    model = section["model"]
+    title = "pair (over the elements both changed)"
+    width = max([len(title), *(len(" ~ ".join(p["agents"])) for p in model["pairs"])]) + 2
+    lines = [f"{title:<{width}}{PAIR_HEAD}"]
+    lines += [f"{' ~ '.join(p['agents']):<{width}}{_pair_cells(p)}" for p in model["pairs"]]
+    if not model["pairs"]:
+        lines.append("(one agent: no pairs)")
+    energy = [
+        "agent unique energy share: "
+        + ", ".join(f"{a['name']} {a['unique_energy_share']:.4f}" for a in model["agents"])
+    ]
+    parts = ["\n".join(lines), "\n".join(energy)]
+    for key, title in (("layers", "layer"), ("modules", "module"), ("tensors", "tensor")):
+        rows = section.get(key)
+        if rows is None:
+            continue
+        width = max([len(title), *(len(r["key"]) for r in rows)]) + 2
+        for p, pair in enumerate(model["pairs"]):
+            table = [f"{' ~ '.join(pair['agents'])} by {title}", f"{title:<{width}}{PAIR_HEAD}"]
+            table += [f"{r['key']:<{width}}{_pair_cells(r['pairs'][p])}" for r in rows]
+            parts.append("\n".join(table))
+        names = [a["name"] for a in model["agents"]]
+        table = [f"unique energy share by {title}", f"{title:<{width}}" + "".join(f" {n[:12]:>12}" for n in names)]
+        table += [
+            f"{r['key']:<{width}}" + "".join(f" {a['unique_energy_share']:>12.4f}" for a in r["agents"]) for r in rows
+        ]
+        parts.append("\n".join(table))
+    return "\n\n".join(parts)
+
+
 def render(doc: dict[str, Any], summary: str) -> str:
     """The text of ``inspect``: the per-agent summary, then each section asked for."""
     agents = [a["name"] for a in doc["agents"]]
@@ -73,6 +117,8 @@ def render(doc: dict[str, Any], summary: str) -> str:
     for key, title in (("layers", "layer"), ("modules", "module"), ("tensors", "tensor")):
         if key in doc:
             parts.append(group_table(title, doc[key], agents))
+    if "pairs" in doc:
+        parts.append(pair_tables(doc["pairs"]))
     if "top" in doc:
         parts.append(top_table(doc["top"]))
     if "tensor" in doc:

@@ -7,6 +7,7 @@
     >>> view.tensors.top(0, 10)          # agent 0's ten tensors with the largest unique share
     >>> view.tensor_mask("model.layers.0.mlp.down_proj.weight")   # (N, *shape) bool
     >>> view.layers.to_pandas()          # long DataFrame (needs pandas)
+    >>> view.pairs.layers.cosine         # (layers, pairs), with the agreement statistics
 
 Every number is derived from the integer counts of the index (per-tensor roll-up, or the
 per-block statistics summed), so any view gives the same totals.
@@ -14,6 +15,7 @@ per-block statistics summed), so any view gives the same totals.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,12 @@ from ramstream.index.header import IndexHeader
 from ramstream.index.store import IndexStore, open_index_store
 from ramstream.inspect import masks
 from ramstream.inspect.grouping import Role, layer_groups, module_groups, role_of
+from ramstream.inspect.pairs import Pairs
 from ramstream.inspect.tables import By, Table
 from ramstream.plan import TensorPlan
 from ramstream.statistics.overlap import OverlapCounts
+
+_TABLES = {"model": "model", "tensor": "tensors", "layer": "layers", "module": "modules"}
 
 
 class IndexView:
@@ -86,31 +91,49 @@ class IndexView:
         """Layer, module and kind of each merged tensor (rows of ``tensors``)."""
         return tuple(role_of(name) for name in self.tensors.keys)
 
+    def grouping(self, by: By) -> tuple[Sequence[str], Sequence[int]]:
+        """The row keys of the table ``by`` and the row of each merged tensor (``tensors``' rows)."""
+        if by == "layer":
+            return layer_groups(self.roles)
+        if by == "module":
+            return module_groups(self.roles)
+        if by == "model":
+            return ("model",), [0] * len(self.tensors)
+        self._check_by(by)
+        return self.tensors.keys, range(len(self.tensors))
+
     @cached_property
     def layers(self) -> Table:
-        keys, rows = layer_groups(self.roles)
-        return self.tensors.group("layer", keys, rows)
+        return self.tensors.group("layer", *self.grouping("layer"))
 
     @cached_property
     def modules(self) -> Table:
-        keys, rows = module_groups(self.roles)
-        return self.tensors.group("module", keys, rows)
+        return self.tensors.group("module", *self.grouping("module"))
 
     @cached_property
     def model(self) -> Table:
         """One row, ``model``: the whole model's numbers (the per-agent summary)."""
-        return self.tensors.group("model", ("model",), [0] * len(self.tensors))
+        return self.tensors.group("model", *self.grouping("model"))
+
+    @cached_property
+    def pairs(self) -> Pairs:
+        """How each pair of agents' updates relate (``inspect.pairs``); an index without the
+        agreement statistics is refused in one line that says how to add them."""
+        return Pairs(self.store, self._merged, self.grouping, self.table)
 
     @cached_property
     def _positions(self) -> dict[str, int]:
         return {t.name: i for i, t in enumerate(self.store.plan.tensors)}
 
     def table(self, by: By) -> Table:
-        tables = {"model": "model", "tensor": "tensors", "layer": "layers", "module": "modules"}
-        if by not in tables:
-            raise ConfigError(f"cannot group by {by!r}; choose one of {', '.join(tables)}")
-        table: Table = getattr(self, tables[by])
+        self._check_by(by)
+        table: Table = getattr(self, _TABLES[by])
         return table
+
+    @staticmethod
+    def _check_by(by: str) -> None:
+        if by not in _TABLES:
+            raise ConfigError(f"cannot group by {by!r}; choose one of {', '.join(_TABLES)}")
 
     def tensor_info(self, name: str) -> tuple[int, TensorPlan]:
         """The index and plan entry of tensor ``name`` (refusing unknown and non-float tensors)."""

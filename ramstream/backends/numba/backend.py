@@ -15,9 +15,11 @@ from contextlib import contextmanager
 import numba
 import numpy as np
 
+from ramstream.backends.agreement import agent_pairs, sum_rows
 from ramstream.backends.base import (
     HIGH_BINS,
     LOW_BINS,
+    AgreementSums,
     Cuts,
     ExactSums,
     GtaParams,
@@ -35,6 +37,7 @@ from ramstream.backends.base import (
 from ramstream.backends.exact_sum import BINS
 from ramstream.backends.nonfinite import EXPONENT
 from ramstream.backends.numba import (
+    agreement,
     della,
     exact_stats,
     fusion,
@@ -444,6 +447,18 @@ class NumbaBackend:
             )
             total = np.asarray(vectors.reduce_normalised(acc))
         return ExactSums(total.reshape(layout.count, n_pairs, DIGITS), _first(bad))
+
+    def agreement(self, arrays: BlockArrays, eps: float) -> AgreementSums:
+        n_agents = len(arrays.agents)
+        n_pairs = len(agent_pairs(n_agents))
+        with self._scoped(arrays.size) as workers:
+            counts = np.zeros((workers, n_pairs, 2), np.int64)
+            acc = np.zeros((workers, sum_rows(n_agents), DIGITS), np.int64)
+            agreement.agreement_block(
+                arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, eps, counts, acc
+            )
+            total = np.asarray(vectors.reduce_normalised(acc))
+        return AgreementSums(counts.sum(axis=0), total.reshape(sum_rows(n_agents), DIGITS))
 
     def merge_vectors(
         self,

@@ -20,9 +20,11 @@ import numpy as np
 import torch
 
 from ramstream.backends import nonfinite
+from ramstream.backends.agreement import agent_pairs, sum_rows
 from ramstream.backends.base import (
     HIGH_BINS,
     LOW_BINS,
+    AgreementSums,
     Cuts,
     ExactSums,
     GtaParams,
@@ -40,6 +42,7 @@ from ramstream.backends.base import (
 from ramstream.backends.exact_sum import BINS, renormalised
 from ramstream.backends.settings import BackendSettings
 from ramstream.backends.torch import (
+    agreement,
     codecs,
     della,
     device,
@@ -759,6 +762,26 @@ class TorchBackend:
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_vectors + 4)
             total = normalise(acc.sum(0).cpu().numpy().reshape(layout.count, len(pairs), DIGITS))
             return ExactSums(total, self._found(first))
+
+    def agreement(self, arrays: BlockArrays, eps: float) -> AgreementSums:
+        n_agents = len(arrays.agents)
+        pairs = agent_pairs(n_agents)
+        codes = self._codes(arrays)
+        with self._scoped():
+            eps32 = self._f32(eps)
+            acc = self._zeros(self.workers, sum_rows(n_agents) * DIGITS)
+            counts = self._zeros(self.workers, len(pairs), 2)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                base = codecs.decode(raw[0], codes[0])
+                taus = [
+                    codecs.decode(raw[1 + t], codes[1 + t]) - codecs.minus(base, codes[1 + t]) for t in range(n_agents)
+                ]
+                agreement.accumulate(acc[w], counts[w], torch.stack(taus), eps32, pairs)
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * n_agents + 8)
+            total = normalise(acc.sum(0).cpu().numpy().reshape(sum_rows(n_agents), DIGITS))
+            return AgreementSums(counts.sum(0).cpu().numpy(), total)
 
     def merge_vectors(
         self,
