@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 
 from ramstream.backends.settings import BackendSettings  # noqa: E402
 from ramstream.backends.torch import backend as torch_backend  # noqa: E402
+from ramstream.backends.torch import tiles as torch_tiles  # noqa: E402
 from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError  # noqa: E402
 from tests.families import Family, build_family  # noqa: E402
 from tests.lagging_cuda import ForgetfulCudaStreams, LaggingCudaStreams  # noqa: E402
@@ -50,7 +51,7 @@ def lagging(
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch_backend, "make", make)
-        patch.setattr(torch_backend, "TILE_CAP", tile_cap)
+        patch.setattr(torch_tiles, "TILE_CAP", tile_cap)
         try:
             yield made
         finally:

@@ -117,12 +117,12 @@ def test_torch_tiles_smaller_than_a_row_give_the_numba_bytes(
     fam: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("torch")
-    from ramstream.backends.torch import backend as torch_backend
+    from ramstream.backends.torch import tiles as torch_tiles
 
     outputs = []
     for backend in ("numba", "torch"):
         if backend == "torch":
-            monkeypatch.setattr(torch_backend, "CPU_TILE", 64)
+            monkeypatch.setattr(torch_tiles, "CPU_TILE", 64)
         run = RunOptions(cache_dir=tmp_path / backend, quiet=True, block_elems=256, backend=backend)
         out = tmp_path / f"out-{backend}"
         api.merge(fam.base, [str(fam.agents[2])], out=out, method="arcee_fusion", method_options={},

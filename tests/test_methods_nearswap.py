@@ -157,12 +157,12 @@ def test_torch_tiles_smaller_than_a_block_give_the_numba_bytes(
     """Blocks of 256 elements in torch tiles of 64 (the last one of a tensor partial); float32
     output, where a last-bit difference would show."""
     pytest.importorskip("torch")
-    from ramstream.backends.torch import backend as torch_backend
+    from ramstream.backends.torch import tiles as torch_tiles
 
     outputs = []
     for backend in ("numba", "torch"):
         if backend == "torch":
-            monkeypatch.setattr(torch_backend, "CPU_TILE", 64)
+            monkeypatch.setattr(torch_tiles, "CPU_TILE", 64)
         run = RunOptions(cache_dir=tmp_path / backend, quiet=True, block_elems=256, backend=backend)
         out = tmp_path / f"out-{backend}"
         options = {"t": 0.004}

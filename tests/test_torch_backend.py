@@ -22,8 +22,8 @@ from ramstream.backends.numba.codecs import decode_array, encode_array  # noqa: 
 from ramstream.backends.numba.counter_rng import uniforms  # noqa: E402
 from ramstream.backends.numba.exact_sum import add, renormalise  # noqa: E402
 from ramstream.backends.rng import random_keys  # noqa: E402
-from ramstream.backends.torch import backend as torch_backend  # noqa: E402
 from ramstream.backends.torch import codecs, exact_sums  # noqa: E402
+from ramstream.backends.torch import tiles as torch_tiles  # noqa: E402
 from ramstream.backends.torch.rng import uniform  # noqa: E402
 from ramstream.backends.torch.staging import InputRing, OutputRing, Part  # noqa: E402
 from ramstream.backends.torch.streams import CpuStreams  # noqa: E402
@@ -240,7 +240,7 @@ def test_tiles_smaller_than_a_block_give_the_numba_bytes(
     """Blocks of 256 elements in tiles of 64 (the last one partial, the exact sums' groups split
     across tiles); DELLA rounds a tile up to whole slices."""
     expected = _merge(odd_family, tmp_path / "numba" / "out", method, given, "numba")
-    monkeypatch.setattr(torch_backend, "CPU_TILE", 64)
+    monkeypatch.setattr(torch_tiles, "CPU_TILE", 64)
     assert _merge(odd_family, tmp_path / "torch" / "out", method, given, "torch", device="cpu") == expected
 
 
@@ -362,7 +362,7 @@ def test_every_method_on_cuda_writes_the_numba_bytes(
     """On the GPU, with tiles smaller than a block (a GPU budget that fits only a few elements),
     so the copy stream, the events and the rings are all used."""
     expected = _merge(odd_family, tmp_path / "numba" / "out", method, given, "numba")
-    monkeypatch.setattr(torch_backend, "TILE_CAP", 64)  # tiles of 64 elements: many per block
+    monkeypatch.setattr(torch_tiles, "TILE_CAP", 64)  # tiles of 64 elements: many per block
     from ramstream.api import merge
     from ramstream.config import RunOptions
 

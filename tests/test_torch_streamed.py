@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 
 from ramstream.backends.settings import BackendSettings  # noqa: E402
 from ramstream.backends.torch import backend as torch_backend  # noqa: E402
+from ramstream.backends.torch import tiles as torch_tiles  # noqa: E402
 from ramstream.backends.torch.staging import MIN_PIECE, InputRing, Part, pieces, slot_bytes  # noqa: E402
 from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError, RamstreamError  # noqa: E402
 from tests.families import Family, build_family  # noqa: E402
@@ -62,7 +63,7 @@ def simulated_gpu(
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch_backend, "make", make)
-        patch.setattr(torch_backend, "TILE_CAP", tile_cap)
+        patch.setattr(torch_tiles, "TILE_CAP", tile_cap)
         try:
             yield devices
         finally:

@@ -1,0 +1,332 @@
+"""The torch backend's counting operations: the probe's masks and overlap counts, histograms,
+tie searches, exact sums, per-vector and pairwise statistics, MAGPRUNE's keep values, with the
+Numba kernels' numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ramstream.backends.agreement import agent_pairs, sum_rows
+from ramstream.backends.base import (
+    HIGH_BINS,
+    LOW_BINS,
+    AgreementSums,
+    Cuts,
+    ExactSums,
+    Keep,
+    KeepArray,
+    KeepRandom,
+    MagpruneParams,
+    ProbeCounts,
+    RowScale,
+)
+from ramstream.backends.exact_sum import BINS, renormalised
+from ramstream.backends.torch import (
+    agreement,
+    codecs,
+    della,
+    exact_sums,
+    fusion,
+    magnitude,
+    probe,
+    vectors,
+)
+from ramstream.backends.torch.rng import uniform
+from ramstream.backends.torch.staging import OutputRing, array_part
+from ramstream.backends.torch.tiles import TileBackend, _torch_dtype
+from ramstream.backends.vector_sums import DIGITS, VectorLayout, normalise
+from ramstream.blocks import BlockArrays
+from ramstream.format.dtypes import TAU32
+
+
+class CountOps(TileBackend):
+    """The probe and the statistics a method asks for."""
+
+    # -- the probe --------------------------------------------------------------------------------
+    def probe(self, arrays: BlockArrays, eps: float, masks: np.ndarray) -> ProbeCounts:
+        sources = arrays.sources
+        n_agents = len(sources.files) - 1
+        codes = [int(c) for c in sources.codes]
+        with self._scoped():
+            eps32 = self._f32(eps)
+            overlap, coverage = self._zeros(self.workers, n_agents, n_agents), self._zeros(self.workers, n_agents + 1)
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                on = probe.actives(codecs.unders(values, codes), values[1:], eps32)
+                packed = probe.pack(on)
+                outputs.put(packed, self._sink(masks, lo // 8, lo // 8 + packed.shape[1]))
+                tile_overlap, tile_coverage = probe.counts(on)
+                overlap[w] += tile_overlap
+                coverage[w] += tile_coverage
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+
+            self._run(self._source_parts(sources), sources.size, tile)
+            return ProbeCounts(overlap.sum(0).cpu().numpy(), coverage.sum(0).cpu().numpy(), self._found(first))
+
+    # -- arcee_fusion's importance ---------------------------------------------------------------
+    def importance_high_histogram(self, arrays: BlockArrays, rows: RowScale) -> np.ndarray:
+        fixed = self._fixed(self.workers * (HIGH_BINS + magnitude.SPREAD) * 8, "the importance histogram")
+        with self._scoped():
+            importance, counts = (
+                fusion.Importance(rows, self._codes(arrays), self._device),
+                self._zeros(self.workers, HIGH_BINS + magnitude.SPREAD),
+            )
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                magnitude.add_high_counts(counts[w], fusion.bits(importance(raw, lo, m)[2]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=8, fixed=fixed)
+            return counts.sum(0)[:HIGH_BINS].cpu().numpy().astype(np.int32)
+
+    def importance_low_histogram(self, arrays: BlockArrays, rows: RowScale, targets: np.ndarray) -> np.ndarray:
+        n_cuts = len(targets)
+        if np.max(targets, initial=-1) < 0:
+            return np.zeros((n_cuts, LOW_BINS), np.int32)
+        size = n_cuts * LOW_BINS + magnitude.SPREAD
+        fixed = self._fixed(self.workers * size * 8, "the fine importance histograms")
+        with self._scoped():
+            importance, counts = (
+                fusion.Importance(rows, self._codes(arrays), self._device),
+                self._zeros(self.workers, size),
+            )
+            agent = torch.zeros(1, dtype=torch.int64, device=self._device)
+            aims = torch.tensor([np.asarray(targets, np.int32).tolist()], dtype=torch.int32, device=self._device)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                magnitude.add_low_counts(counts[w], fusion.bits(importance(raw, lo, m)[2]), agent, aims)
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=4 * n_cuts + 8, fixed=fixed)
+            return counts.sum(0)[: n_cuts * LOW_BINS].view(n_cuts, LOW_BINS).cpu().numpy().astype(np.int32)
+
+    # -- magnitudes -------------------------------------------------------------------------------
+    def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
+        n_agents = len(arrays.agents)
+        codes = self._codes(arrays)
+        size = n_agents * HIGH_BINS + magnitude.SPREAD
+        fixed = self._fixed(self.workers * size * 8, f"the magnitude histograms of {n_agents} agents")
+        with self._scoped():
+            counts = self._zeros(self.workers, size)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                magnitude.add_high_counts(counts[w], torch.stack(self._abs_bits(raw, codes, range(n_agents))))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * n_agents + 6, fixed=fixed)
+            total = counts.sum(0)[: n_agents * HIGH_BINS].view(n_agents, HIGH_BINS)
+            return total.cpu().numpy().astype(np.int32)
+
+    def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
+        targets = np.ascontiguousarray(targets, np.int32)
+        n_agents, n_cuts = targets.shape
+        wanted = [t for t in range(n_agents) if targets[t].max(initial=-1) >= 0]
+        if not wanted:
+            return np.zeros((n_agents, n_cuts, LOW_BINS), np.int32)
+        codes = self._codes(arrays)
+        size = n_agents * n_cuts * LOW_BINS + magnitude.SPREAD
+        fixed = self._fixed(self.workers * size * 8, f"the fine magnitude histograms of {n_agents} agents")
+        with self._scoped():
+            counts = self._zeros(self.workers, size)
+            agents = torch.tensor(wanted, dtype=torch.int64, device=self._device)
+            aims = torch.tensor(targets[wanted].tolist(), dtype=torch.int32, device=self._device)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                bits = torch.stack(self._abs_bits(raw, codes, wanted))
+                magnitude.add_low_counts(counts[w], bits, agents, aims)
+
+            inputs = 2 * n_agents + 4 * len(wanted) * n_cuts + 4  # the (K, C, m) index and masks
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=inputs, fixed=fixed)
+            total = counts.sum(0)[: n_agents * n_cuts * LOW_BINS].view(n_agents, n_cuts, LOW_BINS)
+            return total.cpu().numpy().astype(np.int32)
+
+    def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
+        n_agents = len(arrays.agents)
+        keep = np.empty((n_agents, arrays.size), np.uint8)
+        codes = self._codes(arrays)
+        values, ranges = cuts.value.tolist(), cuts.range.tolist()
+        with self._scoped():
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                position = self._positions(lo, m)
+                bits = self._abs_bits(raw, codes, range(n_agents))
+                rows = [magnitude.kept_by_cuts(bits[t], position, values[t], ranges[t]) for t in range(n_agents)]
+                outputs.put(torch.stack(rows).to(torch.uint8), self._sink(keep, lo, lo + m))
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
+        return keep
+
+    def find_tie(self, arrays: BlockArrays, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
+        """Each worker counts the ties in its tiles (positions too, in order); the ``need``-th is
+        then found serially, so the answer never depends on the workers."""
+        parts = [array_part(arrays.base), array_part(arrays.agents[agent])]
+        codes = [int(arrays.base_code), int(arrays.agent_codes[agent])]
+        found: dict[int, torch.Tensor] = {}  # tile start -> positions of its ties
+        with self._scoped():
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                if lo + m > begin:
+                    (bits,) = self._abs_bits(raw, codes, [0])
+                    equal = (bits.to(torch.int64) == value) & (self._positions(lo, m) >= begin)
+                    found[lo] = torch.nonzero(equal)[:, 0].cpu() + lo
+
+            self._run(parts, arrays.size, tile)
+        positions = [found[lo] for lo in sorted(found)]
+        total = sum(int(p.shape[0]) for p in positions)
+        if not 1 <= need <= total:
+            return -1, total
+        return int(torch.cat(positions)[need - 1]), total
+
+    # -- exact sums -------------------------------------------------------------------------------
+    def abs_sums(self, arrays: BlockArrays, keep: Keep, squares: bool = False) -> ExactSums:
+        n_agents = len(arrays.agents)
+        parts = self._array_parts(arrays)
+        if isinstance(keep, KeepArray):
+            parts += [array_part(np.ascontiguousarray(keep.keep[t])) for t in range(n_agents)]
+        codes = self._codes(arrays)
+        with self._scoped():
+            zero = torch.zeros((), dtype=torch.float32, device=self._device)
+            acc = self._zeros(self.workers, 2 * n_agents, BINS + 1)
+            first = self._first()
+            density = self._f32(keep.density) if isinstance(keep, KeepRandom) else None
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                base = codecs.decode(raw[0], codes[0])
+                rows = []
+                for t in range(n_agents):
+                    size = (codecs.decode(raw[1 + t], codes[1 + t]) - codecs.minus(base, codes[1 + t])).abs()
+                    first[w] = torch.minimum(first[w], probe.first_nonfinite([size]) + lo)
+                    size = torch.where(torch.isfinite(size), size, zero)
+                    if isinstance(keep, KeepRandom) and density is not None:
+                        kept = uniform(int(keep.keys[t]), self._positions(keep.start + lo, m)) < density[t]
+                        rows += [size, torch.where(kept, size, zero)]
+                    elif isinstance(keep, KeepArray):
+                        mask = raw[1 + n_agents + t].view(_torch_dtype(keep.keep.dtype))
+                        rows += [size, torch.where(mask != 0, size, zero)]
+                    else:
+                        rows += [size, size]
+                stacked = torch.stack(rows)
+                sums = exact_sums.product_group_sums(stacked, stacked) if squares else exact_sums.group_sums(stacked)
+                exact_sums.accumulate(acc[w], sums)
+
+            self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2)
+            total = acc.sum(0).cpu().numpy()
+            sums = renormalised(total).reshape(n_agents, 2, BINS + 1)
+            return ExactSums(sums, self._found(first))
+
+    def gram(self, arrays: BlockArrays, weights: bool = False) -> ExactSums:
+        n_agents = len(arrays.agents)
+        n_vectors = n_agents + (1 if weights else 0)
+        pairs = [(a, b) for a in range(n_vectors) for b in range(a, n_vectors)]
+        codes = self._codes(arrays)
+        with self._scoped():
+            zero = torch.zeros((), dtype=torch.float32, device=self._device)
+            acc = self._zeros(self.workers, len(pairs), BINS + 1)
+            first = self._first()
+            left = torch.tensor([a for a, _ in pairs], device=self._device)
+            right = torch.tensor([b for _, b in pairs], device=self._device)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                base = codecs.decode(raw[0], codes[0])
+                values = [base] if weights else []
+                for t in range(n_agents):
+                    agent = codecs.decode(raw[1 + t], codes[1 + t])
+                    if not weights:
+                        values.append(agent - codecs.minus(base, codes[1 + t]))
+                    else:  # a task vector (TAU32) weighs in as f32(base) + tau
+                        values.append(base + agent if codes[1 + t] == TAU32 else agent)
+                rows = []
+                for value in values:
+                    first[w] = torch.minimum(first[w], probe.first_nonfinite([value]) + lo)
+                    rows.append(torch.where(torch.isfinite(value), value, zero))
+                stacked = torch.stack(rows)
+                exact_sums.accumulate(acc[w], exact_sums.product_group_sums(stacked[left], stacked[right]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_vectors + 1)
+            return ExactSums(renormalised(acc.sum(0).cpu().numpy()), self._found(first))
+
+    # -- per-vector and pairwise sums --------------------------------------------------------------
+    def vector_gram(self, arrays: BlockArrays, layout: VectorLayout, weights: bool = False) -> ExactSums:
+        n_agents = len(arrays.agents)
+        n_vectors = n_agents + (1 if weights else 0)
+        pairs = [(a, b) for a in range(n_vectors) for b in range(a, n_vectors)]
+        codes = self._codes(arrays)
+        size = layout.count * len(pairs) * DIGITS
+        with self._scoped():
+            zero = torch.zeros((), dtype=torch.float32, device=self._device)
+            acc = self._zeros(self.workers, self._fixed(size * 8, "the per-vector sums") // 8)
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                base = codecs.decode(raw[0], codes[0])
+                values = [base] if weights else []
+                for t in range(n_agents):
+                    agent = codecs.decode(raw[1 + t], codes[1 + t])
+                    if not weights:
+                        values.append(agent - codecs.minus(base, codes[1 + t]))
+                    else:  # a task vector (TAU32) weighs in as f32(base) + tau
+                        values.append(base + agent if codes[1 + t] == TAU32 else agent)
+                rows = []
+                for value in values:
+                    first[w] = torch.minimum(first[w], probe.first_nonfinite([value]) + lo)
+                    rows.append(torch.where(torch.isfinite(value), value, zero))
+                which = vectors.block_vectors(
+                    self._positions(layout.start + lo, m), layout.div, layout.mod, layout.start
+                )
+                for k, (a, b) in enumerate(pairs):
+                    vectors.add_products(acc[w], rows[a], rows[b], which * len(pairs) + k)
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_vectors + 4)
+            total = normalise(acc.sum(0).cpu().numpy().reshape(layout.count, len(pairs), DIGITS))
+            return ExactSums(total, self._found(first))
+
+    def agreement(self, arrays: BlockArrays, eps: float) -> AgreementSums:
+        n_agents = len(arrays.agents)
+        pairs = agent_pairs(n_agents)
+        codes = self._codes(arrays)
+        with self._scoped():
+            eps32 = self._f32(eps)
+            acc = self._zeros(self.workers, sum_rows(n_agents) * DIGITS)
+            counts = self._zeros(self.workers, len(pairs), 2)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                base = codecs.decode(raw[0], codes[0])
+                taus = [
+                    codecs.decode(raw[1 + t], codes[1 + t]) - codecs.minus(base, codes[1 + t]) for t in range(n_agents)
+                ]
+                agreement.accumulate(acc[w], counts[w], torch.stack(taus), eps32, pairs)
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * n_agents + 8)
+            total = normalise(acc.sum(0).cpu().numpy().reshape(sum_rows(n_agents), DIGITS))
+            return AgreementSums(counts.sum(0).cpu().numpy(), total)
+
+    # -- DELLA ------------------------------------------------------------------------------------
+    def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:
+        n_agents = len(arrays.agents)
+        keep = np.empty((n_agents, arrays.size), np.float32)
+        codes = self._codes(arrays)
+        parts = self._array_parts(arrays)
+        with self._scoped():
+            lo_p, width = self._f32(params.lo), self._f32(params.width)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                position = self._positions(params.start + lo, m)
+                bits = self._abs_bits(raw, codes, range(n_agents))
+                rows = [
+                    della.keep_values(
+                        bits[t],
+                        position,
+                        params.slice_size,
+                        params.rows,
+                        int(params.keys[t]),
+                        int(params.mode[t]),
+                        lo_p[t],
+                        width[t],
+                        params.inverse,
+                    )
+                    for t in range(n_agents)
+                ]
+                outputs.put(torch.stack(rows), self._sink(keep, lo, lo + m))
+
+            self._run(parts, arrays.size, tile, align=params.slice_size, inputs=len(parts) + 4)
+        return keep

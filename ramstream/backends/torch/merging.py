@@ -1,0 +1,286 @@
+"""The torch backend's merge operations: each block's merged values, tile by tile, with the
+Numba kernels' bytes (the arithmetic in ``merges.py``, ``sce.py``, ``fusion.py``, ``vectors.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ramstream.backends import nonfinite
+from ramstream.backends.base import (
+    GtaParams,
+    Keep,
+    KeepArray,
+    KeepCuts,
+    KeepMagprune,
+    KeepRandom,
+    LinearParams,
+    RowScale,
+    SceParams,
+)
+from ramstream.backends.torch import (
+    codecs,
+    della,
+    fusion,
+    magnitude,
+    merges,
+    probe,
+    sce,
+    vectors,
+)
+from ramstream.backends.torch.rng import uniform
+from ramstream.backends.torch.staging import OutputRing, array_part
+from ramstream.backends.torch.tiles import GROUP, TileBackend, _torch_dtype
+from ramstream.backends.vector_sums import VectorLayout
+from ramstream.blocks import BlockArrays
+from ramstream.format.dtypes import TAU32
+
+
+class MergeOps(TileBackend):
+    """Merges: RAM, the GTA family (selections evaluated in the tile), linear, nearswap, SCE,
+    arcee_fusion and per-vector combinations."""
+
+    def merge_ram(
+        self, arrays: BlockArrays, eps: float, lambdas: np.ndarray, outs: Sequence[np.ndarray], out_code: int
+    ) -> int:
+        sources = arrays.sources
+        codes = [int(c) for c in sources.codes]
+        raw_outs = [out.view(np.uint8) for out in outs]
+        size = int(outs[0].dtype.itemsize) if outs else 1
+        with self._scoped():
+            eps32 = self._f32(eps)
+            lams = [self._f32(row) for row in np.reshape(lambdas, (len(outs), -1))]
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+                unders = codecs.unders(values, codes)
+                counts = merges.ram_counts(values[0], values[1:], unders, eps32)
+                for lam, raw_out in zip(lams, raw_outs, strict=True):  # one output at a time on the device
+                    merged = merges.merge_ram(values[0], values[1:], unders, eps32, lam, counts)
+                    outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(self._source_parts(sources), sources.size, tile)
+            return self._found(first)
+
+    # -- the GTA family ---------------------------------------------------------------------------
+    def merge_gta(
+        self, arrays: BlockArrays, params: GtaParams, keep: Keep, outs: Sequence[np.ndarray], out_code: int
+    ) -> int:
+        n_agents = len(arrays.agents)
+        parts = self._array_parts(arrays)
+        if isinstance(keep, KeepArray):
+            parts += [array_part(np.ascontiguousarray(keep.keep[t])) for t in range(n_agents)]
+        codes = self._codes(arrays)
+        raw_outs = [out.view(np.uint8) for out in outs]
+        size = int(outs[0].dtype.itemsize) if outs else 1
+        total_weight = np.float32(0.0)
+        for weight in np.asarray(params.weights, np.float32):
+            total_weight = np.float32(total_weight + weight)
+        if abs(total_weight) < np.float32(1e-8):
+            total_weight = np.float32(1.0)
+        keep_dtype = _torch_dtype(keep.keep.dtype) if isinstance(keep, KeepArray) else torch.uint8
+        align = keep.params.slice_size if isinstance(keep, KeepMagprune) else GROUP
+        with self._scoped():
+            weights, scale = self._f32(params.weights), self._f32(params.scale)
+            lams, divisor = [self._f32(x) for x in np.asarray(params.lams)], self._f32(total_weight)
+            first = self._first()
+            select = self._selection(keep, n_agents)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw[: n_agents + 1], codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+                base = values[0]
+                deltas = []
+                for t in range(n_agents):
+                    agent, under = values[1 + t], codecs.minus(base, codes[1 + t])
+                    keep_t = raw[1 + n_agents + t].view(keep_dtype) if isinstance(keep, KeepArray) else None
+                    if isinstance(keep, KeepMagprune):
+                        keep_t = select(t, lo, m, agent, under)
+                    delta, alive = merges.weighted_deltas(agent, under, weights[t], scale[t], keep_t)
+                    if isinstance(keep, KeepRandom | KeepCuts):
+                        alive = select(t, lo, m, agent, under)
+                    deltas.append((delta, alive))
+                mixed = merges.mix_gta(base, deltas, weights, params.consensus, params.normalize, divisor)
+                for lam, raw_out in zip(lams, raw_outs, strict=True):  # one output at a time on the device
+                    merged = base + lam * mixed
+                    outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(parts, arrays.size, tile, align=align, inputs=2 * n_agents + 4)
+            return self._found(first)
+
+    def _selection(
+        self, keep: Keep, n_agents: int
+    ) -> Callable[[int, int, int, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """``select(t, lo, m, agent, under)``: agent t's survival flags (``KeepRandom``,
+        ``KeepCuts``) or keep multipliers (``KeepMagprune``) over block positions [lo, lo + m),
+        computed on the device from the tile itself."""
+        if isinstance(keep, KeepRandom):
+            density = self._f32(keep.density)
+            return lambda t, lo, m, agent, under: (
+                uniform(int(keep.keys[t]), self._positions(keep.start + lo, m)) < density[t]
+            )
+        if isinstance(keep, KeepCuts):
+            values, ranges = keep.cuts.value.tolist(), keep.cuts.range.tolist()
+
+            return lambda t, lo, m, agent, under: magnitude.kept_by_cuts(
+                magnitude.abs_bits(agent, under), self._positions(lo, m), values[t], ranges[t]
+            )
+        if isinstance(keep, KeepMagprune):
+            prune = keep.params
+            lo_p, width = self._f32(prune.lo), self._f32(prune.width)
+
+            def magprune(t: int, lo: int, m: int, agent: torch.Tensor, under: torch.Tensor) -> torch.Tensor:
+                return della.keep_values(
+                    magnitude.abs_bits(agent, under),
+                    self._positions(prune.start + lo, m),
+                    prune.slice_size,
+                    prune.rows,
+                    int(prune.keys[t]),
+                    int(prune.mode[t]),
+                    lo_p[t],
+                    width[t],
+                    prune.inverse,
+                )
+
+            return magprune
+        return lambda t, lo, m, agent, under: torch.ones(m, dtype=torch.bool, device=self._device)
+
+    def has_nonfinite(self, out: np.ndarray, out_code: int) -> bool:
+        return nonfinite.has_nonfinite(out, out_code)  # the block is in host memory already
+
+    def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> int:
+        uses_base = np.float32(params.base_weight) != np.float32(0.0)
+        parts = self._array_parts(arrays)  # the base too: it is checked for NaN/Inf, as every input
+        codes = self._codes(arrays)
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        divisor = np.float32(0.0) + np.float32(params.base_weight)
+        for weight in np.asarray(params.weights, np.float32):
+            divisor = np.float32(divisor + weight)
+        with self._scoped():
+            weights, base_weight = self._f32(params.weights), self._f32(params.base_weight)
+            div = self._f32(divisor) if params.normalize else None
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+                # an agent given as its task vector (TAU32) weighs in as its weights, base + tau in float32
+                agents = [values[0] + v if c == TAU32 else v for v, c in zip(values[1:], codes[1:], strict=True)]
+                merged = merges.merge_linear(values[0] if uses_base else None, base_weight, agents, weights, div)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(parts, arrays.size, tile)
+            return self._found(first)
+
+    def merge_nearswap(self, arrays: BlockArrays, t: np.float32, out: np.ndarray, out_code: int) -> int:
+        parts = self._array_parts(arrays)
+        codes = self._codes(arrays)
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        with self._scoped():
+            t32 = self._f32(t)
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                base, agent = (codecs.decode(r, c) for r, c in zip(raw, codes, strict=True))
+                first[w] = torch.minimum(first[w], probe.first_nonfinite([base, agent]) + lo)
+                if codes[1] == TAU32:  # an agent given as its task vector: its weights, base + tau in float32
+                    agent = base + agent
+                merged = merges.merge_nearswap(base, agent, t32)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(parts, arrays.size, tile)
+            return self._found(first)
+
+    # -- SCE --------------------------------------------------------------------------------------
+    def merge_sce(self, arrays: BlockArrays, params: SceParams, out: np.ndarray, out_code: int) -> int:
+        parts = self._array_parts(arrays)
+        codes = self._codes(arrays)
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        values, ranges = params.cuts.value[0].tolist(), params.cuts.range[0].tolist()
+        with self._scoped():
+            weights = self._f32(params.weights)
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                decoded = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(decoded) + lo)
+                taus = self._taus(decoded, codes)
+                merged = sce.merge_sce(decoded[0], taus, self._positions(lo, m), values, ranges, weights)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(parts, arrays.size, tile, inputs=2 * len(parts) + 4)
+            return self._found(first)
+
+    def variance(self, arrays: BlockArrays) -> np.ndarray:
+        out = np.empty(arrays.size, np.float32)
+        codes = self._codes(arrays)
+        parts = self._array_parts(arrays)
+        with self._scoped():
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                decoded = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                outputs.put(sce.variance(self._taus(decoded, codes)), self._sink(out, lo, lo + m))
+
+            self._run(parts, arrays.size, tile, inputs=len(parts) + 4)
+        return out
+
+    # -- arcee_fusion -----------------------------------------------------------------------------
+    def merge_fusion(
+        self, arrays: BlockArrays, rows: RowScale, threshold: np.float32, out: np.ndarray, out_code: int
+    ) -> int:
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        with self._scoped():
+            importance, limit, first = (
+                fusion.Importance(rows, self._codes(arrays), self._device),
+                self._f32(threshold),
+                self._first(),
+            )
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw, importance.codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+                merged = fusion.merge(*importance(raw, lo, m), limit)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=6)
+            return self._found(first)
+
+    def merge_vectors(
+        self,
+        arrays: BlockArrays,
+        layout: VectorLayout,
+        coefs: np.ndarray,
+        weights: bool,
+        out: np.ndarray,
+        out_code: int,
+    ) -> int:
+        parts = self._array_parts(arrays)
+        codes = self._codes(arrays)
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        table = np.ascontiguousarray(coefs, np.float32)
+        with self._scoped():
+            self._fixed(table.nbytes, "the per-vector coefficients")
+            on_device = torch.from_numpy(table.copy()).to(self._device)
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                values = [codecs.decode(r, c) for r, c in zip(raw, codes, strict=True)]
+                first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
+                base = values[0]
+                if weights:  # an agent given as its task vector (TAU32) weighs in as base + tau
+                    agents = [base + v if c == TAU32 else v for v, c in zip(values[1:], codes[1:], strict=True)]
+                else:
+                    agents = values[1:]
+                unders = [codecs.minus(base, c) for c in codes[1:]]
+                which = vectors.block_vectors(
+                    self._positions(layout.start + lo, m), layout.div, layout.mod, layout.start
+                )
+                merged = vectors.merge_vectors(base, agents, unders, on_device, which, weights)
+                outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(parts, arrays.size, tile, inputs=len(parts) + 3)
+            return self._found(first)

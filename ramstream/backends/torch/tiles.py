@@ -1,0 +1,314 @@
+"""The torch backend's tile machinery: what every operation shares.
+
+A call cuts its block into tiles (a multiple of 64 elements, or of whole slices for DELLA) sized
+to the staging slots and, on CUDA, to the GPU memory budget; each tile's inputs are read from the
+files (``sources``: ``preadv``) or copied from the mapped views (``arrays``) into a slot of the
+input ring (pieces in parallel on the backend's thread pool), uploaded on the copy stream while
+the previous tile computes, and its per-element results come back through the output ring into
+the caller's buffers. Counts, histograms and exact sums accumulate on the device and are read
+once per call. The operations themselves are in ``merging.py`` (merges) and ``counting.py``
+(the probe and the statistics); ``backend.py`` puts them together.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from ramstream.backends.settings import BackendSettings
+from ramstream.backends.torch import (
+    codecs,
+    device,
+    magnitude,
+    probe,
+)
+from ramstream.backends.torch.staging import ALIGN, InputRing, OutputRing, Part, Staging, array_part, file_part
+from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
+from ramstream.blocks import BlockArrays, BlockSources
+from ramstream.blocks.lora import numpy_product
+from ramstream.config import show_size
+from ramstream.errors import ConfigError, DeviceError
+from ramstream.io.reader import InputFiles
+
+CPU_TILE = 1 << 16  # elements per tile on the CPU: a tile's float32 temporaries stay in cache
+DEPTH = 3  # slots per ring: one being filled, one uploading or computing, one landing
+MIN_SLOT, MAX_SLOT = 1 << 20, 64 << 20  # bytes of a CUDA staging slot
+GROUP = 64  # tiles start at multiples of 64 elements: the exact sums' groups
+WORK_BYTES = 48  # device bytes per element of a tile's temporaries, per input (a generous bound)
+TILE_CAP: int | None = None  # streamed tiles of at most this many elements (tests: tiny tiles)
+
+# tile(worker, first element, elements, the parts on the device, the worker's output ring)
+TileFn = Callable[[int, int, int, list[torch.Tensor], OutputRing], None]
+
+
+class TileBackend:
+    """The state and plumbing of a torch backend: device, threads, rings, tiles, the loop."""
+
+    def __init__(self, settings: BackendSettings, streams: Streams | None = None) -> None:
+        """``streams``: where copies and compute are queued (None: CUDA streams on a CUDA device,
+        else the CPU's); the tests pass a simulated device to run the streamed path on the CPU."""
+        self._device = device.resolve(settings.device)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self.threads = min(settings.threads or cores, cores)
+        if streams is None:
+            streams = CudaStreams(self._device) if self._device.type == "cuda" else CpuStreams()
+        if settings.gpu_memory is not None and not streams.separate:
+            raise ConfigError(f"--gpu-memory needs a CUDA device; the torch backend computes on {self._device}")
+        self._streamed = streams.separate  # one host thread streams tiles through device memory
+        if self._streamed:
+            self._gpu_budget = streams.budget(settings.gpu_memory)
+            host = settings.memory or 1 << 30
+            self._slot = max(MIN_SLOT, min(MAX_SLOT, _power_of_two_below(host // 32), self._gpu_budget // 16))
+            self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
+                self.threads, thread_name_prefix="ramstream-read"
+            )
+            self.workers = 1
+        else:
+            self._gpu_budget, self._slot, self._pool = 0, 0, None
+            self.workers = self.threads  # CPU: one range of tiles per thread
+        try:
+            with self._device_errors():  # the rings' device buffers are allocated now
+                self._rings = [
+                    (
+                        InputRing(streams, DEPTH, self._slot, self._pool, self.threads),
+                        OutputRing(streams, DEPTH, self._slot // 2, self._pool),
+                    )
+                    for _ in range(self.workers)
+                ]
+        except BaseException:
+            if self._pool is not None:
+                self._pool.shutdown()
+            raise
+        self._workers_pool: ThreadPoolExecutor | None = None
+        self._files = InputFiles()
+
+    @property
+    def device(self) -> str:
+        return str(self._device)
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    @contextmanager
+    def _scoped(self) -> Iterator[None]:
+        """Run with this backend's torch thread count, the caller's restored after: on the CPU
+        one per op, the backend's threads each taking a range of tiles (intra-op threads over
+        cache-sized tiles cost more in synchronisation than they gain: 2-7x slower, measured)."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads if self._streamed else 1)
+        try:
+            with self._device_errors(), torch.inference_mode():
+                yield
+        finally:
+            torch.set_num_threads(before)
+
+    @contextmanager
+    def _device_errors(self) -> Iterator[None]:
+        """CUDA's out-of-memory and other errors as one line that says what to do."""
+        try:
+            yield
+        except torch.cuda.OutOfMemoryError as error:
+            raise DeviceError(
+                f"{self.device} ran out of memory ({_first_line(error)}); other processes may hold GPU memory, or "
+                f"--gpu-memory ({show_size(self._gpu_budget)}) is more than the GPU can give: give a smaller "
+                "--gpu-memory, or free the GPU"
+            ) from error
+        except RuntimeError as error:
+            if "CUDA" not in str(error):
+                raise
+            raise DeviceError(
+                f"{self.device} failed: {_first_line(error)}; run again (the merge resumes), with a smaller "
+                "--gpu-memory or --device cpu if it fails again"
+            ) from error
+
+    def _tile_elems(self, parts: Sequence[Part], inputs: int, align: int, fixed: int = 0) -> int:
+        """Elements per tile: a multiple of ``align`` (at least one), within the staging slot and,
+        on CUDA, the GPU budget (the rings' device buffers and the call's ``fixed`` bytes, then
+        the temporaries)."""
+        if not self._streamed:
+            elems = CPU_TILE
+        else:
+            per_element = max(sum(p.itemsize for p in parts), 1)  # slot_bytes pads each part to ALIGN
+            room = max(self._gpu_budget - DEPTH * self._slot, self._gpu_budget // 2) - fixed
+            room = room * 3 // 4  # the rest: the caching allocator's rounding and split blocks
+            fits = room // (WORK_BYTES * (inputs + 2))
+            if align > max(fits, GROUP):
+                self._refuse_whole_slices(align, inputs, fixed)
+            elems = min((self._slot - ALIGN * len(parts)) // per_element, fits)
+            if TILE_CAP is not None:
+                elems = min(elems, TILE_CAP)
+        return max(align, elems // align * align)
+
+    def _refuse_whole_slices(self, align: int, inputs: int, fixed: int) -> None:
+        """A tile of whole dim-0 slices (DELLA ranks |tau| within them) that the GPU budget cannot
+        hold: one line naming the budget that would, rather than a tile beyond it."""
+        need = 2 * (-(-align * WORK_BYTES * (inputs + 2) * 4 // 3) + fixed)
+        raise ConfigError(
+            f"--gpu-memory {show_size(self._gpu_budget)} cannot hold one dim-0 slice of {align} elements on the "
+            f"device (the method ranks |tau| within whole slices); give --gpu-memory {-(-need // 2**20)}MiB or more"
+        )
+
+    def _fixed(self, nbytes: int, what: str) -> int:
+        """Device bytes a call holds whatever its tiles (accumulators, per-tile results of a fixed
+        size): refused in one line where they would leave less than half the budget to the tiles."""
+        if self._streamed and nbytes > self._gpu_budget // 2:
+            need = 2 * nbytes + DEPTH * self._slot
+            raise ConfigError(
+                f"--gpu-memory {show_size(self._gpu_budget)} cannot hold {what} ({nbytes / 2**20:.0f} MiB on "
+                f"the device) beside the tiles; give --gpu-memory {-(-need // 2**20)}MiB or more"
+            )
+        return nbytes
+
+    def _run(
+        self, parts: Sequence[Part], n: int, tile: TileFn, align: int = GROUP, inputs: int = 0, fixed: int = 0
+    ) -> None:
+        """Call ``tile(worker, lo, m, staged, outputs)`` for every tile of ``n`` elements; every
+        result put into ``outputs`` is delivered before this returns. Streamed (CUDA), one host
+        thread drives the streams while the pool reads; on the CPU each of the ``workers``
+        threads takes one balanced range of tiles with its own rings (torch ops release the
+        GIL), and its own partial results."""
+        step = self._tile_elems(parts, inputs or len(parts), align, fixed)
+        starts = list(range(0, n, step))
+        if self.workers == 1:
+            self._loop(0, self._rings[0], parts, starts, n, step, tile)
+            return
+        jobs = []
+        for w in range(self.workers):
+            mine = starts[len(starts) * w // self.workers : len(starts) * (w + 1) // self.workers]
+            jobs.append(self._cpu_pool().submit(self._loop, w, self._rings[w], parts, mine, n, step, tile))
+        wait(jobs)  # every worker, even after one failed: none may write into the caller's buffers later
+        for job in jobs:
+            job.result()
+
+    @staticmethod
+    def _loop(
+        w: int,
+        rings: tuple[InputRing, OutputRing],
+        parts: Sequence[Part],
+        starts: Sequence[int],
+        n: int,
+        step: int,
+        tile: TileFn,
+    ) -> None:
+        inputs, outputs = rings
+        tiles = [(lo, min(step, n - lo)) for lo in starts]
+        begun: list[Staging] = []  # the tile whose reads run on the pool, at most one
+        ahead = inputs.pool is not None  # on the CPU a tile is computed while its inputs are in cache
+        try:
+            with torch.inference_mode():
+                for k, (lo, m) in enumerate(tiles):
+                    staged = inputs.finish(begun.pop() if begun else inputs.begin(parts, lo, m))
+                    if ahead and k + 1 < len(tiles):  # the next tile is read while this one's compute is queued
+                        begun.append(inputs.begin(parts, *tiles[k + 1]))
+                    tile(w, lo, m, staged, outputs)
+                    inputs.consumed()
+        except BaseException as first:  # a failed read or tile: nothing more may land in the caller's buffers
+            try:
+                for staging in begun:
+                    wait(staging.reads)  # nor in the ring's, which the next call reuses
+                outputs.discard()
+            except Exception:  # a failing GPU fails again here: the first error is the one to report
+                pass
+            raise first
+        outputs.flush()
+
+    def _cpu_pool(self) -> ThreadPoolExecutor:
+        if self._workers_pool is None:
+            self._workers_pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ramstream-torch")
+        return self._workers_pool
+
+    def _source_parts(self, sources: BlockSources) -> list[Part]:
+        """Each input read from its file, or copied from memory where it is held (a LoRA agent)."""
+        parts = []
+        for k, path in enumerate(sources.files):
+            held = sources.in_memory(k)
+            if held is not None:
+                parts.append(array_part(held))
+                continue
+            itemsize = codecs.ITEMSIZE[int(sources.codes[k])]
+            parts.append(
+                file_part(self._files.descriptor(path), int(sources.offsets[k]), itemsize, _read_error(sources, k))
+            )
+        return parts
+
+    @staticmethod
+    def _array_parts(arrays: BlockArrays, base: bool = True) -> list[Part]:
+        return ([array_part(arrays.base)] if base else []) + [array_part(a) for a in arrays.agents]
+
+    def _codes(self, arrays: BlockArrays) -> list[int]:
+        return [int(arrays.base_code), *map(int, arrays.agent_codes)]
+
+    def _f32(self, values: np.ndarray | np.floating | float) -> torch.Tensor:
+        """float32 constants on the device (a list through Python floats: exact, and no
+        read-only-array warning)."""
+        array = np.asarray(values, np.float32)
+        return torch.tensor(array.tolist(), dtype=torch.float32, device=self._device)
+
+    def _zeros(self, *shape: int) -> torch.Tensor:
+        return torch.zeros(shape, dtype=torch.int64, device=self._device)
+
+    def _positions(self, first: int, m: int) -> torch.Tensor:
+        return torch.arange(first, first + m, dtype=torch.int64, device=self._device)
+
+    @staticmethod
+    def _sink(out: np.ndarray, lo: int, hi: int) -> Callable[[np.ndarray], None]:
+        """Write a landed result (raw bytes) into ``out[..., lo:hi]`` (1-D or rows)."""
+
+        def sink(data: np.ndarray) -> None:
+            target = out[..., lo:hi]
+            np.copyto(target, data.view(out.dtype).reshape(target.shape))
+
+        return sink
+
+    def _first(self) -> torch.Tensor:
+        """Per worker, the first non-finite position found (``probe.NOWHERE``: none)."""
+        return torch.full((self.workers,), probe.NOWHERE, dtype=torch.int64, device=self._device)
+
+    @staticmethod
+    def _found(first: torch.Tensor) -> int:
+        found = int(first.min())
+        return found if found < probe.NOWHERE else -1
+
+    # -- shared decoding -------------------------------------------------------------------------
+    @staticmethod
+    def _taus(values: list[torch.Tensor], codes: list[int]) -> list[torch.Tensor]:
+        """The agents' tau from the decoded inputs, the base first."""
+        return [v - codecs.minus(values[0], c) for v, c in zip(values[1:], codes[1:], strict=True)]
+
+    @staticmethod
+    def _abs_bits(raw: list[torch.Tensor], codes: list[int], agents: Sequence[int]) -> list[torch.Tensor]:
+        base = codecs.decode(raw[0], codes[0])
+        return [
+            magnitude.abs_bits(codecs.decode(raw[1 + t], codes[1 + t]), codecs.minus(base, codes[1 + t]))
+            for t in agents
+        ]
+
+    def lora_product(self, left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
+        """On the host, with numpy (the block is assembled there before it is staged)."""
+        numpy_product(left, right, scale, out)
+
+    def close(self) -> None:
+        for pool in (self._pool, self._workers_pool):
+            if pool is not None:
+                pool.shutdown()
+        self._files.close()
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _read_error(sources: BlockSources, k: int) -> Callable[[], Exception]:
+    return lambda: sources.read_error(k)
+
+
+def _power_of_two_below(n: int) -> int:
+    return 1 << max(n, 1).bit_length() - 1
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype of a keep array (a uint8 mask or float32 multipliers)."""
+    return torch.uint8 if dtype == np.uint8 else torch.float32
