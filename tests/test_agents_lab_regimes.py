@@ -183,3 +183,55 @@ def test_agreement_of_identical_and_opposite_agents() -> None:
     assert (twin.sign_agreement, twin.share_i) == (1.0, 1.0) and twin.cosine == pytest.approx(1.0)
     assert opposite.sign_agreement == 0.0 and opposite.cosine == pytest.approx(-1.0)
     assert agreement(base, [same, same]).unique_energy == (0.0, 0.0)
+
+
+# -- the doc's section ---------------------------------------------------------------------------
+
+
+def _synthetic_results() -> dict:
+    """Two seeds of one regime, with made-up accuracies and statistics."""
+
+    def seed_run(acc: float, cosine: float) -> dict:
+        test = {"inc": acc, "dec": acc - 0.1}
+        pair = {"i": 0, "j": 1, "both": 10, "share_i": 0.5, "share_j": 0.25, "sign_agreement": 0.6, "cosine": cosine}
+        return {
+            "agents": [{"task": "inc", "seed": 0, "test": test}, {"task": "dec", "seed": 0, "test": test}],
+            "agreement": {"active": [20, 40], "unique_energy": [0.2, 0.4], "pairs": [pair]},
+            "merges": {
+                "average": {"source": "ramstream", "test": test},
+                "ta_val": {"source": "ramstream", "lambda": 0.5, "test": {"inc": acc + 0.1, "dec": acc}},
+                "ram+_val": {"source": "ramstream", "r": 0.2, "test": test},
+                "ties_val": {"source": "failed", "note": "x"},
+            },
+        }
+
+    methods = {
+        "average": {"label": "averaging (λ = 1/N)"},
+        "ta_val": {"label": "task arithmetic, λ on validation"},
+        "ram+_val": {"label": "RAM+, r on validation"},
+        "ties_val": {"label": "TIES, density on validation"},
+    }
+    regime = {"name": "conflicting", "expect": "conflict", "members": [["inc", 0], ["dec", 0]]}
+    regime |= {"about": "inc and dec", "tasks": ["inc", "dec"], "per_seed": {"0": seed_run(0.5, -0.2)}}
+    regime["per_seed"]["1"] = seed_run(0.7, 0.0)
+    base = {"inc": 0.4, "rev": 0.4, "srt": 0.4, "dec": 0.2}
+    return {"recipe": {"eval_prompts": None}, "seeds": [0, 1], "eps": 1e-5, "methods": methods, "base": base} | {
+        "regimes": {"conflicting": regime}
+    }
+
+
+def test_the_section_renders_statistics_and_merges_per_regime() -> None:
+    from tools.agents_lab import regimes_doc
+
+    text = regimes_doc.render_regimes(_synthetic_results())
+    assert text.startswith(regimes_doc.BEGIN) and text.endswith(regimes_doc.END)
+    # shared share (0.5 + 0.25) / 2, sign agreement, cosine -0.2 and 0 -> -0.1 ± 0.1, unique energy 0.3
+    assert "| conflicting | inc + dec | conflict | 37.5 ± 0.0 % | 60.0 ± 0.0 % | -0.100 ± 0.100 | 30.0 ± 0.0 % |" in text
+    # mean over inc and dec: 0.45 and 0.65; task arithmetic 0.55 and 0.75: RAM+ - TA = -0.1 on both seeds
+    assert "| averaging (λ = 1/N) | 0.600 ± 0.100 | 0.500 ± 0.100 | 0.550 ± 0.100 | -0.100 ± 0.000 |" in text
+    assert "| task arithmetic, λ on validation (chosen: 0.5, 0.5) | 0.700 ± 0.100 |" in text
+    assert "| RAM+, r on validation (chosen: 0.2, 0.2) |" in text
+    assert "| TIES, density on validation (chosen: ) | — | — | — | — |" in text
+    assert "| base | 0.400 | 0.200 | 0.300 |  |" in text
+    headline = next(line for line in text.splitlines() if line.startswith("| conflicting | 0.550"))
+    assert headline.endswith("| -0.100 ± 0.000 |")

@@ -191,6 +191,6 @@ def run_regimes(
             log(f"{regime.name} seed {seed}: {regime.about}")
             per_seed[str(seed)] = run_regime_seed(work2, recipe, regime, seed, seeds, scores, log)
         doc["regimes"][regime.name] = {**asdict(regime), "tasks": list(regime.tasks), "per_seed": per_seed}
-    doc["seconds"] = {"training": trained, "total": round(timer(), 1)}
-    (work2 / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+        doc["seconds"] = {"training": trained, "total": round(timer(), 1)}
+        (work2 / "results.json").write_text(json.dumps(doc, indent=1) + "\n")  # after each regime
     return doc
