@@ -226,12 +226,15 @@ def test_the_section_renders_statistics_and_merges_per_regime() -> None:
     text = regimes_doc.render_regimes(_synthetic_results())
     assert text.startswith(regimes_doc.BEGIN) and text.endswith(regimes_doc.END)
     # shared share (0.5 + 0.25) / 2, sign agreement, cosine -0.2 and 0 -> -0.1 ± 0.1, unique energy 0.3
-    assert "| conflicting | inc + dec | conflict | 37.5 ± 0.0 % | 60.0 ± 0.0 % | -0.100 ± 0.100 | 30.0 ± 0.0 % |" in text
+    assert (
+        "| conflicting | inc + dec | conflict | 37.5 ± 0.0 % | 60.0 ± 0.0 % | -0.100 ± 0.100 | 30.0 ± 0.0 % |" in text
+    )
     # mean over inc and dec: 0.45 and 0.65; task arithmetic 0.55 and 0.75: RAM+ - TA = -0.1 on both seeds
     assert "| averaging (λ = 1/N) | 0.600 ± 0.100 | 0.500 ± 0.100 | 0.550 ± 0.100 | -0.100 ± 0.000 |" in text
     assert "| task arithmetic, λ on validation (chosen: 0.5, 0.5) | 0.700 ± 0.100 |" in text
     assert "| RAM+, r on validation (chosen: 0.2, 0.2) |" in text
-    assert "| TIES, density on validation (chosen: ) | — | — | — | — |" in text
+    assert "| TIES, density on validation (chosen: —) | — | — | — | — |" in text
+    assert "| conflicting | 0 | 37.5 % | 60.0 % | -0.200 | — | -0.100 | task arithmetic, λ on validation |" in text
     assert "| base | 0.400 | 0.200 | 0.300 |  |" in text
     headline = next(line for line in text.splitlines() if line.startswith("| conflicting | 0.550"))
     assert headline.endswith("| -0.100 ± 0.000 |")

@@ -22,8 +22,10 @@ Layout of a work directory: ``WORK/regimes/base``, ``WORK/regimes/seed{S}/{task}
 from __future__ import annotations
 
 import json
+import multiprocessing
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -151,6 +153,20 @@ def run_regime_seed(
     return result
 
 
+def _keep_others(path: Path, doc: dict[str, Any], regimes: tuple[Regime, ...]) -> None:
+    """Carry over the results of other regimes from an earlier run of the same recipe, seeds and
+    base (``--only disjoint-3`` after the default run adds a regime to the document)."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if any(old.get(k) != doc[k] for k in ("recipe", "seeds", "base")):
+        return
+    doc["agents"] = {**old.get("agents", {}), **doc["agents"]}
+    names = {r.name for r in regimes}
+    doc["regimes"] = {k: v for k, v in old.get("regimes", {}).items() if k not in names}
+
+
 def run_regimes(
     work: Path,
     recipe: Recipe,
@@ -185,12 +201,33 @@ def run_regimes(
         "regimes": {},
         "environment": environment(threads, jobs),
     }
+    _keep_others(work2 / "results.json", doc, regimes)
+    jobs_list = [(work2, recipe, regime, seed, seeds, scores, threads) for regime in regimes for seed in seeds]
+    done: Iterator[tuple[list[str], dict[str, Any]]]
+    if jobs <= 1:
+        done = map(_regime_seed_job, jobs_list)
+    else:  # regimes and seeds are independent: ``jobs`` processes merge and score them
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+        done = pool.map(_regime_seed_job, jobs_list)
+    results = iter(done)
     for regime in regimes:
         per_seed = {}
         for seed in seeds:
-            log(f"{regime.name} seed {seed}: {regime.about}")
-            per_seed[str(seed)] = run_regime_seed(work2, recipe, regime, seed, seeds, scores, log)
+            lines, per_seed[str(seed)] = next(results)
+            log("\n".join(lines))
         doc["regimes"][regime.name] = {**asdict(regime), "tasks": list(regime.tasks), "per_seed": per_seed}
         doc["seconds"] = {"training": trained, "total": round(timer(), 1)}
         (work2 / "results.json").write_text(json.dumps(doc, indent=1) + "\n")  # after each regime
+    if jobs > 1:
+        pool.shutdown()
     return doc
+
+
+def _regime_seed_job(
+    args: tuple[Path, Recipe, Regime, int, list[int], dict[Path, dict[str, float]], int],
+) -> tuple[list[str], dict[str, Any]]:
+    """``run_regime_seed`` in a worker: its log lines and its result."""
+    work2, recipe, regime, seed, seeds, scores, threads = args
+    set_threads(threads)
+    lines = [f"{regime.name} seed {seed}: {regime.about}"]
+    return lines, run_regime_seed(work2, recipe, regime, seed, seeds, scores, lines.append)

@@ -71,7 +71,7 @@ def _num(values: list[float]) -> str:
 
 def _chosen(regime: dict[str, Any], key: str) -> str:
     values = [regime["per_seed"][s]["merges"][key].get(CHOSEN[key]) for s in regime["per_seed"]]
-    return ", ".join(f"{v:g}" for v in values if v is not None)
+    return ", ".join(f"{v:g}" for v in values if v is not None) or "—"
 
 
 def _agent_names(regime: dict[str, Any], run: dict[str, Any]) -> list[str]:
@@ -123,6 +123,7 @@ def render_regimes(doc: dict[str, Any]) -> str:
             cells.append(f"{cell} ({_chosen(regime, key)})" if key in CHOSEN and cell != "—" else cell)
         delta = _cell(_paired(merge_means(regime, AVERAGING), merge_means(regime, SUMMING)), signed=True)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {delta} |")
+    lines += ["", *_per_seed_table(regimes, doc["methods"])]
     for name, regime in regimes.items():
         lines += ["", *_regime_table(doc, name, regime)]
     lines += ["", END]
@@ -159,3 +160,33 @@ def _regime_table(doc: dict[str, Any], name: str, regime: dict[str, Any]) -> lis
         cells = [_cell([r["merges"][key]["test"][t] for r in runs]) for t in tasks] + [_cell(means)]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {_cell(_paired(means, ref), signed=True)} |")
     return lines
+
+
+def _per_seed_table(regimes: dict[str, dict[str, Any]], methods: dict[str, Any]) -> list[str]:
+    """Each regime and seed on one row: its statistics beside who won, to see whether the
+    statistics predict the winner seed by seed, not only on average."""
+    lines = [
+        "**Seed by seed** (statistics averaged over the regime's pairs; differences of mean test accuracy):",
+        "",
+        "| regime | seed | shared share | sign agreement | cosine on shared | averaging − TA λ = 1 "
+        "| RAM+ r val − TA λ val | best merge |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, regime in regimes.items():
+        summary = pair_summary(regime)
+        seeds = list(regime["per_seed"])
+        means = {k: merge_means(regime, k) for k in regime["per_seed"][seeds[0]]["merges"]}
+        means = {k: v for k, v in means.items() if v}
+        for n, seed in enumerate(seeds):
+            average = _signed(means, "average", "ta1", n)
+            ram = _signed(means, AVERAGING, SUMMING, n)
+            best = methods[max(means, key=lambda k: means[k][n])]["label"] if means else "—"
+            lines.append(
+                f"| {name} | {seed} | {100 * summary['share'][n]:.1f} % | {100 * summary['sign_agreement'][n]:.1f} % "
+                f"| {summary['cosine'][n]:.3f} | {average} | {ram} | {best} |"
+            )
+    return lines
+
+
+def _signed(means: dict[str, list[float]], a: str, b: str, n: int) -> str:
+    return f"{means[a][n] - means[b][n]:+.3f}" if a in means and b in means else "—"
