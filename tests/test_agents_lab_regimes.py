@@ -238,3 +238,24 @@ def test_the_section_renders_statistics_and_merges_per_regime() -> None:
     assert "| base | 0.400 | 0.200 | 0.300 |  |" in text
     headline = next(line for line in text.splitlines() if line.startswith("| conflicting | 0.550"))
     assert headline.endswith("| -0.100 ± 0.000 |")
+
+
+def test_a_rerun_with_other_regimes_keeps_the_earlier_ones(tmp_path: Path) -> None:
+    import json
+
+    from tools.agents_lab.regimes import _keep_others
+
+    earlier = _synthetic_results() | {"agents": {"inc seed 0": {"inc": 0.5}}}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(earlier))
+    disjoint = next(r for r in REGIMES if r.name == "disjoint")
+    doc = {k: earlier[k] for k in ("recipe", "seeds", "base")} | {"agents": {"rev seed 0": {"rev": 0.9}}, "regimes": {}}
+    _keep_others(path, doc, (disjoint,))
+    assert list(doc["regimes"]) == ["conflicting"] and set(doc["agents"]) == {"inc seed 0", "rev seed 0"}
+    conflicting = next(r for r in REGIMES if r.name == "conflicting")
+    rerun = {k: earlier[k] for k in ("recipe", "seeds", "base")} | {"agents": {}, "regimes": {}}
+    _keep_others(path, rerun, (conflicting,))  # the regime being rerun is not carried over
+    assert rerun["regimes"] == {}
+    other_seeds = {**doc, "seeds": [0, 1, 2], "regimes": {}}
+    _keep_others(path, other_seeds, (disjoint,))
+    assert other_seeds["regimes"] == {}
