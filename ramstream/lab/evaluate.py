@@ -4,9 +4,11 @@ Each task is scored on its fixed prompts (``tasks.eval_digits``: 1000 test, 500 
 the model continues ``[task, x1..x7, SEP]`` greedily for 7 tokens, and a prompt counts only
 when all 7 tokens are the answer's (the task's own digit tokens, in order).
 
-``python -m ramstream.lab.evaluate MODEL_DIR [--split validation|test] [--json] [--limit N]``
-scores one directory; with ``--json`` its last line is ``{"mean": ..., "inc": ..., ...}``, what
-``ramstream sweep --eval "... {model} --json"`` reads (docs/sweep.md, docs/agents_lab.md).
+``python -m ramstream.lab.evaluate MODEL_DIR [--split validation|test] [--json] [--limit N]
+[--tasks inc,dec]`` scores one directory; with ``--json`` its last line is ``{"mean": ..., "inc": ...,
+...}``, what ``ramstream sweep --eval "... {model} --json"`` reads (docs/sweep.md,
+docs/agents_lab.md). ``--tasks`` scores other tasks than the three (lab II's ``dec``), the mean
+being over those.
 """
 
 from __future__ import annotations
@@ -27,10 +29,20 @@ except ImportError:  # as a library the importer checks torch_available(); as a 
         raise
     sys.exit("error: the agents lab's evaluator needs torch (pip install 'ramstream[torch]')")
 
-from ramstream.errors import RamstreamError
+from ramstream.errors import InputError, RamstreamError
 from ramstream.lab.checkpoint import load_checkpoint
 from ramstream.lab.model import generate
-from ramstream.lab.tasks import PROMPT_LEN, SPLITS, TASKS, Split, eval_digits, exact_match, prompts
+from ramstream.lab.tasks import (
+    ALL_TASKS,
+    PROMPT_LEN,
+    SPLITS,
+    TASKS,
+    Split,
+    eval_digits,
+    exact_match,
+    prompts,
+    vocab_for,
+)
 
 # (B, 9) prompt tokens -> (B, 16) sequences; the model's greedy decoding by default.
 Decoder = Callable[[torch.Tensor], torch.Tensor]
@@ -71,8 +83,13 @@ def evaluate_model(
 def evaluate_dir(
     directory: Path, split: Split = "test", tasks: Sequence[str] = TASKS, limit: int | None = None
 ) -> dict[str, TaskScore]:
-    """Accuracy per task of the checkpoint directory ``directory``."""
-    return evaluate_model(load_checkpoint(directory), split, tasks, limit)
+    """Accuracy per task of the checkpoint directory ``directory``; a task whose tokens the model
+    lacks (``dec`` for a model of the three tasks) is an ``InputError``."""
+    model = load_checkpoint(directory)
+    lacking = [t for t in tasks if vocab_for((t,)) > model.shape.vocab]
+    if lacking:
+        raise InputError(f"{directory}: its {model.shape.vocab} tokens do not include task {lacking[0]}'s")
+    return evaluate_model(model, split, tasks, limit)
 
 
 def mean_accuracy(scores: dict[str, TaskScore]) -> float:
@@ -82,6 +99,15 @@ def mean_accuracy(scores: dict[str, TaskScore]) -> float:
 def metrics(scores: dict[str, TaskScore]) -> dict[str, float]:
     """``mean`` (what a sweep selects on) first, then each task's accuracy."""
     return {"mean": mean_accuracy(scores), **{task: score.accuracy for task, score in scores.items()}}
+
+
+def parse_tasks(text: str) -> tuple[str, ...]:
+    """``inc,dec`` -> ("inc", "dec"); an unknown or repeated task is an ``InputError``."""
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [t for t in names if t not in ALL_TASKS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise InputError(f"--tasks {text!r}: give distinct tasks of {', '.join(ALL_TASKS)}, comma-separated")
+    return names
 
 
 def _table(directory: Path, split: str, scores: dict[str, TaskScore]) -> str:
@@ -95,10 +121,17 @@ def _table(directory: Path, split: str, scores: dict[str, TaskScore]) -> str:
 @click.option("--split", type=click.Choice(SPLITS), default="test", show_default=True, help="Which fixed prompts.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object of metrics (the sweep's --eval protocol).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts of each task.")
-def main(model: Path, split: Split, as_json: bool, limit: int | None) -> None:
+@click.option(
+    "--tasks",
+    "task_list",
+    default=",".join(TASKS),
+    show_default=True,
+    help=f"Comma-separated, of {', '.join(ALL_TASKS)}.",
+)
+def main(model: Path, split: Split, as_json: bool, limit: int | None, task_list: str) -> None:
     """Greedy exact-match accuracy of the lab checkpoint directory MODEL on every task."""
     try:
-        scores = evaluate_dir(model, split, limit=limit)
+        scores = evaluate_dir(model, split, parse_tasks(task_list), limit=limit)
     except RamstreamError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

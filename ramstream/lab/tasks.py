@@ -1,13 +1,19 @@
-"""Three digit tasks with disjoint token sets, their prompts and exact-match scoring (numpy only).
+"""The lab's digit tasks, their prompts and exact-match scoring (numpy only).
 
 A sequence is ``[task token, x1..x7, SEP, y1..y7]``: 16 tokens, the answer is the last 7.
 
 - ``inc``: y_i = (x_i + 1) mod 10
 - ``rev``: y = x reversed
 - ``srt``: y = x sorted ascending
+- ``dec``: y_i = (x_i - 1) mod 10 (lab II only)
 
-Each task writes its digits with its own ten tokens, so what one agent learns about its digits
-lives in rows of the embedding and the output head that the other agents never touch.
+``inc``, ``rev`` and ``srt`` (``TASKS``, the lab's and the shipped checkpoints' tasks) each write
+their digits with their own ten tokens, so what one agent learns about its digits lives in rows
+of the embedding and the output head that the other agents never touch. ``dec`` has a task token
+of its own but writes with ``inc``'s digit tokens, so an ``inc`` and a ``dec`` agent pull the
+same rows towards opposite answers (lab II's conflicting regime). Its token comes after the
+others, so a model of the three tasks (``VOCAB`` = 34) keeps its layout and a model that also
+knows ``dec`` has ``vocab_for(ALL_TASKS)`` = 35 tokens.
 
 Evaluation prompts are fixed: ``eval_digits(task, split)`` draws them from a seed of their own;
 training draws (``train_digits``) never produce an evaluation prompt.
@@ -21,6 +27,8 @@ from typing import Literal
 import numpy as np
 
 TASKS: tuple[str, ...] = ("inc", "rev", "srt")
+ALL_TASKS: tuple[str, ...] = (*TASKS, "dec")
+_DIGITS_OF = {"dec": "inc"}  # a task that writes with another task's digit tokens
 Split = Literal["test", "validation"]
 DIGITS = 7
 SEP = 0
@@ -82,27 +90,38 @@ class ModelShape:
 
 
 def task_index(task: str) -> int:
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; the lab's tasks are {', '.join(TASKS)}")
-    return TASKS.index(task)
+    if task not in ALL_TASKS:
+        raise ValueError(f"unknown task {task!r}; the lab's tasks are {', '.join(ALL_TASKS)}")
+    return ALL_TASKS.index(task)
 
 
 def task_token(task: str) -> int:
-    return 1 + TOKENS_PER_TASK * task_index(task)
+    """The three tasks' tokens start their blocks of 11; tasks after them get one token each."""
+    index = task_index(task)
+    if index < len(TASKS):
+        return 1 + TOKENS_PER_TASK * index
+    return VOCAB + index - len(TASKS)
+
+
+def vocab_for(tasks: tuple[str, ...]) -> int:
+    """The vocabulary a model of ``tasks`` needs: up to the largest task or digit token used."""
+    return 1 + max(max(task_token(t), int(digit_tokens(t, np.array(9)))) for t in tasks)
 
 
 def digit_tokens(task: str, digits: np.ndarray) -> np.ndarray:
-    """Digits 0..9 written with ``task``'s own tokens."""
-    return (task_token(task) + 1 + np.asarray(digits)).astype(np.int64)
+    """Digits 0..9 written with ``task``'s digit tokens (its own, or those of the task it shares)."""
+    return (task_token(_DIGITS_OF.get(task, task)) + 1 + np.asarray(digits)).astype(np.int64)
 
 
 def answers(task: str, digits: np.ndarray) -> np.ndarray:
     """The correct answer digits, shape (n, 7), for prompt digits of shape (n, 7)."""
     digits = np.asarray(digits)
-    index = task_index(task)
-    if index == 0:
+    name = ALL_TASKS[task_index(task)]
+    if name == "inc":
         return (digits + 1) % 10
-    if index == 1:
+    if name == "dec":
+        return (digits - 1) % 10
+    if name == "rev":
         return digits[:, ::-1].copy()
     return np.sort(digits, axis=1)
 

@@ -1,4 +1,4 @@
-"""``python -m tools.agents_lab``: pretrain, train, evaluate, rebuild (and ship), table."""
+"""``python -m tools.agents_lab``: pretrain, train, evaluate, rebuild (and ship), table, regimes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import click
 import torch
 
 from ramstream.config import DEFAULT_EPS
+from ramstream.lab.evaluate import parse_tasks
 from ramstream.lab.shipped import DATA, MEMBERS, RECORD
-from ramstream.lab.tasks import SPLITS, TASKS
+from ramstream.lab.tasks import ALL_TASKS, SPLITS, TASKS
+from tools.agents_lab import regimes as lab2
 from tools.agents_lab import table as quality
 from tools.agents_lab.build import RECIPE, SMOKE_RECIPE, Recipe, ensure_agents, ensure_base
 from tools.agents_lab.common import Timer, set_threads
@@ -69,16 +71,17 @@ def pretrain_cmd(out: Path, seed: int, max_steps: int, threads: int) -> None:
 
 @main.command("train")
 @click.option("--base", type=click.Path(path_type=Path, exists=True), required=True)
-@click.option("--task", type=click.Choice(TASKS), required=True)
+@click.option("--task", type=click.Choice(ALL_TASKS), required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--lr", type=float, default=None, help="[default: the recipe's lr for the task]")
 @click.option("--steps", type=int, default=150, show_default=True)
 @threads_option
 def train_cmd(base: Path, task: str, out: Path, seed: int, lr: float | None, steps: int, threads: int) -> None:
-    """Train one agent from BASE with on-policy RL on TASK (bf16 weights, plain SGD)."""
+    """Train one agent from BASE with on-policy RL on TASK (bf16 weights, plain SGD); dec needs a
+    base that knows it (lab II's, `regimes`)."""
     set_threads(threads)
-    config = RECIPE.agent(task, seed)
+    config = lab2.LAB2_RECIPE.agent(task, seed)
     config = RLConfig(task, lr=lr if lr is not None else config.lr, seed=seed, steps=steps)
     train_agent(config, base, out, log)
 
@@ -86,20 +89,22 @@ def train_cmd(base: Path, task: str, out: Path, seed: int, lr: float | None, ste
 @main.command("evaluate")
 @click.argument("checkpoints", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True))
 @click.option("--split", type=click.Choice(SPLITS), default="test", show_default=True)
+@click.option("--tasks", "task_list", default=",".join(TASKS), show_default=True, help="Comma-separated.")
 @click.option("--json", "as_json", is_flag=True)
 @threads_option
-def evaluate_cmd(checkpoints: tuple[Path, ...], split: str, as_json: bool, threads: int) -> None:
+def evaluate_cmd(checkpoints: tuple[Path, ...], split: str, task_list: str, as_json: bool, threads: int) -> None:
     """Greedy exact-match accuracy of each checkpoint directory on every task."""
     set_threads(threads)
-    results = {str(c): quality.score(c, split) for c in checkpoints}  # type: ignore[arg-type]
+    tasks = parse_tasks(task_list)
+    results = {str(c): quality.score(c, split, tasks=tasks) for c in checkpoints}  # type: ignore[arg-type]
     if as_json:
         click.echo(json.dumps(results, indent=1))
         return
     width = max(len(str(c)) for c in checkpoints)
-    click.echo(f"{'checkpoint':<{width}}" + "".join(f"{t:>8}" for t in TASKS) + f"{'mean':>8}")
+    click.echo(f"{'checkpoint':<{width}}" + "".join(f"{t:>8}" for t in tasks) + f"{'mean':>8}")
     for name, acc in results.items():
         mean = sum(acc.values()) / len(acc)
-        click.echo(f"{name:<{width}}" + "".join(f"{acc[t]:>8.3f}" for t in TASKS) + f"{mean:>8.3f}")
+        click.echo(f"{name:<{width}}" + "".join(f"{acc[t]:>8.3f}" for t in tasks) + f"{mean:>8.3f}")
 
 
 @main.command("rebuild")
@@ -181,6 +186,55 @@ def render_cmd(work: Path, doc: Path) -> None:
     text = quality.render(json.loads((work / "results.json").read_text()))
     quality.write_doc(doc, text)
     click.echo(text)
+
+
+@main.command("regimes")
+@work_option
+@click.option("--seeds", default="0,1,2", show_default=True, help="RL seeds, comma-separated.")
+@click.option(
+    "--only",
+    default=",".join(lab2.DEFAULT_REGIMES),
+    show_default=True,
+    help=f"Regimes, comma-separated, of {', '.join(r.name for r in lab2.REGIMES)}.",
+)
+@click.option(
+    "--doc",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=ROOT / "docs" / "agents_lab.md",
+    show_default=True,
+    help="Markdown file whose lab II block is replaced.",
+)
+@click.option("--render", "render_only", is_flag=True, help="Only rewrite the doc from WORK/regimes/results.json.")
+@threads_option
+@jobs_option
+@smoke_option
+def regimes_cmd(
+    work: Path, seeds: str, only: str, doc: Path, render_only: bool, threads: int, jobs: int, smoke: bool
+) -> None:
+    """Lab II: redundant, conflicting and disjoint agents, every merge of each (docs/agents_lab.md)."""
+    from tools.agents_lab import regimes_doc
+
+    results = lab2.lab2_dir(work) / "results.json"
+    if render_only:
+        result = json.loads(results.read_text())
+    else:
+        by_name = {r.name: r for r in lab2.REGIMES}
+        names = [n.strip() for n in only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in by_name]
+        if unknown or not names:
+            raise click.BadParameter(f"{only!r}: choose regimes of {', '.join(by_name)}", param_hint="--only")
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+        recipe = lab2.LAB2_SMOKE_RECIPE if smoke else lab2.LAB2_RECIPE
+        regimes = tuple(by_name[n] for n in names)
+        try:
+            lab2.regime_agents(regimes, seed_list)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--seeds") from None
+        result = lab2.run_regimes(work, recipe, regimes, seed_list, log, threads, jobs)
+    text = regimes_doc.render_regimes(result)
+    quality.write_doc(doc, text, regimes_doc.BEGIN, regimes_doc.END)
+    click.echo(text)
+    log(f"regimes: {result['seconds']}; written to {doc} and {results}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ramstream.lab.tasks import TASKS
 from tools.agents_lab.common import Log, set_threads, weights_digest
 from tools.agents_lab.pretrain import PretrainConfig, pretrain
 from tools.agents_lab.rl import RLConfig, train_agent
@@ -30,6 +31,7 @@ class Recipe:
     pretrain: PretrainConfig
     agents: tuple[RLConfig, ...]  # one per task; the seed is set per RL seed
     eval_prompts: int | None = None  # score on the first N prompts of each split (None: all)
+    base_init: Path | None = None  # pretraining starts from this checkpoint (None: from scratch)
 
     def agent(self, task: str, seed: int) -> RLConfig:
         config = next(a for a in self.agents if a.task == task)
@@ -37,14 +39,18 @@ class Recipe:
 
     @property
     def tasks(self) -> tuple[str, ...]:
+        """The agents' tasks, which the base is pretrained on."""
         return tuple(a.task for a in self.agents)
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "pretrain": asdict(self.pretrain),
             "agents": [asdict(a) for a in self.agents],
             "eval_prompts": self.eval_prompts,
         }
+        if self.base_init is not None:
+            out["base_init"] = {"path": str(self.base_init), "sha256": weights_digest(self.base_init)}
+        return out
 
 
 # Different budgets per agent give different densities (see docs/agents_lab.md).
@@ -85,11 +91,17 @@ def _recorded(directory: Path) -> dict[str, Any]:
 
 def ensure_base(work: Path, recipe: Recipe, log: Log, threads: int = 1) -> Path:
     out = base_dir(work)
-    if _recorded(out).get("recipe") == asdict(recipe.pretrain):
+    record = _recorded(out)
+    init = weights_digest(recipe.base_init) if recipe.base_init is not None else None
+    if (
+        record.get("recipe") == asdict(recipe.pretrain)
+        and record.get("tasks", list(TASKS)) == list(recipe.tasks)
+        and record.get("init_sha256") == init
+    ):
         log(f"base: reusing {out}")
         return out
     set_threads(threads)
-    pretrain(recipe.pretrain, out, log)
+    pretrain(recipe.pretrain, out, log, tasks=recipe.tasks, init=recipe.base_init)
     return out
 
 
@@ -103,10 +115,22 @@ def _train_one(config: RLConfig, base: Path, out: Path, threads: int) -> str:
 
 def ensure_agents(work: Path, recipe: Recipe, seed: int, log: Log, threads: int = 1, jobs: int = 1) -> list[Path]:
     """Train the agents of ``seed`` that are missing (``jobs`` processes at a time)."""
+    return ensure_trained(work, recipe, [(task, seed) for task in recipe.tasks], log, threads, jobs)
+
+
+def agent_dir(work: Path, task: str, seed: int) -> Path:
+    return seed_dir(work, seed) / task
+
+
+def ensure_trained(
+    work: Path, recipe: Recipe, wanted: list[tuple[str, int]], log: Log, threads: int = 1, jobs: int = 1
+) -> list[Path]:
+    """Train the agents (task, RL seed) of ``wanted`` that are missing; their directories, in order."""
     base = base_dir(work)
     digest = weights_digest(base)
     todo = []
-    for task, out in zip(recipe.tasks, agent_dirs(work, recipe, seed), strict=True):
+    for task, seed in wanted:
+        out = agent_dir(work, task, seed)
         config = recipe.agent(task, seed)
         record = _recorded(out)
         if record.get("recipe") == asdict(config) and record.get("base_sha256") == digest:
@@ -121,4 +145,4 @@ def ensure_agents(work: Path, recipe: Recipe, seed: int, log: Log, threads: int 
             futures = [pool.submit(_train_one, config, base, out, threads) for config, out in todo]
             for future in futures:
                 log(future.result())
-    return agent_dirs(work, recipe, seed)
+    return [agent_dir(work, task, seed) for task, seed in wanted]

@@ -45,7 +45,7 @@ class MethodRun:
     method: str  # ramstream's method name
     params: dict[str, Any] = field(default_factory=dict)
     dense_lambda: float | None = None  # the lab's fallback: base + lambda * sum(tau); None: no fallback
-    sweep: bool = False  # task arithmetic with lambda chosen on the validation split
+    grid: tuple[str, tuple[float, ...]] | None = None  # (parameter, values): the value chosen on validation
 
 
 # lambda = 1/N is filled in for the family at hand.
@@ -55,7 +55,9 @@ TA_GRID = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4)
 METHODS: tuple[MethodRun, ...] = (
     MethodRun("average", "averaging (λ = 1/N)", "linear", {}, dense_lambda=AVERAGE),
     MethodRun("ta1", "task arithmetic, λ = 1", "task_arithmetic", {"lambda": 1.0}, dense_lambda=1.0),
-    MethodRun("ta_val", "task arithmetic, λ on validation", "task_arithmetic", {}, dense_lambda=1.0, sweep=True),
+    MethodRun(
+        "ta_val", "task arithmetic, λ on validation", "task_arithmetic", {}, dense_lambda=1.0, grid=("lambda", TA_GRID)
+    ),
     MethodRun("ties", "TIES (top 20 % per tensor)", "ties", {"density": 0.2}),
     MethodRun("ties_model", "TIES (top 20 % of the model)", "ties", {"density": 0.2, "trim_scope": "model"}),
     MethodRun("dare_linear", "DARE linear (keep 50 %)", "dare_linear", {"density": 0.5, "seed": 0}),

@@ -1,4 +1,4 @@
-"""Pretrain the shared base: supervised next-token training on all three tasks at once, with a
+"""Pretrain the shared base: supervised next-token training on all its tasks at once, with a
 controller that stops feeding a task once its accuracy reaches ``target``.
 
 Every task then sits part-way (30-65 % greedy exact match): room for RL to improve each. The
@@ -14,10 +14,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ramstream.lab.checkpoint import round_bf16_, save_checkpoint
+from ramstream.lab.checkpoint import read_tensors, round_bf16_, save_checkpoint
 from ramstream.lab.model import AgentsLabLM
-from ramstream.lab.tasks import PROMPT_LEN, TASKS, ModelShape, sequences, train_digits
-from tools.agents_lab.common import Log, Timer, seed_everything
+from ramstream.lab.tasks import PROMPT_LEN, TASKS, ModelShape, sequences, train_digits, vocab_for
+from tools.agents_lab.common import Log, Timer, seed_everything, weights_digest
 
 LOG_EVERY = 50
 
@@ -62,25 +62,46 @@ def drop_momentum(opt: torch.optim.Optimizer) -> None:
             state["exp_avg"].zero_()
 
 
-def pretrain(config: PretrainConfig, out: Path, log: Log, shape: ModelShape | None = None) -> dict[str, object]:
+def warm_start_(model: AgentsLabLM, init: Path) -> None:
+    """Copy the checkpoint ``init`` into ``model``, whose vocabulary may be larger: the rows of
+    tokens ``init`` lacks (a new task's token) keep their fresh initialisation."""
+    with torch.no_grad():
+        for name, value in read_tensors(init).items():
+            target = model.state_dict()[name]
+            target[: value.shape[0]].copy_(value.to(torch.float32))
+
+
+def pretrain(
+    config: PretrainConfig,
+    out: Path,
+    log: Log,
+    shape: ModelShape | None = None,
+    tasks: tuple[str, ...] = TASKS,
+    init: Path | None = None,
+) -> dict[str, object]:
+    """Train on ``tasks`` (the lab's three by default; lab II adds ``dec``), whose tokens set the
+    vocabulary unless ``shape`` is given; from the checkpoint ``init`` if given (lab II: the
+    lab's base, which meets the target on its three tasks already, so mostly ``dec`` is fed)."""
     rng, _ = seed_everything(config.seed)
-    model = AgentsLabLM(shape or ModelShape())
+    model = AgentsLabLM(shape or ModelShape(vocab=vocab_for(tasks)))
+    if init is not None:
+        warm_start_(model, init)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     monitor = {
         t: torch.from_numpy(
             sequences(t, train_digits(t, config.monitor_prompts, np.random.default_rng([config.seed, 99, i])))
         )
-        for i, t in enumerate(TASKS)
+        for i, t in enumerate(tasks)
     }
     timer = Timer()
-    trained, fed_steps, fed = 0, dict.fromkeys(TASKS, 0), list(TASKS)
+    trained, fed_steps, fed = 0, dict.fromkeys(tasks, 0), list(tasks)
     for step in range(config.max_steps):
         acc = monitor_accuracy(model, monitor)
-        was_fed, fed = fed, [t for t in TASKS if acc[t] < config.target]
+        was_fed, fed = fed, [t for t in tasks if acc[t] < config.target]
         if set(was_fed) - set(fed):
             drop_momentum(opt)
         if step % LOG_EVERY == 0 or not fed:
-            cells = " ".join(f"{t} {acc[t]:.3f}" for t in TASKS)
+            cells = " ".join(f"{t} {acc[t]:.3f}" for t in tasks)
             log(f"pretrain step {step:5d} {timer():6.1f}s  {cells}  feeding {','.join(fed) or '-'}")
         if not fed:
             break
@@ -104,7 +125,11 @@ def pretrain(config: PretrainConfig, out: Path, log: Log, shape: ModelShape | No
         "monitor_accuracy_bf16": final,
         "seconds": round(timer(), 1),
     }
+    if tasks != TASKS:  # the three tasks' records stay as they were
+        record["tasks"] = list(tasks)
+    if init is not None:
+        record["init_sha256"] = weights_digest(init)
     save_checkpoint(model, out, record)
-    cells = " ".join(f"{t} {final[t]:.3f}" for t in TASKS)
+    cells = " ".join(f"{t} {final[t]:.3f}" for t in tasks)
     log(f"pretrain done: {trained} steps, {timer():.1f}s, bf16 monitor accuracy {cells}")
     return record

@@ -40,8 +40,10 @@ def accuracies(scores: dict[str, TaskScore]) -> dict[str, float]:
     return {t: s.accuracy for t, s in scores.items()}
 
 
-def score(directory: Path, split: Split = "test", limit: int | None = None) -> dict[str, float]:
-    return accuracies(evaluate_dir(directory, split, limit=limit))
+def score(
+    directory: Path, split: Split = "test", limit: int | None = None, tasks: tuple[str, ...] = TASKS
+) -> dict[str, float]:
+    return accuracies(evaluate_dir(directory, split, tasks, limit=limit))
 
 
 def overlap_report(base: Path, agents: list[Path], index: Path, cache: Path) -> list[dict[str, Any]]:
@@ -58,6 +60,7 @@ class MergeContext:
     cache: Path
     merges: Path
     limit: int | None  # evaluation prompts per task (None: all)
+    tasks: tuple[str, ...] = TASKS  # scored on these; a merge's validation score is their mean
 
 
 def _merge(ctx: MergeContext, run: merges.MethodRun, out: Path, params: dict[str, Any] | None, lam: float) -> str:
@@ -77,27 +80,29 @@ def _merge(ctx: MergeContext, run: merges.MethodRun, out: Path, params: dict[str
 
 
 def run_method(ctx: MergeContext, run: merges.MethodRun, log: Log) -> dict[str, Any]:
-    """One row of one seed: who computed it, its test accuracies (and lambda for the sweep)."""
+    """One row of one seed: who computed it, its test accuracies (and, for a method with a grid,
+    the validation mean of each value and the one chosen, the first of the best, under its name)."""
     n = len(ctx.agents)
     try:
-        if not run.sweep:
+        if run.grid is None:
             lam = 1.0 / n if run.dense_lambda == merges.AVERAGE else (run.dense_lambda or 1.0)
             out = ctx.merges / run.key
             source = _merge(ctx, run, out, None, lam)
-            return {"source": source, "test": score(out, limit=ctx.limit)}
+            return {"source": source, "test": score(out, limit=ctx.limit, tasks=ctx.tasks)}
+        param, grid = run.grid
         validation: dict[str, float] = {}
         source = merges.RAMSTREAM
-        for lam in merges.TA_GRID:
-            out = ctx.merges / f"{run.key}-{lam:g}"
-            source = _merge(ctx, run, out, {**run.params, "lambda": lam}, lam)
-            validation[f"{lam:g}"] = float(np.mean(list(score(out, "validation", ctx.limit).values())))
-        best = max(merges.TA_GRID, key=lambda x: (validation[f"{x:g}"], -x))
-        log(f"  {run.key}: validation mean by lambda {validation}; chosen {best:g}")
+        for value in grid:
+            out = ctx.merges / f"{run.key}-{value:g}"
+            source = _merge(ctx, run, out, {**run.params, param: value}, value if param == "lambda" else 1.0)
+            validation[f"{value:g}"] = float(np.mean(list(score(out, "validation", ctx.limit, ctx.tasks).values())))
+        best = max(range(len(grid)), key=lambda k: (validation[f"{grid[k]:g}"], -k))
+        log(f"  {run.key}: validation mean by {param} {validation}; chosen {grid[best]:g}")
         return {
             "source": source,
-            "lambda": best,
+            param: grid[best],
             "validation": validation,
-            "test": score(ctx.merges / f"{run.key}-{best:g}", limit=ctx.limit),
+            "test": score(ctx.merges / f"{run.key}-{grid[best]:g}", limit=ctx.limit, tasks=ctx.tasks),
         }
     except merges.NotAvailable as exc:
         return {"source": merges.NOT_AVAILABLE, "note": str(exc)}
@@ -139,6 +144,19 @@ def _git_state(root: Path) -> str:
     return rev.strip() + (" (with uncommitted changes)" if dirty.strip() else "")
 
 
+def environment(threads: int, jobs: int) -> dict[str, Any]:
+    """What a results document records about where it was computed."""
+    return {
+        "ramstream": ramstream_version,
+        "git": _git_state(Path(__file__).resolve().parents[2]),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": threads,
+        "jobs": jobs,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
 def run_table(
     work: Path, recipe: Recipe, seeds: list[int], log: Log, threads: int = 1, jobs: int = 1
 ) -> dict[str, Any]:
@@ -155,15 +173,7 @@ def run_table(
         "ta_grid": list(merges.TA_GRID),
         "base": score(base, limit=recipe.eval_prompts),
         "per_seed": {},
-        "environment": {
-            "ramstream": ramstream_version,
-            "git": _git_state(Path(__file__).resolve().parents[2]),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "threads": threads,
-            "jobs": jobs,
-            "date": time.strftime("%Y-%m-%d"),
-        },
+        "environment": environment(threads, jobs),
     }
     for seed in seeds:
         log(f"seed {seed}")
@@ -323,12 +333,12 @@ def _pct(values: list[float]) -> str:
     return f"{mean:.1f} %" if math.isnan(se) else f"{mean:.1f} ± {se:.1f} %"
 
 
-def write_doc(doc_path: Path, text: str) -> None:
+def write_doc(doc_path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
     """Replace what lies between the markers of ``doc_path`` (or append the block)."""
     current = doc_path.read_text() if doc_path.is_file() else ""
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
+    if begin in current and end in current:
+        head, rest = current.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         current = head + text + tail
     else:
         current = current.rstrip("\n") + ("\n\n" if current else "") + text + "\n"
