@@ -136,7 +136,7 @@ def test_the_cli_takes_density_gradients(family: Family, tmp_path: Path) -> None
         (["--method", "ties", "--density", "[{filter: attention, value: 0.2}, {value: 0.5}]"], ["'attention'"]),
         (["--method", "ties", "--density", "[0.1, 0.6]", "--trim-scope", "model"], ["--trim-scope tensor"]),
         (["--method", "breadcrumbs", "--gamma", "[{filter: mlp, value: 0.1}]"], ["gamma", "no value for tensor"]),
-        (["--method", "linear", "--weights", "[1, -1],[-1, 1],0"], ["weights sum to zero for tensor", "layers.0"]),
+        (["--method", "linear", "--weights", "[1, -1],[-1, 1],0"], ["weights sum to zero for tensor", "embed_tokens"]),
         (["--method", "ram+", "--r", "[0.1, -0.2]"], ["--r", ">= 0", "-0.2"]),
         (["--method", "ram", "--r", "[0.1, 0.2]"], ["--r has no effect with --method ram"]),
         (["--method", "ram+", "--r", "[0.1, 0.2, 0.3]"], ["r", "3 values", "2 layers"]),
