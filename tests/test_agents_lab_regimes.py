@@ -12,12 +12,12 @@ from click.testing import CliRunner
 
 pytest.importorskip("torch")  # the lab's tools import it (make test-lowest runs without torch)
 
-from ramstream.lab import tasks  # noqa: E402
-from ramstream.lab.shipped import DATA  # noqa: E402
-from tests.families import encode, write_safetensors  # noqa: E402
-from tools.agents_lab.agreement import agreement  # noqa: E402
-from tools.agents_lab.build import RECIPE  # noqa: E402
-from tools.agents_lab.regimes import DEFAULT_REGIMES, LAB2_RECIPE, REGIME_METHODS, REGIMES, regime_agents  # noqa: E402
+from ramstream.lab import tasks
+from ramstream.lab.shipped import DATA
+from tests.families import encode, write_safetensors
+from tools.agents_lab.agreement import agreement
+from tools.agents_lab.build import RECIPE
+from tools.agents_lab.regimes import DEFAULT_REGIMES, LAB2_RECIPE, REGIME_METHODS, REGIMES, regime_agents
 
 # -- the dec task ---------------------------------------------------------------------------------
 
