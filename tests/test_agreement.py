@@ -245,7 +245,7 @@ KILL_AT_MARK = r"""
 import os, signal, sys
 marks = {"n": 0}
 def hook(event, args):
-    if event == "os.rename" and "/progress/agreement_v1" in str(args[1]):
+    if event == "os.rename" and "/progress/agreement_v1" in str(args[1]) and "/c." in str(args[1]):
         marks["n"] += 1
         if marks["n"] == 3:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -257,7 +257,8 @@ main()
 
 def test_killed_pass_resumes_to_the_same_numbers(family: Family, baseline: IndexView, tmp_path: Path) -> None:
     """SIGKILL just before the third unit of the pass is marked done (the index's blocks of 128
-    elements make a pass of dozens of units); the rerun finishes it."""
+    elements make a pass of dozens of units); the rerun finishes it. Only the journal's chunks
+    count: its metadata is rewritten too (the throughput record, every 2 s on a slow machine)."""
     index = tmp_path / "index.zarr"
     probe(family.base, [str(a) for a in family.agents], index=index, options=RunOptions(quiet=True, block_elems=128))
     args = ["probe", str(family.base), *map(str, family.agents), "--index", str(index), "--quiet", "--threads", "1"]
