@@ -227,18 +227,7 @@ class CountOps(TileBackend):
             right = torch.tensor([b for _, b in pairs], device=self._device)
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                base = codecs.decode(raw[0], codes[0])
-                values = [base] if weights else []
-                for t in range(n_agents):
-                    agent = codecs.decode(raw[1 + t], codes[1 + t])
-                    if not weights:
-                        values.append(agent - codecs.minus(base, codes[1 + t]))
-                    else:  # a task vector (TAU32) weighs in as f32(base) + tau
-                        values.append(base + agent if codes[1 + t] == TAU32 else agent)
-                rows = []
-                for value in values:
-                    first[w] = torch.minimum(first[w], probe.first_nonfinite([value]) + lo)
-                    rows.append(torch.where(torch.isfinite(value), value, zero))
+                rows = _gram_rows(raw, codes, n_agents, weights, first, w, lo, zero)
                 stacked = torch.stack(rows)
                 exact_sums.accumulate(acc[w], exact_sums.product_group_sums(stacked[left], stacked[right]))
 
@@ -258,18 +247,7 @@ class CountOps(TileBackend):
             first = self._first()
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                base = codecs.decode(raw[0], codes[0])
-                values = [base] if weights else []
-                for t in range(n_agents):
-                    agent = codecs.decode(raw[1 + t], codes[1 + t])
-                    if not weights:
-                        values.append(agent - codecs.minus(base, codes[1 + t]))
-                    else:  # a task vector (TAU32) weighs in as f32(base) + tau
-                        values.append(base + agent if codes[1 + t] == TAU32 else agent)
-                rows = []
-                for value in values:
-                    first[w] = torch.minimum(first[w], probe.first_nonfinite([value]) + lo)
-                    rows.append(torch.where(torch.isfinite(value), value, zero))
+                rows = _gram_rows(raw, codes, n_agents, weights, first, w, lo, zero)
                 which = vectors.block_vectors(
                     self._positions(layout.start + lo, m), layout.div, layout.mod, layout.start
                 )
@@ -330,3 +308,30 @@ class CountOps(TileBackend):
 
             self._run(parts, arrays.size, tile, align=params.slice_size, inputs=len(parts) + 4)
         return keep
+
+
+def _gram_rows(
+    raw: list[torch.Tensor],
+    codes: list[int],
+    n_agents: int,
+    weights: bool,
+    first: torch.Tensor,
+    w: int,
+    lo: int,
+    zero: torch.Tensor,
+) -> list[torch.Tensor]:
+    """The vectors a Gram matrix pairs up, non-finite values zeroed (the first one noted in
+    ``first[w]``): the task vectors, or (``weights``) the base and the agents' weights."""
+    base = codecs.decode(raw[0], codes[0])
+    values = [base] if weights else []
+    for t in range(n_agents):
+        agent = codecs.decode(raw[1 + t], codes[1 + t])
+        if not weights:
+            values.append(agent - codecs.minus(base, codes[1 + t]))
+        else:  # a task vector (TAU32) weighs in as f32(base) + tau
+            values.append(base + agent if codes[1 + t] == TAU32 else agent)
+    rows = []
+    for value in values:
+        first[w] = torch.minimum(first[w], probe.first_nonfinite([value]) + lo)
+        rows.append(torch.where(torch.isfinite(value), value, zero))
+    return rows
