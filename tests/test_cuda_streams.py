@@ -6,8 +6,8 @@ the CPU through the simulated device of ``tests/test_torch_streamed.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +17,11 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("torch sees no CUDA GPU", allow_module_level=True)
 
-from ramstream.backends.settings import BackendSettings  # noqa: E402
-from ramstream.backends.torch import backend as torch_backend  # noqa: E402
-from ramstream.backends.torch import tiles as torch_tiles  # noqa: E402
 from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError  # noqa: E402
 from tests.families import Family, build_family  # noqa: E402
 from tests.lagging_cuda import ForgetfulCudaStreams, LaggingCudaStreams  # noqa: E402
 from tests.test_backends import METHODS, NumbaBytes, _merge  # noqa: E402
-from tests.test_torch_streamed import SHAPES, TINY_TILES  # noqa: E402
+from tests.test_torch_streamed import SHAPES, TINY_TILES, backends_through  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,25 +35,11 @@ def numba_bytes() -> NumbaBytes:
     return NumbaBytes()
 
 
-@contextmanager
 def lagging(
     make_streams: Callable[[torch.device], LaggingCudaStreams], tile_cap: int | None = TINY_TILES
-) -> Iterator[list[LaggingCudaStreams]]:
+) -> AbstractContextManager[list[LaggingCudaStreams]]:
     """Every torch backend made inside streams through fresh lagging CUDA streams."""
-    made: list[LaggingCudaStreams] = []
-
-    def make(settings: BackendSettings) -> torch_backend.TorchBackend:
-        made.append(make_streams(torch.device(settings.device or "cuda")))
-        return torch_backend.TorchBackend(settings, streams=made[-1])
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch_backend, "make", make)
-        patch.setattr(torch_tiles, "TILE_CAP", tile_cap)
-        try:
-            yield made
-        finally:
-            for streams in made:
-                streams.close()
+    return backends_through(lambda settings: make_streams(torch.device(settings.device or "cuda")), tile_cap)
 
 
 @pytest.mark.parametrize(("method", "given"), METHODS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(METHODS)])

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pytest
@@ -50,25 +50,40 @@ def numba_bytes() -> NumbaBytes:
     return NumbaBytes()
 
 
+class Streams(Protocol):
+    def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=Streams)
+
+
 @contextmanager
-def simulated_gpu(
-    make_device: Callable[[], SimulatedGpu], tile_cap: int | None = TINY_TILES
-) -> Iterator[list[SimulatedGpu]]:
-    """Every torch backend made inside streams through a fresh simulated device."""
-    devices: list[SimulatedGpu] = []
+def backends_through(
+    make_streams: Callable[[BackendSettings], S], tile_cap: int | None = TINY_TILES
+) -> Iterator[list[S]]:
+    """Every torch backend made inside streams through fresh streams from ``make_streams`` (a
+    simulated device here, lagging CUDA streams on a GPU), tiles of at most ``tile_cap``."""
+    made: list[S] = []
 
     def make(settings: BackendSettings) -> torch_backend.TorchBackend:
-        devices.append(make_device())
-        return torch_backend.TorchBackend(settings, streams=devices[-1])
+        made.append(make_streams(settings))
+        return torch_backend.TorchBackend(settings, streams=made[-1])
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch_backend, "make", make)
         patch.setattr(torch_tiles, "TILE_CAP", tile_cap)
         try:
-            yield devices
+            yield made
         finally:
-            for device in devices:
-                device.close()
+            for streams in made:
+                streams.close()
+
+
+def simulated_gpu(
+    make_device: Callable[[], SimulatedGpu], tile_cap: int | None = TINY_TILES
+) -> AbstractContextManager[list[SimulatedGpu]]:
+    """Every torch backend made inside streams through a fresh simulated device."""
+    return backends_through(lambda settings: make_device(), tile_cap)
 
 
 @pytest.mark.parametrize(("method", "given"), METHODS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(METHODS)])
