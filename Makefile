@@ -41,11 +41,17 @@ demo: $(DEMO_STAMP)  ## install ramstream and torch, then merge the built-in RL 
 KERNELS_DIGEST := $(shell $(PY) -c "import glob, hashlib; print(hashlib.sha256(b''.join(open(f, 'rb').read() for f in sorted(glob.glob('ramstream/backends/*.py') + glob.glob('ramstream/backends/numba/*.py')))).hexdigest()[:16])")
 TEST_ENV := NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/$(KERNELS_DIGEST)
 
+# pytest-xdist: 4 workers (twice CI's two cores: the tests spend much of their time waiting for
+# disk syncs and child processes), a test file per worker at a time (its module fixtures are built
+# once, and two workers rarely compile the same kernel at once). The tests write only under their
+# own tmp_path.
+WORKERS := -n 4 --dist loadfile
+
 test: $(STAMP)  ## install, then run the whole test suite (slow tests too: the mergekit parity)
-	$(TEST_ENV) $(BIN)/python -m pytest -q
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(WORKERS)
 
 test-fast: $(STAMP)  ## everything but the tests marked slow
-	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow"
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(WORKERS) -m "not slow"
 
 # The floors of pyproject.toml's dependencies are versions that pass: a fresh venv gets exactly
 # those (tools/lowest_constraints.py turns each `name>=x` into `name==x`; wheels only), with the
@@ -58,7 +64,7 @@ test-lowest:  ## the fast tests against the lowest versions of the direct depend
 	$(LOWEST)/bin/pip install -q --upgrade pip
 	$(PY) tools/lowest_constraints.py > $(LOWEST)/constraints.txt
 	$(LOWEST)/bin/pip install -q --only-binary=:all: -c $(LOWEST)/constraints.txt -e '.[test]'
-	NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/lowest-$(KERNELS_DIGEST) $(LOWEST)/bin/python -m pytest -q -m "not slow"
+	NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/lowest-$(KERNELS_DIGEST) $(LOWEST)/bin/python -m pytest -q $(WORKERS) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check ramstream tests tools
