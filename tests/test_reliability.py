@@ -151,11 +151,14 @@ def test_second_writer_of_an_index_waits_with_a_message(tmp_path: Path, family: 
         stdout=subprocess.PIPE,
         text=True,
     )
-    # Its first line of stderr is the message, written once it finds the lock held (however
-    # long it takes to start on a loaded machine); it must still be waiting then.
+    # The message is written once it finds the lock held (however long it takes to start on a
+    # loaded machine); it must still be waiting then. Lines before it (a warning) are kept.
     assert proc.stderr is not None
-    first = proc.stderr.readline()
-    assert "waiting for another ramstream process" in first, first
+    first = ""
+    while "waiting for another ramstream process" not in first:
+        line = proc.stderr.readline()
+        assert line, f"the second writer ended or closed stderr without the message:\n{first}"
+        first += line
     assert proc.poll() is None, "the second writer did not wait"
     release.set()
     thread.join()
