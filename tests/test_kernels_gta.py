@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ramstream.backends.numba import gta
+from ramstream.backends.numba.addresses import addresses_of
 from ramstream.backends.numba.codecs import BF16, F32, TILE
 from ramstream.backends.numba.counter_rng import stream_key, uniforms
 from ramstream.backends.numba.della import della_keep, della_merge_block
@@ -37,6 +38,11 @@ LENGTH = TILE + 101  # two tiles, the second one partial
 WEIGHTS = np.array([0.5, 2.0, -0.25, 0.0, 1.0], np.float32)
 SCALE = np.array([1.0, 1.5, 0.75, 2.0, 1.0], np.float32)
 Z = np.float32(0.0)
+
+
+def at(agents: tuple[np.ndarray, ...] | list[np.ndarray]) -> np.ndarray:
+    """The agents' blocks as the kernels take them: their addresses (the arrays stay alive)."""
+    return addresses_of(agents, agents[0].size)
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:
@@ -181,7 +187,7 @@ def test_gta_kernel_matches_naive_twin(
         found = gta.gta_merge_block(
             raw_base,
             BF16,
-            raw_agents,
+            at(raw_agents),
             np.full(N, BF16, np.int64),
             WEIGHTS,
             SCALE,
@@ -234,7 +240,7 @@ def test_linear_kernel_matches_naive_twin(
         expected[i] = np.float32(total / divisor) if normalize else total
     out = np.empty(LENGTH, np.uint16)
     codes = np.full(N, BF16, np.int64)
-    assert merge_linear_block(raw_base, BF16, w0, raw_agents, codes, WEIGHTS, normalize, out, BF16, 2) == -1
+    assert merge_linear_block(raw_base, BF16, w0, at(raw_agents), codes, WEIGHTS, normalize, out, BF16, 2) == -1
     np.testing.assert_array_equal(out, f32_to_bf16(expected))
 
 
@@ -263,7 +269,7 @@ def test_exact_sum_kernels_match_fractions(
     abs_sums_block(
         raw_base,
         BF16,
-        raw_agents,
+        at(raw_agents),
         codes,
         KEEP_RANDOM,
         keys,
@@ -288,14 +294,16 @@ def test_exact_sum_kernels_match_fractions(
         mask[t, t::3] = 1
     acc = np.zeros((workers, N, 2, BINS + 1), np.int64)
     no_keys, no_density = NO_KEYS, NO_DENSITY
-    abs_sums_block(raw_base, BF16, raw_agents, codes, KEEP_ARRAY, no_keys, no_density, 0, mask, False, acc, nonfinite)
+    abs_sums_block(
+        raw_base, BF16, at(raw_agents), codes, KEEP_ARRAY, no_keys, no_density, 0, mask, False, acc, nonfinite
+    )
     sums = np.asarray(reduce_workers(acc)).reshape(N, 2, BINS + 1)
     for t in range(N):
         assert finish(sums[t, 0]) == _grouped_exact(taus[t].tolist())
         assert finish(sums[t, 1]) == _grouped_exact(np.where(mask[t] != 0, taus[t], 0.0).tolist())
     pairs = [(a, b) for a in range(N) for b in range(a, N)]
     acc = np.zeros((workers, len(pairs), BINS + 1), np.int64)
-    gram_block(raw_base, BF16, raw_agents, codes, False, acc, nonfinite)
+    gram_block(raw_base, BF16, at(raw_agents), codes, False, acc, nonfinite)
     gram = np.asarray(reduce_workers(acc))
     signed = [(a - base).astype(np.float64) for a in agents]
     for k, (a, b) in enumerate(pairs):
@@ -304,7 +312,7 @@ def test_exact_sum_kernels_match_fractions(
     weights = [base.astype(np.float64), *(a.astype(np.float64) for a in agents)]
     pairs = [(a, b) for a in range(N + 1) for b in range(a, N + 1)]
     acc = np.zeros((workers, len(pairs), BINS + 1), np.int64)
-    gram_block(raw_base, BF16, raw_agents, codes, True, acc, nonfinite)
+    gram_block(raw_base, BF16, at(raw_agents), codes, True, acc, nonfinite)
     gram = np.asarray(reduce_workers(acc))
     for k, (a, b) in enumerate(pairs):
         assert finish(gram[k]) == _grouped_exact((weights[a] * weights[b]).tolist())
@@ -321,7 +329,7 @@ def test_exact_sums_add_across_blocks(
     def partial(lo: int, hi: int) -> np.ndarray:
         acc = np.zeros((2, pairs, BINS + 1), np.int64)
         part = tuple(_readonly(a[lo:hi]) for a in raw_agents)
-        gram_block(_readonly(raw_base[lo:hi]), BF16, part, codes, False, acc, np.empty(2, np.int64))
+        gram_block(_readonly(raw_base[lo:hi]), BF16, at(part), codes, False, acc, np.empty(2, np.int64))
         return np.asarray(reduce_workers(acc))
 
     whole = partial(0, LENGTH)
@@ -340,7 +348,7 @@ def test_exact_sum_kernels_flag_nonfinite(
     agents[2] = _readonly(bad)
     acc = np.zeros((2, N * (N + 1) // 2, BINS + 1), np.int64)
     nonfinite = np.empty(2, np.int64)
-    gram_block(raw_base, BF16, tuple(agents), np.full(N, BF16, np.int64), False, acc, nonfinite)
+    gram_block(raw_base, BF16, at(agents), np.full(N, BF16, np.int64), False, acc, nonfinite)
     assert nonfinite[nonfinite >= 0].min() == 700
 
 
@@ -351,7 +359,7 @@ def _gta_call(raw_base: np.ndarray, raw_agents: tuple[np.ndarray, ...], outs: li
     density = np.full(N, 0.5, np.float32)
     keys = np.arange(1, N + 1, dtype=np.uint64)
     found = gta.gta_merge_block(
-        raw_base, BF16, raw_agents, np.full(N, BF16, np.int64), WEIGHTS, SCALE, KEEP_RANDOM, NO_KEEP,
+        raw_base, BF16, at(raw_agents), np.full(N, BF16, np.int64), WEIGHTS, SCALE, KEEP_RANDOM, NO_KEEP,
         keys, density, 0, NO_CUT_VALUE, NO_CUT_RANGE, gta.CONSENSUS_SUM, True,
         np.ones(len(outs), np.float32), np.array([o.ctypes.data for o in outs], np.int64), BF16, workers,
     )  # fmt: skip
@@ -385,10 +393,10 @@ def test_merges_report_their_first_nonfinite_input(
     first = min(position for _, position, _ in where)
     out = np.empty(LENGTH, np.uint16)
     assert _gta_call(raw_base, raw_agents, [out], workers) == first
-    assert merge_linear_block(raw_base, BF16, Z, raw_agents, codes, WEIGHTS, False, out, BF16, workers) == first
+    assert merge_linear_block(raw_base, BF16, Z, at(raw_agents), codes, WEIGHTS, False, out, BF16, workers) == first
     mode, lo, width = np.zeros(N, np.int64), np.full(N, 0.3, np.float32), np.full(N, 0.2, np.float32)
     found = della_merge_block(
-        raw_base, BF16, raw_agents, codes, 0, LENGTH, LENGTH, np.arange(N, dtype=np.uint64), mode, lo, width,
+        raw_base, BF16, at(raw_agents), codes, 0, LENGTH, LENGTH, np.arange(N, dtype=np.uint64), mode, lo, width,
         False, WEIGHTS, SCALE, gta.CONSENSUS_SUM, True, np.ones(1, np.float32),
         np.array([out.ctypes.data], np.int64), BF16, workers,
     )  # fmt: skip
@@ -430,17 +438,30 @@ def test_della_merge_is_its_keep_then_the_gta_merge(
     for workers in (1, 3):
         keep = np.empty((N, n), np.float32)
         della_keep(
-            raw_base, BF16, raw_agents, codes, start, rows * inner, rows, keys, mode, lo, width, inverse, keep, workers
+            raw_base,
+            BF16,
+            at(raw_agents),
+            codes,
+            start,
+            rows * inner,
+            rows,
+            keys,
+            mode,
+            lo,
+            width,
+            inverse,
+            keep,
+            workers,
         )
         want = [np.empty(n, np.uint16) for _ in lams]
         gta.gta_merge_block(
-            raw_base, BF16, raw_agents, codes, WEIGHTS, SCALE, KEEP_ARRAY, keep, NO_KEYS, NO_DENSITY, 0,
+            raw_base, BF16, at(raw_agents), codes, WEIGHTS, SCALE, KEEP_ARRAY, keep, NO_KEYS, NO_DENSITY, 0,
             NO_CUT_VALUE, NO_CUT_RANGE, consensus, True, lams, np.array([o.ctypes.data for o in want], np.int64),
             BF16, workers,
         )  # fmt: skip
         got = [np.empty(n, np.uint16) for _ in lams]
         found = della_merge_block(
-            raw_base, BF16, raw_agents, codes, start, rows * inner, rows, keys, mode, lo, width, inverse,
+            raw_base, BF16, at(raw_agents), codes, start, rows * inner, rows, keys, mode, lo, width, inverse,
             WEIGHTS, SCALE, consensus, True, lams, np.array([o.ctypes.data for o in got], np.int64), BF16, workers,
         )  # fmt: skip
         assert found == -1

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ramstream import api
+from ramstream.backends.numba.addresses import addresses_of
 from ramstream.backends.numba.codecs import F32, TAU32
 from ramstream.backends.numba.fusion import merge_fusion_block
 from ramstream.config import RunOptions
@@ -144,9 +145,9 @@ def test_a_task_vector_input_weighs_in_as_base_plus_tau() -> None:
     weights = ref.importance(base.reshape(rows, width), agent.reshape(rows, width), kl)
     limit = ref.threshold(weights)
     out = np.empty(rows * width, np.float32)
-    found = merge_fusion_block(
-        base, F32, (tau.astype(F),), np.array([TAU32], np.int64), kl, width, 0, limit, out, F32, 2
-    )
+    tau32 = tau.astype(F)
+    found = merge_fusion_block(base, F32, addresses_of([tau32], tau32.size), np.array([TAU32], np.int64), kl, width,
+                               0, limit, out, F32, 2)  # fmt: skip
     assert found == -1
     want = ref.fusion(base.reshape(rows, width), agent.reshape(rows, width), weights).ravel()
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32))

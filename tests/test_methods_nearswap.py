@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ramstream import api
+from ramstream.backends.numba.addresses import addresses_of
 from ramstream.backends.numba.codecs import BF16, F32
 from ramstream.backends.numba.nearswap import merge_nearswap_block
 from ramstream.config import RunOptions
@@ -192,7 +193,9 @@ def test_the_kernel_reports_its_first_nonfinite_input(workers: int, where: list[
     for who, position, value in where:
         (base if who == "base" else agent)[position] = f32_to_bf16(np.array([value], F))[0]
     out = np.empty(n, np.uint16)
-    found = merge_nearswap_block(base, BF16, (agent,), np.array([BF16], np.int64), F(0.004), out, BF16, workers)
+    found = merge_nearswap_block(
+        base, BF16, addresses_of([agent], n), np.array([BF16], np.int64), F(0.004), out, BF16, workers
+    )
     assert found == min((p for _, p, _ in where), default=-1)
     finite = np.isfinite(decode(base, "BF16")) & np.isfinite(decode(agent, "BF16"))
     with np.errstate(invalid="ignore"):  # Inf - Inf, 0 * Inf where the inputs are not finite
@@ -209,7 +212,12 @@ def test_a_task_vector_input_weighs_in_as_base_plus_tau() -> None:
     base = rng.standard_normal(n).astype(F) * F(0.05)
     tau = np.where(rng.random(n) < 0.5, rng.standard_normal(n).astype(F) * F(0.01), F(0)).astype(F)
     out = np.empty(n, np.float32)
-    assert merge_nearswap_block(base, F32, (tau,), np.array([TAU32], np.int64), F(0.003), out, F32, 2) == -1
+    assert (
+        merge_nearswap_block(
+            base, F32, addresses_of([tau], tau.size), np.array([TAU32], np.int64), F(0.003), out, F32, 2
+        )
+        == -1
+    )
     want = nearswap(0.003, base, (base + tau).astype(F))
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
 

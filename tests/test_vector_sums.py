@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ramstream.backends.numba import vectors as numba_vectors
+from ramstream.backends.numba.addresses import addresses_of
 from ramstream.backends.vector_sums import DIGITS, finish, normalise, vector_ids, vector_layout
 from ramstream.format.dtypes import FloatCode
 
@@ -38,8 +39,9 @@ def gram_by_blocks(base: np.ndarray, agent: np.ndarray, shape: tuple[int, ...], 
         layout = vector_layout(shape, start, stop, row_wise)
         acc = np.zeros((2, layout.count, 3, DIGITS), np.int64)
         bad = np.empty(2, np.int64)
+        piece, codes = agent[start:stop], np.array([FloatCode.F32], np.int64)
         numba_vectors.vector_gram_block(
-            base[start:stop], int(FloatCode.F32), (agent[start:stop],), np.array([FloatCode.F32], np.int64),
+            base[start:stop], int(FloatCode.F32), addresses_of([piece], piece.size), codes,
             True, start, layout.div, layout.mod, acc, bad,
         )  # fmt: skip
         total[vector_ids(layout)] += numba_vectors.reduce_normalised(acc).reshape(layout.count, 3, DIGITS)
@@ -69,7 +71,16 @@ def test_torch_accumulators_equal_the_numba_kernels() -> None:
     layout = vector_layout((64, 64), 0, 4096, True)
     acc = np.zeros((1, layout.count, 3, DIGITS), np.int64)
     numba_vectors.vector_gram_block(
-        x, int(FloatCode.F32), (y,), np.array([FloatCode.F32], np.int64), True, 0, 1, 64, acc, np.empty(1, np.int64)
+        x,
+        int(FloatCode.F32),
+        addresses_of([y], 4096),
+        np.array([FloatCode.F32], np.int64),
+        True,
+        0,
+        1,
+        64,
+        acc,
+        np.empty(1, np.int64),
     )
     want = numba_vectors.reduce_normalised(acc).reshape(layout.count, 3, DIGITS)
     got = torch.zeros(layout.count * 3 * DIGITS, dtype=torch.int64)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ramstream.backends.numba.addresses import decode_at
 from ramstream.backends.numba.codecs import TILE, decode_tile, minus
 from ramstream.backends.numba.vectors import add_product
 
@@ -46,7 +47,7 @@ def agreement_block(base, base_code, agents, agent_codes, eps, counts, acc):  # 
             for i in range(m):
                 count[i] = 0
             for t in range(n_agents):
-                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
                 under = minus(agent_codes[t], base_vals, zeros)
                 for i in range(m):
                     d = agent_vals[i] - under[i]

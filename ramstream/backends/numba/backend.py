@@ -52,6 +52,7 @@ from ramstream.backends.numba import (
     sce,
     vectors,
 )
+from ramstream.backends.numba.addresses import addresses_of
 from ramstream.backends.numba.keep import (
     KEEP_ALL,
     KEEP_ARRAY,
@@ -194,7 +195,7 @@ class NumbaBackend:
                 gta.gta_merge_block(
                     arrays.base,
                     arrays.base_code,
-                    arrays.agents,
+                    _agents(arrays),
                     arrays.agent_codes,
                     params.weights,
                     params.scale,
@@ -228,7 +229,7 @@ class NumbaBackend:
                 della.della_merge_block(
                     arrays.base,
                     arrays.base_code,
-                    arrays.agents,
+                    _agents(arrays),
                     arrays.agent_codes,
                     prune.start,
                     prune.slice_size,
@@ -262,7 +263,7 @@ class NumbaBackend:
                     arrays.base,
                     arrays.base_code,
                     params.base_weight,
-                    arrays.agents,
+                    _agents(arrays),
                     arrays.agent_codes,
                     params.weights,
                     params.normalize,
@@ -276,7 +277,7 @@ class NumbaBackend:
         with self._scoped(arrays.size) as workers:
             return int(
                 nearswap.merge_nearswap_block(
-                    arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, t, out, out_code, workers
+                    arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, t, out, out_code, workers
                 )
             )
 
@@ -289,7 +290,7 @@ class NumbaBackend:
                 fusion.merge_fusion_block(
                     arrays.base,
                     arrays.base_code,
-                    arrays.agents,
+                    _agents(arrays),
                     arrays.agent_codes,
                     scale,
                     rows.row_len,
@@ -340,7 +341,7 @@ class NumbaBackend:
                 sce.merge_sce_block(
                     arrays.base,
                     arrays.base_code,
-                    arrays.agents,
+                    _agents(arrays),
                     arrays.agent_codes,
                     weights,
                     cut_value,
@@ -354,13 +355,13 @@ class NumbaBackend:
     def variance(self, arrays: BlockArrays) -> np.ndarray:
         out = np.empty(arrays.size, np.float32)
         with self._scoped(arrays.size) as workers:
-            sce.variance_block(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, out, workers)
+            sce.variance_block(arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, out, workers)
         return out
 
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
         with self._scoped(arrays.size) as workers:
-            counts = np.zeros((workers, len(arrays.agents), HIGH_BINS), np.int32)
-            magnitude.high_histogram(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, counts)
+            counts = np.zeros((workers, arrays.n_agents, HIGH_BINS), np.int32)
+            magnitude.high_histogram(arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, counts)
         return _reduce_counts(counts)
 
     def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
@@ -369,15 +370,22 @@ class NumbaBackend:
             counts = np.zeros((workers, *targets.shape, LOW_BINS), np.int32)
             if targets.max(initial=-1) >= 0:
                 magnitude.low_histogram(
-                    arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, targets, counts
+                    arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, targets, counts
                 )
         return _reduce_counts(counts)
 
     def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
-        keep = np.empty((len(arrays.agents), arrays.size), np.uint8)
+        keep = np.empty((arrays.n_agents, arrays.size), np.uint8)
         with self._scoped(arrays.size) as workers:
             magnitude.cut_keep(
-                arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, cuts.value, cuts.range, keep, workers
+                arrays.base,
+                arrays.base_code,
+                _agents(arrays),
+                arrays.agent_codes,
+                cuts.value,
+                cuts.range,
+                keep,
+                workers,
             )
         return keep
 
@@ -396,14 +404,14 @@ class NumbaBackend:
 
     def abs_sums(self, arrays: BlockArrays, keep: Keep, squares: bool = False) -> ExactSums:
         mode, keep_array, keys, density, start = self._keep_args(keep)
-        n_agents = len(arrays.agents)
+        n_agents = arrays.n_agents
         with self._scoped(arrays.size) as workers:
             acc = np.zeros((workers, n_agents, 2, BINS + 1), np.int64)
             bad = np.empty(workers, np.int64)
             exact_stats.abs_sums_block(
                 arrays.base,
                 arrays.base_code,
-                arrays.agents,
+                _agents(arrays),
                 arrays.agent_codes,
                 mode,
                 keys,
@@ -418,17 +426,19 @@ class NumbaBackend:
         return ExactSums(total, _first(bad))
 
     def gram(self, arrays: BlockArrays, weights: bool = False) -> ExactSums:
-        n_vectors = len(arrays.agents) + (1 if weights else 0)
+        n_vectors = arrays.n_agents + (1 if weights else 0)
         n_pairs = n_vectors * (n_vectors + 1) // 2
         with self._scoped(arrays.size) as workers:
             acc = np.zeros((workers, n_pairs, BINS + 1), np.int64)
             bad = np.empty(workers, np.int64)
-            exact_stats.gram_block(arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, weights, acc, bad)
+            exact_stats.gram_block(
+                arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, weights, acc, bad
+            )
             total = np.asarray(exact_stats.reduce_workers(acc))
         return ExactSums(total, _first(bad))
 
     def vector_gram(self, arrays: BlockArrays, layout: VectorLayout, weights: bool = False) -> ExactSums:
-        n_vectors = len(arrays.agents) + (1 if weights else 0)
+        n_vectors = arrays.n_agents + (1 if weights else 0)
         n_pairs = n_vectors * (n_vectors + 1) // 2
         with self._scoped(arrays.size) as workers:
             acc = np.zeros((workers, layout.count, n_pairs, DIGITS), np.int64)
@@ -436,7 +446,7 @@ class NumbaBackend:
             vectors.vector_gram_block(
                 arrays.base,
                 arrays.base_code,
-                arrays.agents,
+                _agents(arrays),
                 arrays.agent_codes,
                 weights,
                 layout.start,
@@ -449,13 +459,13 @@ class NumbaBackend:
         return ExactSums(total.reshape(layout.count, n_pairs, DIGITS), _first(bad))
 
     def agreement(self, arrays: BlockArrays, eps: float) -> AgreementSums:
-        n_agents = len(arrays.agents)
+        n_agents = arrays.n_agents
         n_pairs = len(agent_pairs(n_agents))
         with self._scoped(arrays.size) as workers:
             counts = np.zeros((workers, n_pairs, 2), np.int64)
             acc = np.zeros((workers, sum_rows(n_agents), DIGITS), np.int64)
             agreement.agreement_block(
-                arrays.base, arrays.base_code, arrays.agents, arrays.agent_codes, eps, counts, acc
+                arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, eps, counts, acc
             )
             total = np.asarray(vectors.reduce_normalised(acc))
         return AgreementSums(counts.sum(axis=0), total.reshape(sum_rows(n_agents), DIGITS))
@@ -475,7 +485,7 @@ class NumbaBackend:
                 vectors.merge_vectors_block(
                     arrays.base,
                     arrays.base_code,
-                    arrays.agents,
+                    _agents(arrays),
                     arrays.agent_codes,
                     weights,
                     layout.start,
@@ -489,12 +499,12 @@ class NumbaBackend:
             )
 
     def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:
-        keep = np.empty((len(arrays.agents), arrays.size), np.float32)
+        keep = np.empty((arrays.n_agents, arrays.size), np.float32)
         with self._scoped(arrays.size) as workers:
             della.della_keep(
                 arrays.base,
                 arrays.base_code,
-                arrays.agents,
+                _agents(arrays),
                 arrays.agent_codes,
                 params.start,
                 params.slice_size,
@@ -519,6 +529,11 @@ class NumbaBackend:
 
 def _reduce_counts(counts: np.ndarray) -> np.ndarray:
     return counts.sum(axis=0, dtype=np.int64).astype(np.int32)
+
+
+def _agents(arrays: BlockArrays) -> np.ndarray:
+    """The agents' raw blocks as the kernels take them: their addresses (``addresses``)."""
+    return addresses_of(arrays.agents, arrays.size)
 
 
 def _first(rows: np.ndarray) -> int:

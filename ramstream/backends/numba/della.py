@@ -31,7 +31,8 @@ from numba import njit, prange
 
 from ramstream.backends.base import KEEP_EVERYTHING as KEEP_ALL
 from ramstream.backends.base import PRUNE
-from ramstream.backends.numba.codecs import TAU32, TILE, decode_tile
+from ramstream.backends.numba.addresses import decode_at
+from ramstream.backends.numba.codecs import TAU32, TILE
 from ramstream.backends.numba.counter_rng import uniform
 from ramstream.backends.numba.gta import merge_tile, summed_weight, tile_scratch
 from ramstream.backends.numba.keep import KEEP_ARRAY, NO_CUT_RANGE, NO_CUT_VALUE, NO_DENSITY, NO_KEYS
@@ -108,7 +109,7 @@ def prune_slice(  # type: ignore[no-untyped-def]
     one, zero = np.float32(1.0), np.float32(0.0)
     span = np.float32(rows - 1)
     vals = bits.view(np.float32)
-    _decode_range(base, base_code, at, slice_size, bits, vals, base_slice)
+    _decode_range(base.ctypes.data, base_code, at, slice_size, bits, vals, base_slice)
     for t in range(len(agents)):
         dst = keep[t, keep_at : keep_at + slice_size]
         if mode[t] != PRUNE:
@@ -250,9 +251,10 @@ def sort_pairs(packed, scratch, count):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", cache=True)
-def _decode_range(raw, code, first, count, bits, vals, out):  # type: ignore[no-untyped-def]
+def _decode_range(address, code, first, count, bits, vals, out):  # type: ignore[no-untyped-def]
+    """Elements [first, first + count) of the raw block at ``address`` into ``out`` (float32)."""
     for lo in range(first, first + count, TILE):
         m = min(TILE, first + count - lo)
-        decode_tile(raw, lo, m, code, bits)
+        decode_at(address, lo, m, code, bits)
         for i in range(m):
             out[lo - first + i] = vals[i]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ramstream.backends.numba.addresses import decode_at
 from ramstream.backends.numba.codecs import TAU32, TILE, decode_tile, minus
 from ramstream.backends.numba.counter_rng import uniform
 from ramstream.backends.numba.exact_sum import BINS, add, renormalise
@@ -58,7 +59,7 @@ def abs_sums_block(base, base_code, agents, agent_codes, keep_mode, keys, densit
             m = min(TILE, n - lo)
             decode_tile(base, lo, m, base_code, base_bits)
             for t in range(n_agents):
-                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
                 under = minus(agent_codes[t], base_vals, zeros)
                 for i in range(m):
                     tau = abs(agent_vals[i] - under[i])
@@ -116,7 +117,7 @@ def gram_block(base, base_code, agents, agent_codes, weights, acc, nonfinite):  
                         value = zero
                     row[i] = value
             for t in range(n_agents):
-                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
                 under = minus(agent_codes[t], base_vals, zeros)
                 held = agent_codes[t] == TAU32  # a task vector: its weights are f32(base) + tau
                 row = rows[first + t]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ramstream.backends.numba.addresses import decode_at
 from ramstream.backends.numba.codecs import TAU32, TILE, decode_tile, encode_tile
 from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest, tile_nonfinite
 
@@ -104,7 +105,7 @@ def merge_fusion_block(  # type: ignore[no-untyped-def]
     limit = np.float32(threshold)
     one = np.float32(1.0)
     zero = np.float32(0.0)
-    agent = agents[0]
+    agent = agents[0]  # its address
     agent_code = agent_codes[0]
     firsts = np.full(workers, -1, np.int64)
     for w in prange(workers):
@@ -119,7 +120,7 @@ def merge_fusion_block(  # type: ignore[no-untyped-def]
             lo = tile * TILE
             m = min(TILE, n - lo)
             decode_tile(base, lo, m, base_code, base_bits)
-            decode_tile(agent, lo, m, agent_code, agent_bits)
+            decode_at(agent, lo, m, agent_code, agent_bits)
             found = tile_nonfinite(base_bits, m) or tile_nonfinite(agent_bits, m)
             _importance(a, agent_bits.view(np.float32), agent_code, scale, row_len, offset + lo, m, d, importance)
             for i in range(m):

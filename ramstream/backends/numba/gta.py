@@ -9,7 +9,7 @@ a merge reads each input once per block.
 Inputs (as the passes hand them over; see ``ramstream.blocks.BlockArrays``):
 
 - ``base``, ``base_code``: the base's raw block (n,) and its format code (codecs.BF16 ...);
-- ``agents``, ``agent_codes``: a tuple of N raw blocks (n,) in one carrier, int64 codes (N,);
+- ``agents``, ``agent_codes``: the addresses of N raw blocks (n,) (``addresses``), int64 (N,) each;
 - ``weights``: float32 (N,), agent t's weight w_t;
 - ``scale``: float32 (N,), the rescale factor s_t of agent t's surviving elements (1 for none);
 - which elements of each delta survive (``keep_mode``; the modes and the placeholders for the
@@ -55,11 +55,12 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit, prange
 
+from ramstream.backends.numba.addresses import decode_at, voidptr
 from ramstream.backends.numba.codecs import TILE, decode_tile, encode_bytes, minus
 from ramstream.backends.numba.counter_rng import uniform
 from ramstream.backends.numba.keep import KEEP_ARRAY, KEEP_CUTS, KEEP_RANDOM
 from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest, tile_nonfinite
-from ramstream.backends.numba.sources import ITEMSIZES, voidptr
+from ramstream.backends.numba.sources import ITEMSIZES
 
 CONSENSUS_NONE = 0
 CONSENSUS_SUM = 1
@@ -151,7 +152,7 @@ def merge_tile(  # type: ignore[no-untyped-def]
         mixed[i] = zero
         divisor[i] = total_weight
     for t in range(len(agents)):
-        decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+        decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
         if check:
             bad = bad or tile_nonfinite(agent_bits, m)
         # agent_vals[i] <- w_t * sparse_t (0 where dropped), and a 0/1 survival flag in majority

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ramstream.backends.numba.addresses import decode_at
 from ramstream.backends.numba.codecs import TAU32, TILE, decode_tile, encode_tile
 from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest
 
@@ -52,7 +53,7 @@ def merge_linear_block(base, base_code, base_weight, agents, agent_codes, weight
                 for i in range(m):
                     total[i] += w0 * base_vals[i]
             for t in range(n_agents):
-                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
                 wt = weights[t]
                 for i in range(m):
                     found |= np.uint32((agent_bits[i] & _EXPONENT) == _EXPONENT)

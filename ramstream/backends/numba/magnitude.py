@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from ramstream.backends.base import ALL, HIGH_BINS, LOW_BINS, NONFINITE_BIN
+from ramstream.backends.numba.addresses import decode_at
 from ramstream.backends.numba.codecs import TILE, decode_tile, minus
 
 __all__ = ["ALL", "HIGH_BINS", "LOW_BINS", "NONFINITE_BIN", "cut_keep", "find_tie", "high_histogram", "low_histogram"]
@@ -62,7 +63,7 @@ def high_histogram(base, base_code, agents, agent_codes, counts):  # type: ignor
             m = min(TILE, n - lo)
             decode_tile(base, lo, m, base_code, base_bits)
             for t in range(n_agents):
-                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
                 _abs_bits(agent_bits, minus(agent_codes[t], base_vals, zeros), agent_vals, m)
                 row = counts[w, t]
                 for i in range(m):
@@ -91,7 +92,7 @@ def low_histogram(base, base_code, agents, agent_codes, targets, counts):  # typ
             for t in range(n_agents):
                 if targets[t].max() < 0:
                     continue
-                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
                 _abs_bits(agent_bits, minus(agent_codes[t], base_vals, zeros), agent_vals, m)
                 for c in range(n_cuts):
                     target = targets[t, c]
@@ -142,7 +143,7 @@ def cut_keep(base, base_code, agents, agent_codes, cut_v, cut_range, keep, worke
                     for i in range(m):
                         dst[i] = 0
                     continue
-                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
                 _abs_bits(agent_bits, minus(agent_codes[t], base_vals, zeros), agent_vals, m)
                 for i in range(m):
                     b = agent_bits[i]

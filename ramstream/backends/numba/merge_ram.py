@@ -21,9 +21,10 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit, prange
 
+from ramstream.backends.numba.addresses import voidptr
 from ramstream.backends.numba.codecs import TILE, decode_bytes, encode_bytes, minus
 from ramstream.backends.numba.probe import first_nonfinite_of
-from ramstream.backends.numba.sources import ITEMSIZES, read_buffer, read_tile, reads_of, voidptr
+from ramstream.backends.numba.sources import ITEMSIZES, read_buffer, read_tile, reads_of
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ramstream.backends.numba.addresses import decode_at
 from ramstream.backends.numba.codecs import TAU32, TILE, decode_tile, encode_tile
 from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest
 
@@ -32,7 +33,7 @@ def merge_nearswap_block(base, base_code, agents, agent_codes, t, out, out_code,
     t32 = np.float32(t)
     one = np.float32(1.0)
     zero = np.float32(0.0)
-    agent = agents[0]
+    agent = agents[0]  # its address
     agent_code = agent_codes[0]
     firsts = np.full(workers, -1, np.int64)
     for w in prange(workers):
@@ -47,7 +48,7 @@ def merge_nearswap_block(base, base_code, agents, agent_codes, t, out, out_code,
             m = min(TILE, n - lo)
             found = np.uint32(0)
             decode_tile(base, lo, m, base_code, base_bits)
-            decode_tile(agent, lo, m, agent_code, agent_bits)
+            decode_at(agent, lo, m, agent_code, agent_bits)
             for i in range(m):
                 found |= np.uint32((base_bits[i] & _EXPONENT) == _EXPONENT)
                 found |= np.uint32((agent_bits[i] & _EXPONENT) == _EXPONENT)

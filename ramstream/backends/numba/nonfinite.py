@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ramstream.backends.numba.addresses import decode_at
 from ramstream.backends.numba.codecs import decode_tile
 
 _EXPONENT = np.uint32(0x7F800000)
@@ -14,19 +15,24 @@ _EXPONENT = np.uint32(0x7F800000)
 
 @njit(cache=True)
 def first_nonfinite_in(base, base_code, agents, agent_codes, lo, m, bits):  # type: ignore[no-untyped-def]
-    """The tile offset of the first NaN/Inf in the base or any agent at positions [lo, lo + m), or -1."""
-    first = m
-    for k in range(len(agents) + 1):
-        if k == 0:
-            decode_tile(base, lo, m, base_code, bits)
-        else:
-            decode_tile(agents[k - 1], lo, m, agent_codes[k - 1], bits)
-        if tile_nonfinite(bits, m):
-            for i in range(min(first, m)):
-                if (bits[i] & _EXPONENT) == _EXPONENT:
-                    first = i
-                    break
+    """The tile offset of the first NaN/Inf in the base or any agent (``agents``: their addresses)
+    at positions [lo, lo + m), or -1."""
+    decode_tile(base, lo, m, base_code, bits)
+    first = _first_in_tile(bits, m, m)
+    for t in range(len(agents)):
+        decode_at(agents[t], lo, m, agent_codes[t], bits)
+        first = _first_in_tile(bits, m, first)
     return first if first < m else -1
+
+
+@njit(inline="always", cache=True)
+def _first_in_tile(bits, m, first):  # type: ignore[no-untyped-def]
+    """The first NaN/Inf among the decoded tile's first ``first`` positions, else ``first``."""
+    if tile_nonfinite(bits, m):
+        for i in range(min(first, m)):
+            if (bits[i] & _EXPONENT) == _EXPONENT:
+                return i
+    return first
 
 
 @njit(inline="always", cache=True)

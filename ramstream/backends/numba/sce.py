@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ramstream.backends.numba.addresses import decode_at
 from ramstream.backends.numba.codecs import TILE, decode_tile, encode_tile, minus
 from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest, tile_nonfinite
 
@@ -38,7 +39,7 @@ def _tile_taus(base, base_code, agents, agent_codes, lo, m, base_bits, agent_bit
     decode_tile(base, lo, m, base_code, base_bits)
     bad = tile_nonfinite(base_bits, m)
     for t in range(n_agents):
-        decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+        decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
         bad = bad or tile_nonfinite(agent_bits, m)
         under = minus(agent_codes[t], base_vals, zeros)
         row = taus[t]

@@ -21,6 +21,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ramstream.backends.numba.addresses import voidptr
 from ramstream.backends.numba.codecs import TILE
 
 READ_TILE = 8 * TILE  # elements per read: 32 KiB of bf16 per input, cache-resident with the scratch
@@ -40,18 +41,6 @@ def _pread(typingctx, fd, buf, nbytes, offset):  # type: ignore[no-untyped-def]
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i64, [i32, void_ptr, i64, i64]), "pread")
         data = builder.bitcast(array.data, void_ptr)
         return builder.call(fn, [builder.trunc(args[0], i32), data, args[2], args[3]])
-
-    return sig, codegen
-
-
-@intrinsic
-def voidptr(typingctx, address):  # type: ignore[no-untyped-def]
-    """The address ``address`` (int64) as a pointer, for ``numba.carray``: a kernel writing K
-    outputs takes their addresses in one int64 array, one compiled signature for every K."""
-    sig = types.voidptr(types.int64)
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
 
     return sig, codegen
 

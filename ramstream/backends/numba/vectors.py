@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ramstream.backends.numba.addresses import decode_at
 from ramstream.backends.numba.codecs import TAU32, TILE, decode_tile, encode_tile, minus
 from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest
 from ramstream.backends.vector_sums import DIGIT_BITS, DIGITS, LOW
@@ -105,7 +106,7 @@ def vector_gram_block(base, base_code, agents, agent_codes, weights, start, div,
                         value = zero
                     values[0, i] = value
             for t in range(n_agents):
-                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
                 under = minus(agent_codes[t], base_vals, zeros)
                 held = agent_codes[t] == TAU32
                 for i in range(m):
@@ -174,7 +175,7 @@ def merge_vectors_block(base, base_code, agents, agent_codes, weights, start, di
                 for i in range(m):
                     total[i] += coefs[which[i], 0] * base_vals[i]
             for t in range(n_agents):
-                decode_tile(agents[t], lo, m, agent_codes[t], agent_bits)
+                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
                 for i in range(m):
                     found |= np.uint32((agent_bits[i] & _EXPONENT) == _EXPONENT)
                 if weights:

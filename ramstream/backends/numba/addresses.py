@@ -1,0 +1,57 @@
+"""Inputs handed to a kernel by address: the agents' raw blocks as one int64 array of addresses
+(their format codes beside), not a tuple of arrays.
+
+Why: a tuple's length and its arrays' dtype are part of a compiled kernel's signature, so every
+agent count and carrier compiled each merge kernel anew (tens of seconds a kernel, on a user's
+first merge of four agents after one of three). An int64 array is one signature for any count;
+the kernel decodes each agent by its code.
+
+The arrays must stay alive and unchanged while the kernel runs: the caller holds the block's
+views (``blocks.BlockArrays``) for the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.extending import intrinsic
+
+from ramstream.backends.numba.codecs import F32, F64, TAU32, decode_tile
+
+
+@intrinsic
+def voidptr(typingctx, address):  # type: ignore[no-untyped-def]
+    """The address ``address`` (int64) as a pointer, for ``numba.carray``: a kernel writing K
+    outputs takes their addresses in one int64 array, one compiled signature for every K.
+    Anything but an integer (an array handed where an address belongs) fails to compile."""
+    if not isinstance(address, types.Integer):
+        return None
+    sig = types.voidptr(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def decode_at(address, lo, m, code, bits):  # type: ignore[no-untyped-def]
+    """``codecs.decode_tile`` of the raw block at ``address`` (format ``code``): elements
+    [lo, lo + m) into ``bits.view(float32)[:m]``."""
+    if code == F64:
+        decode_tile(carray(voidptr(address), lo + m, np.float64), lo, m, code, bits)
+    elif code == F32 or code == TAU32:  # float32 carriers
+        decode_tile(carray(voidptr(address), lo + m, np.float32), lo, m, code, bits)
+    else:  # BF16, F16: 16-bit carriers
+        decode_tile(carray(voidptr(address), lo + m, np.uint16), lo, m, code, bits)
+
+
+def addresses_of(blocks: Sequence[np.ndarray], size: int) -> np.ndarray:
+    """The int64 addresses of ``blocks``' data, each a C-contiguous block of ``size`` elements."""
+    for block in blocks:
+        if block.shape != (size,) or not block.flags.c_contiguous:
+            raise ValueError(f"an input block must be C-contiguous with {size} elements, got {block.shape}")
+    return np.array([block.ctypes.data for block in blocks], dtype=np.int64)
