@@ -92,6 +92,19 @@ class SimulatedGpu:
         """The compute has run; the downloads queued on its stream so far have not."""
         return LateEvent(self._downloads.submit(lambda: None))
 
+    def constant(self, values: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.array(values))
+
+    def readback(self, src: torch.Tensor) -> np.ndarray:
+        """Read back by the compute stream's copies, late: after every download queued before it."""
+        delay = self._delay()
+
+        def copy() -> np.ndarray:
+            time.sleep(delay)
+            return src.contiguous().numpy().copy()
+
+        return self._downloads.submit(copy).result()
+
     def synchronize(self) -> None:
         self._copy.submit(lambda: None).result()
         self._downloads.submit(lambda: None).result()

@@ -354,27 +354,48 @@ def test_a_killed_torch_probe_resumes_to_the_same_merge(
 
 
 # -- CUDA ------------------------------------------------------------------------------------------
+def _cuda_merge(family: Family, out: Path, method: str, given: dict[str, Any], cache: Path) -> dict[str, bytes]:
+    """``method`` on the GPU, with tiles smaller than a block (a GPU budget that fits only a few
+    elements; the caller caps the tiles), so the copy stream, the events and the rings are all
+    used: the output's files and bytes."""
+    from ramstream.api import merge
+    from ramstream.config import RunOptions
+
+    options = RunOptions(
+        cache_dir=cache, quiet=True, block_elems=256, backend="torch", device="cuda", gpu_memory=16 << 20
+    )
+    ram = {k: given[k] for k in ("rho_scope", "lambda_rule") if k in given}
+    others = {k: v for k, v in given.items() if k not in ram}
+    merge(family.base, [str(a) for a in family.agents], out=out, method=method, method_options=others,
+          options=options, **ram)  # fmt: skip
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
 @needs_cuda
 @pytest.mark.parametrize(("method", "given"), METHODS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(METHODS)])
 def test_every_method_on_cuda_writes_the_numba_bytes(
     odd_family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, given: dict[str, Any]
 ) -> None:
-    """On the GPU, with tiles smaller than a block (a GPU budget that fits only a few elements),
-    so the copy stream, the events and the rings are all used."""
     expected = _merge(odd_family, tmp_path / "numba" / "out", method, given, "numba")
     monkeypatch.setattr(torch_tiles, "TILE_CAP", 64)  # tiles of 64 elements: many per block
-    from ramstream.api import merge
-    from ramstream.config import RunOptions
+    assert _cuda_merge(odd_family, tmp_path / "cuda" / "out", method, given, tmp_path / "cache") == expected
 
-    options = RunOptions(
-        cache_dir=tmp_path / "cache", quiet=True, block_elems=256, backend="torch", device="cuda", gpu_memory=16 << 20
-    )
-    ram = {k: given[k] for k in ("rho_scope", "lambda_rule") if k in given}
-    others = {k: v for k, v in given.items() if k not in ram}
-    out = tmp_path / "cuda" / "out"
-    merge(odd_family.base, [str(a) for a in odd_family.agents], out=out, method=method, method_options=others,
-          options=options, **ram)  # fmt: skip
-    got = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+@needs_cuda
+@pytest.mark.parametrize(("method", "given"), METHODS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(METHODS)])
+def test_every_method_on_cuda_waits_only_on_events(
+    odd_family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, given: dict[str, Any]
+) -> None:
+    """The probe and every pass of ``method`` under CUDA's sync debug mode "error": a stream or
+    device synchronisation, a blocking copy either way or an implicit ``.item()`` (a tensor used as
+    a Python number, a boolean index) anywhere in the backend raises. Every wait is on an event."""
+    expected = _merge(odd_family, tmp_path / "numba" / "out", method, given, "numba")
+    monkeypatch.setattr(torch_tiles, "TILE_CAP", 64)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = _cuda_merge(odd_family, tmp_path / "cuda" / "out", method, given, tmp_path / "cache")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     assert got == expected
 
 

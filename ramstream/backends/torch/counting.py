@@ -64,14 +64,14 @@ class CountOps(TileBackend):
                 first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
 
             self._run(self._source_parts(sources), sources.size, tile)
-            return ProbeCounts(overlap.sum(0).cpu().numpy(), coverage.sum(0).cpu().numpy(), self._found(first))
+            return ProbeCounts(self._host(overlap.sum(0)), self._host(coverage.sum(0)), self._found(first))
 
     # -- arcee_fusion's importance ---------------------------------------------------------------
     def importance_high_histogram(self, arrays: BlockArrays, rows: RowScale) -> np.ndarray:
         fixed = self._fixed(self.workers * (HIGH_BINS + magnitude.SPREAD) * 8, "the importance histogram")
         with self._scoped():
             importance, counts = (
-                fusion.Importance(rows, self._codes(arrays), self._device),
+                fusion.Importance(rows, self._f32(rows.scale), self._codes(arrays), self._device),
                 self._zeros(self.workers, HIGH_BINS + magnitude.SPREAD),
             )
 
@@ -79,7 +79,7 @@ class CountOps(TileBackend):
                 magnitude.add_high_counts(counts[w], fusion.bits(importance(raw, lo, m)[2]))
 
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=8, fixed=fixed)
-            return counts.sum(0)[:HIGH_BINS].cpu().numpy().astype(np.int32)
+            return self._host(counts.sum(0)[:HIGH_BINS]).astype(np.int32)
 
     def importance_low_histogram(self, arrays: BlockArrays, rows: RowScale, targets: np.ndarray) -> np.ndarray:
         n_cuts = len(targets)
@@ -89,17 +89,17 @@ class CountOps(TileBackend):
         fixed = self._fixed(self.workers * size * 8, "the fine importance histograms")
         with self._scoped():
             importance, counts = (
-                fusion.Importance(rows, self._codes(arrays), self._device),
+                fusion.Importance(rows, self._f32(rows.scale), self._codes(arrays), self._device),
                 self._zeros(self.workers, size),
             )
             agent = torch.zeros(1, dtype=torch.int64, device=self._device)
-            aims = torch.tensor([np.asarray(targets, np.int32).tolist()], dtype=torch.int32, device=self._device)
+            aims = self._constant(np.asarray(targets, np.int32)[None])
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 magnitude.add_low_counts(counts[w], fusion.bits(importance(raw, lo, m)[2]), agent, aims)
 
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=4 * n_cuts + 8, fixed=fixed)
-            return counts.sum(0)[: n_cuts * LOW_BINS].view(n_cuts, LOW_BINS).cpu().numpy().astype(np.int32)
+            return self._host(counts.sum(0)[: n_cuts * LOW_BINS].view(n_cuts, LOW_BINS)).astype(np.int32)
 
     # -- magnitudes -------------------------------------------------------------------------------
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
@@ -115,7 +115,7 @@ class CountOps(TileBackend):
 
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * n_agents + 6, fixed=fixed)
             total = counts.sum(0)[: n_agents * HIGH_BINS].view(n_agents, HIGH_BINS)
-            return total.cpu().numpy().astype(np.int32)
+            return self._host(total).astype(np.int32)
 
     def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
         targets = np.ascontiguousarray(targets, np.int32)
@@ -128,8 +128,8 @@ class CountOps(TileBackend):
         fixed = self._fixed(self.workers * size * 8, f"the fine magnitude histograms of {n_agents} agents")
         with self._scoped():
             counts = self._zeros(self.workers, size)
-            agents = torch.tensor(wanted, dtype=torch.int64, device=self._device)
-            aims = torch.tensor(targets[wanted].tolist(), dtype=torch.int32, device=self._device)
+            agents = self._constant(np.array(wanted, np.int64))
+            aims = self._constant(targets[wanted])
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 bits = torch.stack(self._abs_bits(raw, codes, wanted))
@@ -138,7 +138,7 @@ class CountOps(TileBackend):
             inputs = 2 * n_agents + 4 * len(wanted) * n_cuts + 4  # the (K, C, m) index and masks
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=inputs, fixed=fixed)
             total = counts.sum(0)[: n_agents * n_cuts * LOW_BINS].view(n_agents, n_cuts, LOW_BINS)
-            return total.cpu().numpy().astype(np.int32)
+            return self._host(total).astype(np.int32)
 
     def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
         n_agents = len(arrays.agents)
@@ -157,25 +157,25 @@ class CountOps(TileBackend):
         return keep
 
     def find_tie(self, arrays: BlockArrays, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
-        """Each worker counts the ties in its tiles (positions too, in order); the ``need``-th is
-        then found serially, so the answer never depends on the workers."""
+        """Each tile's ties come back as a bit mask (through the output ring, with no host wait);
+        the ``need``-th is then found on the host, so the answer never depends on the workers."""
         parts = [array_part(arrays.base), array_part(arrays.agents[agent])]
         codes = [int(arrays.base_code), int(arrays.agent_codes[agent])]
-        found: dict[int, torch.Tensor] = {}  # tile start -> positions of its ties
+        ties = np.zeros(-(-arrays.size // 8), np.uint8)  # bit i % 8 of byte i // 8: position i
         with self._scoped():
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                if lo + m > begin:
+                if lo + m > begin:  # tiles start at multiples of 64: whole bytes of the mask
                     (bits,) = self._abs_bits(raw, codes, [0])
                     equal = (bits.to(torch.int64) == value) & (self._positions(lo, m) >= begin)
-                    found[lo] = torch.nonzero(equal)[:, 0].cpu() + lo
+                    packed = probe.pack(equal[None])[0]
+                    outputs.put(packed, self._sink(ties, lo // 8, lo // 8 + packed.shape[0]))
 
             self._run(parts, arrays.size, tile)
-        positions = [found[lo] for lo in sorted(found)]
-        total = sum(int(p.shape[0]) for p in positions)
-        if not 1 <= need <= total:
-            return -1, total
-        return int(torch.cat(positions)[need - 1]), total
+        positions = np.flatnonzero(np.unpackbits(ties, bitorder="little")[: arrays.size])
+        if not 1 <= need <= len(positions):
+            return -1, len(positions)
+        return int(positions[need - 1]), len(positions)
 
     # -- exact sums -------------------------------------------------------------------------------
     def abs_sums(self, arrays: BlockArrays, keep: Keep, squares: bool = False) -> ExactSums:
@@ -210,7 +210,7 @@ class CountOps(TileBackend):
                 exact_sums.accumulate(acc[w], sums)
 
             self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2)
-            total = acc.sum(0).cpu().numpy()
+            total = self._host(acc.sum(0))
             sums = renormalised(total).reshape(n_agents, 2, BINS + 1)
             return ExactSums(sums, self._found(first))
 
@@ -223,8 +223,8 @@ class CountOps(TileBackend):
             zero = torch.zeros((), dtype=torch.float32, device=self._device)
             acc = self._zeros(self.workers, len(pairs), BINS + 1)
             first = self._first()
-            left = torch.tensor([a for a, _ in pairs], device=self._device)
-            right = torch.tensor([b for _, b in pairs], device=self._device)
+            left = self._constant(np.array([a for a, _ in pairs], np.int64))
+            right = self._constant(np.array([b for _, b in pairs], np.int64))
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 rows = _gram_rows(raw, codes, n_agents, weights, first, w, lo, zero)
@@ -232,7 +232,7 @@ class CountOps(TileBackend):
                 exact_sums.accumulate(acc[w], exact_sums.product_group_sums(stacked[left], stacked[right]))
 
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_vectors + 1)
-            return ExactSums(renormalised(acc.sum(0).cpu().numpy()), self._found(first))
+            return ExactSums(renormalised(self._host(acc.sum(0))), self._found(first))
 
     # -- per-vector and pairwise sums --------------------------------------------------------------
     def vector_gram(self, arrays: BlockArrays, layout: VectorLayout, weights: bool = False) -> ExactSums:
@@ -255,7 +255,7 @@ class CountOps(TileBackend):
                     vectors.add_products(acc[w], rows[a], rows[b], which * len(pairs) + k)
 
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_vectors + 4)
-            total = normalise(acc.sum(0).cpu().numpy().reshape(layout.count, len(pairs), DIGITS))
+            total = normalise(self._host(acc.sum(0)).reshape(layout.count, len(pairs), DIGITS))
             return ExactSums(total, self._found(first))
 
     def agreement(self, arrays: BlockArrays, eps: float) -> AgreementSums:
@@ -275,8 +275,8 @@ class CountOps(TileBackend):
                 agreement.accumulate(acc[w], counts[w], torch.stack(taus), eps32, pairs)
 
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * n_agents + 8)
-            total = normalise(acc.sum(0).cpu().numpy().reshape(sum_rows(n_agents), DIGITS))
-            return AgreementSums(counts.sum(0).cpu().numpy(), total)
+            total = normalise(self._host(acc.sum(0)).reshape(sum_rows(n_agents), DIGITS))
+            return AgreementSums(self._host(counts.sum(0)), total)
 
     # -- DELLA ------------------------------------------------------------------------------------
     def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:

@@ -4,7 +4,6 @@ histograms, and the merge a + d * m with m = 1 where the importance reaches the 
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ramstream.backends.base import RowScale
@@ -13,10 +12,11 @@ from ramstream.format.dtypes import TAU32
 
 
 class Importance:
-    """The importance of a block's tiles: ``rows`` over the block, the inputs' ``codes`` (base, agent)."""
+    """The importance of a block's tiles: ``rows`` over the block (``scale``: their scales, on the
+    device already), the inputs' ``codes`` (base, agent)."""
 
-    def __init__(self, rows: RowScale, codes: list[int], device: torch.device) -> None:
-        self.scale = torch.from_numpy(np.array(rows.scale, np.float32)).to(device)
+    def __init__(self, rows: RowScale, scale: torch.Tensor, codes: list[int], device: torch.device) -> None:
+        self.scale = scale
         self.row_len, self.offset = rows.row_len, rows.offset
         self.codes = codes
         self.device = device

@@ -235,7 +235,7 @@ class MergeOps(TileBackend):
         raw_out, size = out.view(np.uint8), out.dtype.itemsize
         with self._scoped():
             importance, limit, first = (
-                fusion.Importance(rows, self._codes(arrays), self._device),
+                fusion.Importance(rows, self._f32(rows.scale), self._codes(arrays), self._device),
                 self._f32(threshold),
                 self._first(),
             )
@@ -264,7 +264,7 @@ class MergeOps(TileBackend):
         table = np.ascontiguousarray(coefs, np.float32)
         with self._scoped():
             self._fixed(table.nbytes, "the per-vector coefficients")
-            on_device = torch.from_numpy(table.copy()).to(self._device)
+            on_device = self._constant(table)
             first = self._first()
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:

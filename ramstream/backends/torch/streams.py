@@ -6,15 +6,17 @@ copies really are late).
 On CUDA, host-to-device copies go on a copy stream beside the compute stream, ordered by
 events: the compute stream waits for a tile's upload, the copy stream waits until the compute
 that last read a device buffer is done before overwriting it; results come back on the compute
-stream into pinned host buffers, and an event says when they have landed. On the CPU nothing is
-queued: a "device" buffer is the host buffer itself, every copy happens at once and every event
-has already fired.
+stream into pinned host buffers, and an event says when they have landed. Nothing waits on a
+stream itself: every wait is on an event (a stream or device synchronisation is what CUDA's sync
+debug mode reports, and what hides a missing event). On the CPU nothing is queued: a "device"
+buffer is the host buffer itself, every copy happens at once and every event has already fired.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -57,6 +59,16 @@ class Streams(Protocol):
 
     def computed(self) -> Event:
         """An event that fires when the compute queued so far is done."""
+        ...
+
+    def constant(self, values: np.ndarray) -> torch.Tensor:
+        """``values`` (a small host array: parameters, indices) on the device, its upload queued
+        on the compute stream (no wait for it on the host)."""
+        ...
+
+    def readback(self, src: torch.Tensor) -> np.ndarray:
+        """A small result computed on the compute stream (counts, sums), on the host once the
+        compute that makes it is done."""
         ...
 
     def synchronize(self) -> None:
@@ -102,6 +114,12 @@ class CpuStreams:
 
     def computed(self) -> Event:
         return DONE
+
+    def constant(self, values: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.array(values))  # a copy: the caller's array may be read-only
+
+    def readback(self, src: torch.Tensor) -> np.ndarray:
+        return src.contiguous().numpy()
 
     def synchronize(self) -> None:
         pass
@@ -156,6 +174,20 @@ class CudaStreams:
         event.record(self.compute)
         return event
 
+    def constant(self, values: np.ndarray) -> torch.Tensor:
+        # pinned, so the copy is asynchronous; the caching host allocator keeps the pinned block
+        # until the copy queued from it is done
+        host = torch.from_numpy(np.array(values)).pin_memory()
+        return host.to(self.device, non_blocking=True)
+
+    def readback(self, src: torch.Tensor) -> np.ndarray:
+        host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        host.copy_(src, non_blocking=True)
+        self.computed().synchronize()
+        return host.numpy()
+
     def synchronize(self) -> None:
-        self.copy.synchronize()
-        self.compute.synchronize()
+        for stream in (self.copy, self.compute):
+            event = torch.cuda.Event()
+            event.record(stream)
+            event.synchronize()

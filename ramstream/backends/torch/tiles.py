@@ -59,6 +59,7 @@ class TileBackend:
             streams = CudaStreams(self._device) if self._device.type == "cuda" else CpuStreams()
         if settings.gpu_memory is not None and not streams.separate:
             raise ConfigError(f"--gpu-memory needs a CUDA device; the torch backend computes on {self._device}")
+        self._streams = streams
         self._streamed = streams.separate  # one host thread streams tiles through device memory
         if self._streamed:
             self._gpu_budget = streams.budget(settings.gpu_memory)
@@ -242,10 +243,16 @@ class TileBackend:
         return [int(arrays.base_code), *map(int, arrays.agent_codes)]
 
     def _f32(self, values: np.ndarray | np.floating | float) -> torch.Tensor:
-        """float32 constants on the device (a list through Python floats: exact, and no
-        read-only-array warning)."""
-        array = np.asarray(values, np.float32)
-        return torch.tensor(array.tolist(), dtype=torch.float32, device=self._device)
+        """float32 constants on the device."""
+        return self._constant(np.asarray(values, np.float32))
+
+    def _constant(self, values: np.ndarray | Sequence[int]) -> torch.Tensor:
+        """A small host array on the device, uploaded without a host wait."""
+        return self._streams.constant(np.asarray(values))
+
+    def _host(self, result: torch.Tensor) -> np.ndarray:
+        """A small device result on the host, waited for by an event (not a stream sync)."""
+        return self._streams.readback(result)
 
     def _zeros(self, *shape: int) -> torch.Tensor:
         return torch.zeros(shape, dtype=torch.int64, device=self._device)
@@ -267,9 +274,8 @@ class TileBackend:
         """Per worker, the first non-finite position found (``probe.NOWHERE``: none)."""
         return torch.full((self.workers,), probe.NOWHERE, dtype=torch.int64, device=self._device)
 
-    @staticmethod
-    def _found(first: torch.Tensor) -> int:
-        found = int(first.min())
+    def _found(self, first: torch.Tensor) -> int:
+        found = int(self._host(first.min()))
         return found if found < probe.NOWHERE else -1
 
     # -- shared decoding -------------------------------------------------------------------------
