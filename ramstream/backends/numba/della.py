@@ -80,7 +80,7 @@ def _prune_slices(  # type: ignore[no-untyped-def]
         at = s * slice_size
         prune_slice(
             base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse,
-            keep, at, scratch,
+            keep, at, False, scratch,
         )  # fmt: skip
 
 
@@ -99,9 +99,14 @@ def prune_scratch(slice_size, rows):  # type: ignore[no-untyped-def]
 @njit(cache=True, error_model="numpy")
 def prune_slice(  # type: ignore[no-untyped-def]
     base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse, keep, keep_at,
-    scratch,
+    merging, scratch,
 ):  # fmt: skip
-    """MAGPRUNE over the slice at block position ``at``: ``keep[t, keep_at : keep_at + slice_size]``."""
+    """MAGPRUNE over the slice at block position ``at``: ``keep[t, keep_at : keep_at + slice_size]``.
+
+    ``merging``: the keep values go straight into a merge, where an element whose tau is 0
+    contributes nothing whether kept or dropped (a zero delta neither adds to a sum nor takes
+    part in a sign election): such elements get 0 without a draw, and only the nonzero ones,
+    often a small part of a sparse task vector, are drawn. The merged bytes are the same."""
     slices, orders, packed, count, bits = scratch
     base_slice, agent_slice = slices[0], slices[1]
     work, rank_of = orders[0], orders[1]
@@ -138,6 +143,17 @@ def prune_slice(  # type: ignore[no-untyped-def]
                 zeros += is_zero
                 nonzero += 1 - is_zero
             ordered = sort_pairs(packed[:nonzero], work[:nonzero].view(np.uint64), count)
+            if merging:
+                for j in range(rows):
+                    dst[j * inner + k] = zero
+                for r in range(nonzero):
+                    j = np.int64(ordered[r] & _LOW32)
+                    norm = np.float32(zeros + r) / span if rows > 1 else np.float32(0.5)
+                    p = lo_t + norm * width_t
+                    i = j * inner + k
+                    kept = one / p if inverse else one
+                    dst[i] = kept if uniform(key, start + at + i) < p else zero
+                continue
             for r in range(nonzero):
                 rank_of[np.int64(ordered[r] & _LOW32)] = zeros + r
             # in element order (rank_of is the inverse permutation): the loop vectorises
@@ -187,7 +203,7 @@ def _merge_slices(  # type: ignore[no-untyped-def]
         at = s * slice_size
         prune_slice(
             base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse,
-            keep, 0, pruning,
+            keep, 0, True, pruning,
         )  # fmt: skip
         for sub in range(at, at + slice_size, TILE):
             m = min(TILE, at + slice_size - sub)
