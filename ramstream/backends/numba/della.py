@@ -147,22 +147,25 @@ def prune_slice(  # type: ignore[no-untyped-def]
                 for j in range(rows):
                     dst[j * inner + k] = zero
                 for r in range(nonzero):
-                    j = np.int64(ordered[r] & _LOW32)
-                    norm = np.float32(zeros + r) / span if rows > 1 else np.float32(0.5)
-                    p = lo_t + norm * width_t
-                    i = j * inner + k
-                    kept = one / p if inverse else one
-                    dst[i] = kept if uniform(key, start + at + i) < p else zero
+                    i = np.int64(ordered[r] & _LOW32) * inner + k
+                    dst[i] = _keep_value(zeros + r, span, rows, lo_t, width_t, inverse, key, start + at + i)
                 continue
             for r in range(nonzero):
                 rank_of[np.int64(ordered[r] & _LOW32)] = zeros + r
             # in element order (rank_of is the inverse permutation): the loop vectorises
             for j in range(rows):
-                norm = np.float32(rank_of[j]) / span if rows > 1 else np.float32(0.5)
-                p = lo_t + norm * width_t
                 i = j * inner + k
-                kept = one / p if inverse else one
-                dst[i] = kept if uniform(key, start + at + i) < p else zero
+                dst[i] = _keep_value(rank_of[j], span, rows, lo_t, width_t, inverse, key, start + at + i)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _keep_value(rank, span, rows, lo_t, width_t, inverse, key, index):  # type: ignore[no-untyped-def]
+    """The keep value of the element at tensor position ``index`` ranked ``rank`` in its group:
+    p = lo + rank / (rows - 1) * width, then 1 (or 1 / p) where its draw is below p, else 0."""
+    norm = np.float32(rank) / span if rows > 1 else np.float32(0.5)
+    p = lo_t + norm * width_t
+    kept = np.float32(1.0) / p if inverse else np.float32(1.0)
+    return kept if uniform(key, index) < p else np.float32(0.0)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
