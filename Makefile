@@ -48,7 +48,7 @@ TEST_ENV := NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/$(KERNELS_DIGEST)
 WORKERS := -n 4 --dist loadfile
 
 test: $(STAMP)  ## install, then run the whole test suite (slow tests too: the mergekit parity)
-	$(TEST_ENV) $(BIN)/python -m pytest -q $(WORKERS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(WORKERS) --durations=25
 
 test-fast: $(STAMP)  ## everything but the tests marked slow
 	$(TEST_ENV) $(BIN)/python -m pytest -q $(WORKERS) -m "not slow"

@@ -15,11 +15,13 @@ from typing import Any
 import numba
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ramstream.api import MergeResult, merge
-from ramstream.backends.numba.della import RADIX, sort_pairs
+from ramstream.backends.numba.addresses import addresses_of
+from ramstream.backends.numba.codecs import F32
+from ramstream.backends.numba.della import RADIX, probability_table, prune_scratch, prune_slice, sort_pairs
 from ramstream.config import RunOptions
 from ramstream.errors import ConfigError
 from ramstream.index.store import open_index_store
@@ -206,6 +208,55 @@ def test_della_rank_order_is_a_stable_sort(keys: list[int]) -> None:
     ordered = sort_pairs(packed, np.empty(n, np.uint64), np.empty(RADIX, np.int64))
     order = (ordered & np.uint64(0xFFFFFFFF)).astype(np.int64)
     np.testing.assert_array_equal(order, np.argsort(values, kind="stable"))
+
+
+# |tau| values with many exact ties, all equal (one bucket holds every key: more undecided draws
+# than the merge ranks exactly, so it sorts), or spread over binades.
+_MAGNITUDES = st.one_of(
+    st.builds(lambda n, v: [v] * n, st.integers(1, 400), st.sampled_from([0.25, 3.0])),
+    st.lists(st.sampled_from([0.0, 0.0, 1e-3, 1e-3 + 2**-30, 0.5, 3.0]), min_size=1, max_size=400),
+    st.lists(st.floats(0, 8, width=32) | st.just(0.0), min_size=1, max_size=400),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@example(magnitudes=[0.25] * 400, inner=1, lo=0.25, width=0.4375, inverse=False, seed=3)  # sorts
+@given(
+    magnitudes=_MAGNITUDES,
+    inner=st.sampled_from([1, 3]),
+    lo=st.floats(0.0625, 0.5, width=32),
+    width=st.floats(0.0, 0.4375, width=32),
+    inverse=st.booleans(),
+    seed=st.integers(0, 2**63),
+)
+def test_della_merge_keep_values_are_the_ranked_ones(
+    magnitudes: list[float], inner: int, lo: float, width: float, inverse: bool, seed: int
+) -> None:
+    """The merge's keep values (most draws decided by a bucket of ranks, the rest by the exact
+    rank, or by a sort when too many are left) equal those of the full stable sort wherever tau
+    is nonzero (a zero tau gets 0 there: it adds nothing to a merge)."""
+    rows = max(1, len(magnitudes) // inner)
+    size = rows * inner
+    signs = np.where(np.arange(size) % 3 == 0, -1, 1).astype(np.float32)
+    agent = (np.resize(np.array(magnitudes, np.float32), size) * signs).astype(np.float32)
+    base = np.zeros(size, np.float32)
+    keys, mode = np.array([seed], np.uint64), np.zeros(1, np.int64)
+    lows, widths = np.array([lo], np.float32), np.array([width], np.float32)
+    codes = np.array([F32], np.int64)
+
+    def keep(merging: bool) -> np.ndarray:
+        out = np.full((1, size), np.nan, np.float32)
+        table = probability_table(rows, lows, widths)
+        prune_slice(
+            base, F32, addresses_of([agent], size), codes, 5, 0, size, rows, keys, mode, lows, widths, inverse,
+            out, 0, merging, table, prune_scratch(size, rows),
+        )  # fmt: skip
+        return out[0]
+
+    ranked, merged = keep(False), keep(True)
+    nonzero = agent != 0
+    np.testing.assert_array_equal(merged[nonzero].view(np.uint32), ranked[nonzero].view(np.uint32))
+    assert not merged[~nonzero].any()
 
 
 @pytest.fixture(scope="module")

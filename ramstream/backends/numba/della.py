@@ -21,7 +21,9 @@ f32(1) / p (``inverse`` true: the paper's 1/p rescale). ``mode[t]``: 0 = prune a
 
 ``della_merge_block`` fuses the pruning with the GTA merge (``gta.merge_tile``): a slice is
 pruned into a thread's own keep rows and merged while it is in cache, so a DELLA merge reads
-each input once per block and never writes the (N, n) keep array.
+each input once per block and never writes the (N, n) keep array. Without the 1/p rescale it
+sorts little: p is monotone in the rank, so bounds on an element's rank (a histogram of the keys)
+decide most draws, and only the few that fall between them are ranked exactly.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from ramstream.backends.numba.nonfinite import lowest
 _LOW32 = np.uint64(0xFFFFFFFF)
 RADIX_BITS = 11
 RADIX = 1 << RADIX_BITS
+MAX_UNDECIDED = 64  # draws per group left to the exact rank; beyond them a sort ranks the group
+NO_PROBABILITIES = np.empty((0, 0), np.float32)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -80,7 +84,7 @@ def _prune_slices(  # type: ignore[no-untyped-def]
         at = s * slice_size
         prune_slice(
             base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse,
-            keep, at, False, scratch,
+            keep, at, False, NO_PROBABILITIES, scratch,
         )  # fmt: skip
 
 
@@ -91,7 +95,7 @@ def prune_scratch(slice_size, rows):  # type: ignore[no-untyped-def]
         np.empty((2, slice_size), np.float32),
         np.empty((2, rows), np.int64),
         np.empty(rows, np.uint64),
-        np.empty(RADIX, np.int64),
+        np.empty((2, RADIX), np.int64),
         np.empty(TILE, np.uint32),
     )
 
@@ -99,14 +103,16 @@ def prune_scratch(slice_size, rows):  # type: ignore[no-untyped-def]
 @njit(cache=True, error_model="numpy")
 def prune_slice(  # type: ignore[no-untyped-def]
     base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse, keep, keep_at,
-    merging, scratch,
+    merging, probabilities, scratch,
 ):  # fmt: skip
     """MAGPRUNE over the slice at block position ``at``: ``keep[t, keep_at : keep_at + slice_size]``.
 
     ``merging``: the keep values go straight into a merge, where an element whose tau is 0
     contributes nothing whether kept or dropped (a zero delta neither adds to a sum nor takes
     part in a sign election): such elements get 0 without a draw, and only the nonzero ones,
-    often a small part of a sparse task vector, are drawn. The merged bytes are the same."""
+    often a small part of a sparse task vector, are drawn; without the 1/p rescale, most draws
+    are decided without a sort (``_merge_keep_by_buckets``, with ``probabilities``, the table of
+    ``probability_table``). The merged bytes are the same."""
     slices, orders, packed, count, bits = scratch
     base_slice, agent_slice = slices[0], slices[1]
     work, rank_of = orders[0], orders[1]
@@ -132,6 +138,12 @@ def prune_slice(  # type: ignore[no-untyped-def]
         magnitude = agent_slice.view(np.uint32)
         key, lo_t, width_t = keys[t], lo[t], width[t]
         for k in range(inner):
+            if merging and not inverse and width_t >= zero:
+                decided = _merge_keep_by_buckets(
+                    magnitude, k, inner, rows, packed, count, dst, probabilities[t], key, start + at
+                )  # fmt: skip
+                if decided:
+                    continue
             # |tau| = 0 (most of a sparse task vector) is the smallest key: those elements take the
             # first ranks in index order, as the stable sort gives them; only the rest is sorted
             zeros, nonzero = 0, 0
@@ -142,7 +154,7 @@ def prune_slice(  # type: ignore[no-untyped-def]
                 packed[nonzero] = (np.uint64(b) << np.uint64(32)) | np.uint64(j)  # a zero's is overwritten next
                 zeros += is_zero
                 nonzero += 1 - is_zero
-            ordered = sort_pairs(packed[:nonzero], work[:nonzero].view(np.uint64), count)
+            ordered = sort_pairs(packed[:nonzero], work[:nonzero].view(np.uint64), count[0])
             if merging:
                 for j in range(rows):
                     dst[j * inner + k] = zero
@@ -162,10 +174,102 @@ def prune_slice(  # type: ignore[no-untyped-def]
 def _keep_value(rank, span, rows, lo_t, width_t, inverse, key, index):  # type: ignore[no-untyped-def]
     """The keep value of the element at tensor position ``index`` ranked ``rank`` in its group:
     p = lo + rank / (rows - 1) * width, then 1 (or 1 / p) where its draw is below p, else 0."""
-    norm = np.float32(rank) / span if rows > 1 else np.float32(0.5)
-    p = lo_t + norm * width_t
+    p = _probability(rank, span, rows, lo_t, width_t)
     kept = np.float32(1.0) / p if inverse else np.float32(1.0)
     return kept if uniform(key, index) < p else np.float32(0.0)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _probability(rank, span, rows, lo_t, width_t):  # type: ignore[no-untyped-def]
+    """p = lo + rank / (rows - 1) * width, in float32 (rank norm 0.5 in a one-element row)."""
+    norm = np.float32(rank) / span if rows > 1 else np.float32(0.5)
+    return lo_t + norm * width_t
+
+
+@njit(cache=True, error_model="numpy")
+def probability_table(rows, lo, width):  # type: ignore[no-untyped-def]
+    """float32 (N, rows): p of every rank for every agent (``_probability``): one thread's table
+    for a block, no larger than the keep rows it holds beside it (N x slice size)."""
+    table = np.empty((len(lo), rows), np.float32)
+    span = np.float32(rows - 1)
+    for t in range(len(lo)):
+        for r in range(rows):
+            table[t, r] = _probability(r, span, rows, lo[t], width[t])
+    return table
+
+
+@njit(cache=True, error_model="numpy")
+def _merge_keep_by_buckets(  # type: ignore[no-untyped-def]
+    magnitude, k, inner, rows, packed, count, dst, probabilities, key, first
+):  # fmt: skip
+    """The keep values (1 or 0) of group ``k`` (elements ``j * inner + k``) for a merge, most of
+    them without the exact rank; False when too many draws were left undecided (the caller then
+    sorts the group).
+
+    p is non-decreasing in the rank (each float32 step of ``_probability`` is monotone), so a draw
+    below p of the lowest rank an element can have keeps it, and one at or above p of its highest
+    drops it. Those bounds come from a histogram of the top bits of the nonzero keys, with about
+    as many buckets as keys: an element's rank lies within its bucket's ranks. A draw between the
+    two (a bucket's share of the ranks, so a few per group) gets the exact rank, by counting the
+    smaller keys; past ``MAX_UNDECIDED`` of them (a bucket holding most keys: many equal |tau|) the
+    group is sorted. The bytes are those of the sort (``_keep_value``'s p, from the same table)."""
+    zero, one = np.float32(0.0), np.float32(1.0)
+    every = np.uint32(0xFFFFFFFF)
+    ones, common, nonzero = np.uint32(0), every, 0
+    for j in range(rows):  # the bits that differ between the nonzero keys, and their count
+        b = magnitude[j * inner + k]
+        ones |= b
+        common &= b if b != 0 else every
+        nonzero += np.int64(b != 0)
+    varying = ones ^ common if ones != 0 else np.uint32(0)
+    high = 31
+    while high >= 0 and not (varying >> np.uint32(high)) & np.uint32(1):
+        high -= 1
+    digit = 0  # the histogram's bits: the top ones of those that vary, about log2(nonzero)
+    while (1 << digit) < nonzero and digit < min(RADIX_BITS, high + 1):
+        digit += 1
+    shift = np.uint64(32 + high + 1 - digit)  # of a packed key
+    bins = 1 << digit
+    mask = np.uint64(bins - 1)
+    zeros, n = 0, 0
+    for j in range(rows):  # a compaction without branches (half the elements may be 0)
+        i = j * inner + k
+        b = magnitude[i]
+        is_zero = np.int64(b == 0)
+        dst[i] = zero  # a nonzero's is set below
+        packed[n] = (np.uint64(b) << np.uint64(32)) | np.uint64(j)  # a zero's is overwritten next
+        zeros += is_zero
+        n += 1 - is_zero
+    sizes, lowest = count[0], count[1]
+    for d in range(bins):
+        sizes[d] = 0
+    for r in range(n):
+        sizes[np.int64((packed[r] >> shift) & mask)] += 1
+    total = zeros
+    for d in range(bins):
+        lowest[d] = total  # the lowest rank of bucket d
+        total += sizes[d]
+    left = 0
+    for r in range(n):  # without branches (the draws fall anywhere): 1 kept, 0 dropped, -1 undecided
+        v = packed[r]
+        d = np.int64((v >> shift) & mask)
+        i = np.int64(v & _LOW32) * inner + k
+        u = uniform(key, first + i)
+        kept = np.int64(u < probabilities[lowest[d]])
+        within = np.int64(u < probabilities[lowest[d] + sizes[d] - 1])  # >= kept: p is non-decreasing
+        dst[i] = np.float32(kept + kept - within)
+        left += within - kept
+    if left > MAX_UNDECIDED:
+        return False
+    for r in range(n if left else 0):  # the exact rank: the zeros and the nonzero keys below
+        v = packed[r]
+        i = np.int64(v & _LOW32) * inner + k
+        if dst[i] < zero:
+            below = 0
+            for q in range(n):
+                below += np.int64(packed[q] < v)
+            dst[i] = one if uniform(key, first + i) < probabilities[zeros + below] else zero
+    return True
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -199,6 +303,7 @@ def _merge_slices(  # type: ignore[no-untyped-def]
     """Slices [first, end) of the block, pruned and merged by one thread; its first NaN/Inf."""
     n = base.shape[0]
     pruning = prune_scratch(slice_size, rows)
+    probabilities = probability_table(rows, lo, width)
     keep = np.empty((len(agents), slice_size), np.float32)
     tiles = tile_scratch(len(agents), consensus)
     found = -1
@@ -206,7 +311,7 @@ def _merge_slices(  # type: ignore[no-untyped-def]
         at = s * slice_size
         prune_slice(
             base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse,
-            keep, 0, True, pruning,
+            keep, 0, True, probabilities, pruning,
         )  # fmt: skip
         for sub in range(at, at + slice_size, TILE):
             m = min(TILE, at + slice_size - sub)
