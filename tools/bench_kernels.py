@@ -4,9 +4,12 @@ Reads the family that ``tools/bench_spine.py`` wrote (``--data``/full), calls th
 probe and RAM merge block by block on the blocks' inputs exactly as the passes do (16 Mi-element
 blocks, every core; the kernels read them through ``sources``), and
 prints the median seconds and elements per second next to one plain read of the inputs. Numba's
-compile happens in an untimed first round.
+compile happens in an untimed first round. ``--della`` adds DELLA's fused prune-and-merge kernel
+(density 0.2, epsilon 0.1, no 1/p rescale, as ``bench_methods.py`` merges it) over row-aligned
+blocks of the same size.
 
     python tools/bench_kernels.py --data bench-data --repeat 5
+    python tools/bench_kernels.py --data bench-data --repeat 3 --della
 """
 
 from __future__ import annotations
@@ -23,21 +26,37 @@ import numpy as np
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI runs the kernels (before numba loads)
 
+from ramstream.backends.base import GtaParams, KeepMagprune, MagpruneParams
 from ramstream.backends.numba.backend import NumbaBackend
+from ramstream.backends.rng import random_keys
 from ramstream.blocks import BlockArrays, BlockReader
 from ramstream.format.dtypes import FLOAT_CODES
 from ramstream.format.family import Family, open_family
 from ramstream.io.reader import InputFiles
-from ramstream.plan import make_plan
+from ramstream.methods.della import geometry
+from ramstream.plan import Plan, make_plan
 
 BLOCK = 1 << 24
 READ_BUFFER = 64 * 1024 * 1024
 
 
-def block_arrays(family: Family, files: InputFiles) -> list[BlockArrays]:
+def block_arrays(family: Family, files: InputFiles, row_aligned: bool = False) -> tuple[Plan, list[BlockArrays]]:
     """Every block's inputs, made by the passes' own code (plan, then ``BlockReader``)."""
-    reader = BlockReader(family, make_plan(family, BLOCK), files)
-    return [reader.arrays(block) for block in reader.plan.blocks]
+    reader = BlockReader(family, make_plan(family, BLOCK, row_aligned), files)
+    return reader.plan, [reader.arrays(block) for block in reader.plan.blocks]
+
+
+def magprune(plan: Plan, n_agents: int) -> list[KeepMagprune]:
+    """DELLA's draw for every block of a row-aligned plan, as ``methods.della`` builds it."""
+    lo, width = np.full(n_agents, 0.1, np.float32), np.full(n_agents, 0.2, np.float32)
+    keeps = []
+    for block in plan.blocks:
+        tensor = plan.tensors[block.tensor]
+        size, rows = geometry(tensor)
+        keys = random_keys(0, n_agents, tensor.name)
+        params = MagpruneParams(block.start, size, rows, keys, np.zeros(n_agents, np.int64), lo, width, False)
+        keeps.append(KeepMagprune(params))
+    return keeps
 
 
 def main() -> int:
@@ -45,6 +64,7 @@ def main() -> int:
     parser.add_argument("--data", default="bench-data", help="where bench_spine.py wrote the family [bench-data]")
     parser.add_argument("--repeat", type=int, default=3, help="timed rounds; medians are reported [3]")
     parser.add_argument("--json", default=None, help="also write the medians (seconds) to this JSON file")
+    parser.add_argument("--della", action="store_true", help="also time DELLA's fused prune-and-merge kernel")
     args = parser.parse_args()
     root = Path(args.data) / "full"
     if not (root / ".bench-complete").is_file():
@@ -60,7 +80,11 @@ def main() -> int:
     elements = sum(r.entry.numel for r in family.base.tensors.values() if r.entry.dtype in FLOAT_CODES)
 
     with InputFiles() as files:
-        sources = block_arrays(family, files)
+        _, sources = block_arrays(family, files)
+        aligned, rows_sources = block_arrays(family, files, row_aligned=True) if args.della else (None, [])
+        draws = magprune(aligned, n_agents) if aligned is not None else []
+        ones = np.ones(n_agents, np.float32)
+        della_params = GtaParams(ones, ones, "sum", True, np.ones(1, np.float32))
 
         def merge() -> None:
             for b in sources:
@@ -70,6 +94,11 @@ def main() -> int:
             for b in sources:
                 backend.probe(b, 1e-5, masks)
 
+        def della() -> None:
+            for b, keep in zip(rows_sources, draws, strict=True):
+                if b.size:
+                    backend.merge_gta(b, della_params, keep, [out[: 2 * b.size].view(np.uint16)], 0)
+
         def read_once() -> None:
             view = memoryview(bytearray(READ_BUFFER))
             for path in paths:
@@ -77,8 +106,8 @@ def main() -> int:
                     while f.readinto(view):
                         pass
 
-        timings: dict[str, list[float]] = {"read": [], "probe": [], "merge": []}
-        steps = {"read": read_once, "probe": probe, "merge": merge}
+        steps = {"read": read_once, "probe": probe, "merge": merge, **({"della": della} if args.della else {})}
+        timings: dict[str, list[float]] = {name: [] for name in steps}
         for step in steps.values():  # compile (or load) the kernels, warm the page cache
             step()
         for _ in range(args.repeat):
@@ -90,7 +119,7 @@ def main() -> int:
     nbytes = sum(os.path.getsize(p) for p in paths)
     print(f"family {root}: {elements / 1e9:.3f}G elements per checkpoint, {nbytes / 1e9:.2f} GB, {workers} threads")
     medians = {name: statistics.median(t) for name, t in timings.items()}
-    for name in ("read", "probe", "merge"):
+    for name in steps:
         t = medians[name]
         print(f"{name:6s} {t:.3f} s  {elements / t / 1e9:.2f} G elements/s  {t / medians['read']:.2f} x read")
     if args.json:
