@@ -97,6 +97,7 @@ def prune_scratch(slice_size, rows):  # type: ignore[no-untyped-def]
         np.empty(rows, np.uint64),
         np.empty((2, RADIX), np.int64),
         np.empty(TILE, np.uint32),
+        np.empty(2 * RADIX, np.float32),
     )
 
 
@@ -113,7 +114,7 @@ def prune_slice(  # type: ignore[no-untyped-def]
     often a small part of a sparse task vector, are drawn; without the 1/p rescale, most draws
     are decided without a sort (``_merge_keep_by_buckets``, with ``probabilities``, the table of
     ``probability_table``). The merged bytes are the same."""
-    slices, orders, packed, count, bits = scratch
+    slices, orders, packed, count, bits, bounds = scratch
     base_slice, agent_slice = slices[0], slices[1]
     work, rank_of = orders[0], orders[1]
     inner = slice_size // rows
@@ -139,10 +140,11 @@ def prune_slice(  # type: ignore[no-untyped-def]
         key, lo_t, width_t = keys[t], lo[t], width[t]
         for k in range(inner):
             if merging and not inverse and width_t >= zero:
-                decided = _merge_keep_by_buckets(
-                    magnitude, k, inner, rows, packed, count, dst, probabilities[t], key, start + at
-                )  # fmt: skip
-                if decided:
+                group = magnitude[k::inner] if inner > 1 else magnitude[:rows]
+                row = dst[k::inner] if inner > 1 else dst[:rows]
+                if _merge_keep_by_buckets(
+                    group, row, rows, packed, count, bounds, probabilities[t], key, start + at + k, inner
+                ):
                     continue
             # |tau| = 0 (most of a sparse task vector) is the smallest key: those elements take the
             # first ranks in index order, as the stable sort gives them; only the rest is sorted
@@ -200,75 +202,76 @@ def probability_table(rows, lo, width):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, error_model="numpy")
 def _merge_keep_by_buckets(  # type: ignore[no-untyped-def]
-    magnitude, k, inner, rows, packed, count, dst, probabilities, key, first
+    magnitude, dst, rows, packed, count, bounds, probabilities, key, first, inner
 ):  # fmt: skip
-    """The keep values (1 or 0) of group ``k`` (elements ``j * inner + k``) for a merge, most of
-    them without the exact rank; False when too many draws were left undecided (the caller then
-    sorts the group).
+    """The keep values (1 or 0) of one group for a merge, most of them without the exact rank;
+    False when too many draws were left undecided (the caller then sorts the group).
+    ``magnitude`` and ``dst`` are the group's ``rows`` elements (a contiguous row when ``inner``
+    is 1); element j is at tensor position ``first + j * inner``.
 
     p is non-decreasing in the rank (each float32 step of ``_probability`` is monotone), so a draw
     below p of the lowest rank an element can have keeps it, and one at or above p of its highest
-    drops it. Those bounds come from a histogram of the top bits of the nonzero keys, with about
-    as many buckets as keys: an element's rank lies within its bucket's ranks. A draw between the
-    two (a bucket's share of the ranks, so a few per group) gets the exact rank, by counting the
-    smaller keys; past ``MAX_UNDECIDED`` of them (a bucket holding most keys: many equal |tau|) the
-    group is sorted. The bytes are those of the sort (``_keep_value``'s p, from the same table)."""
+    drops it. Those bounds come from a histogram of the nonzero keys over their range, with about a
+    quarter as many buckets as keys (finer ones decide little more: the |tau| of bf16 weights
+    repeat, and equal keys share a bucket however fine): an element's rank lies within its
+    bucket's ranks. A draw between the two (a bucket's share of the ranks, so a few per group)
+    gets the exact rank, by counting the smaller keys; past ``MAX_UNDECIDED`` of them (a bucket
+    holding most keys: many equal |tau|) the group is sorted. The bytes are those of the sort
+    (``_keep_value``'s p, from the same table)."""
     zero, one = np.float32(0.0), np.float32(1.0)
     every = np.uint32(0xFFFFFFFF)
-    ones, common, nonzero = np.uint32(0), every, 0
-    for j in range(rows):  # the bits that differ between the nonzero keys, and their count
-        b = magnitude[j * inner + k]
-        ones |= b
-        common &= b if b != 0 else every
-        nonzero += np.int64(b != 0)
-    varying = ones ^ common if ones != 0 else np.uint32(0)
-    high = 31
-    while high >= 0 and not (varying >> np.uint32(high)) & np.uint32(1):
-        high -= 1
-    digit = 0  # the histogram's bits: the top ones of those that vary, about log2(nonzero)
-    while (1 << digit) < nonzero and digit < min(RADIX_BITS, high + 1):
-        digit += 1
-    shift = np.uint64(32 + high + 1 - digit)  # of a packed key
-    bins = 1 << digit
-    mask = np.uint64(bins - 1)
-    zeros, n = 0, 0
-    for j in range(rows):  # a compaction without branches (half the elements may be 0)
-        i = j * inner + k
-        b = magnitude[i]
-        is_zero = np.int64(b == 0)
-        dst[i] = zero  # a nonzero's is set below
+    under, high, n = every, np.uint32(0), 0
+    for j in range(rows):  # compact the nonzero keys and find their range, without branches (half may be 0)
+        b = magnitude[j]
         packed[n] = (np.uint64(b) << np.uint64(32)) | np.uint64(j)  # a zero's is overwritten next
-        zeros += is_zero
-        n += 1 - is_zero
+        n += np.int64(b != 0)
+        under = min(under, b - np.uint32(1))  # a zero wraps to the largest
+        high = max(high, b)
+        dst[j] = zero  # a nonzero's is set below
+    low = under + np.uint32(1)
+    if n == 0:
+        return True
+    zeros = rows - n
+    span = high - low
+    digit = 0  # about log2(n / 4) bits of the range per bucket index
+    while (4 << digit) < n and digit < RADIX_BITS:
+        digit += 1
+    width = 0
+    while width < 32 and (span >> np.uint32(width)) != 0:
+        width += 1
+    shift = np.uint64(max(width - digit, 0))
+    bins = np.int64(span >> shift) + 1
     sizes, lowest = count[0], count[1]
     for d in range(bins):
         sizes[d] = 0
     for r in range(n):
-        sizes[np.int64((packed[r] >> shift) & mask)] += 1
+        sizes[np.int64(((packed[r] >> np.uint64(32)) - low) >> shift)] += 1
     total = zeros
-    for d in range(bins):
-        lowest[d] = total  # the lowest rank of bucket d
+    for d in range(bins):  # each bucket's lowest rank, and p at its lowest and highest
+        lowest[d] = total
+        bounds[2 * d] = probabilities[total]
+        bounds[2 * d + 1] = probabilities[max(total + sizes[d] - 1, total)]
         total += sizes[d]
     left = 0
     for r in range(n):  # without branches (the draws fall anywhere): 1 kept, 0 dropped, -1 undecided
         v = packed[r]
-        d = np.int64((v >> shift) & mask)
-        i = np.int64(v & _LOW32) * inner + k
-        u = uniform(key, first + i)
-        kept = np.int64(u < probabilities[lowest[d]])
-        within = np.int64(u < probabilities[lowest[d] + sizes[d] - 1])  # >= kept: p is non-decreasing
-        dst[i] = np.float32(kept + kept - within)
+        d = np.int64(((v >> np.uint64(32)) - low) >> shift)
+        j = np.int64(v & _LOW32)
+        u = uniform(key, first + j * inner)
+        kept = np.int64(u < bounds[2 * d])
+        within = np.int64(u < bounds[2 * d + 1])  # >= kept: p is non-decreasing
+        dst[j] = np.float32(kept + kept - within)
         left += within - kept
     if left > MAX_UNDECIDED:
         return False
     for r in range(n if left else 0):  # the exact rank: the zeros and the nonzero keys below
         v = packed[r]
-        i = np.int64(v & _LOW32) * inner + k
-        if dst[i] < zero:
+        j = np.int64(v & _LOW32)
+        if dst[j] < zero:
             below = 0
             for q in range(n):
                 below += np.int64(packed[q] < v)
-            dst[i] = one if uniform(key, first + i) < probabilities[zeros + below] else zero
+            dst[j] = one if uniform(key, first + j * inner) < probabilities[zeros + below] else zero
     return True
 
 
@@ -303,7 +306,7 @@ def _merge_slices(  # type: ignore[no-untyped-def]
     """Slices [first, end) of the block, pruned and merged by one thread; its first NaN/Inf."""
     n = base.shape[0]
     pruning = prune_scratch(slice_size, rows)
-    probabilities = probability_table(rows, lo, width)
+    probabilities = NO_PROBABILITIES if inverse else probability_table(rows, lo, width)  # 1/p: the sort path
     keep = np.empty((len(agents), slice_size), np.float32)
     tiles = tile_scratch(len(agents), consensus)
     found = -1
