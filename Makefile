@@ -64,7 +64,7 @@ test-lowest:  ## the fast tests against the lowest versions of the direct depend
 	$(LOWEST)/bin/pip install -q --upgrade pip
 	$(PY) tools/lowest_constraints.py > $(LOWEST)/constraints.txt
 	$(LOWEST)/bin/pip install -q --only-binary=:all: -c $(LOWEST)/constraints.txt -e '.[test]'
-	NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/lowest-$(KERNELS_DIGEST) $(LOWEST)/bin/python -m pytest -q $(WORKERS) -m "not slow"
+	NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/lowest-$(KERNELS_DIGEST) $(LOWEST)/bin/python -m pytest -q $(WORKERS) -m "not slow" --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check ramstream tests tools

@@ -26,14 +26,13 @@ import numpy as np
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI runs the kernels (before numba loads)
 
-from ramstream.backends.base import GtaParams, KeepMagprune, MagpruneParams
+from ramstream.backends.base import PRUNE, GtaParams, KeepMagprune
 from ramstream.backends.numba.backend import NumbaBackend
-from ramstream.backends.rng import random_keys
 from ramstream.blocks import BlockArrays, BlockReader
 from ramstream.format.dtypes import FLOAT_CODES
 from ramstream.format.family import Family, open_family
 from ramstream.io.reader import InputFiles
-from ramstream.methods.della import geometry
+from ramstream.methods.della import Magprune
 from ramstream.plan import Plan, make_plan
 
 BLOCK = 1 << 24
@@ -47,16 +46,15 @@ def block_arrays(family: Family, files: InputFiles, row_aligned: bool = False) -
 
 
 def magprune(plan: Plan, n_agents: int) -> list[KeepMagprune]:
-    """DELLA's draw for every block of a row-aligned plan, as ``methods.della`` builds it."""
-    lo, width = np.full(n_agents, 0.1, np.float32), np.full(n_agents, 0.2, np.float32)
-    keeps = []
-    for block in plan.blocks:
-        tensor = plan.tensors[block.tensor]
-        size, rows = geometry(tensor)
-        keys = random_keys(0, n_agents, tensor.name)
-        params = MagpruneParams(block.start, size, rows, keys, np.zeros(n_agents, np.int64), lo, width, False)
-        keeps.append(KeepMagprune(params))
-    return keeps
+    """DELLA's draw for every block of a row-aligned plan, by ``methods.della``'s own code."""
+    shape = (len(plan.tensors), n_agents)
+    names = tuple(tensor.name for tensor in plan.tensors)
+    draw = Magprune(
+        0, np.full(shape, PRUNE, np.int64), np.full(shape, 0.1, np.float32), np.full(shape, 0.2, np.float32), names
+    )
+    return [
+        KeepMagprune(draw.params(plan.tensors[block.tensor], block.start, n_agents, False)) for block in plan.blocks
+    ]
 
 
 def main() -> int:
