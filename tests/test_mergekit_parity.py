@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +42,7 @@ from ramstream.methods.registry import method_names
 from tests import reference_fusion, reference_sphere
 from tests import test_methods_sce as reference_sce
 from tests.families import Family, bf16_to_f32, build_family, f32_to_bf16, read_model_dir, read_safetensors
+from tests.mergekit_runs import run_mergekit
 
 pytestmark = pytest.mark.slow
 
@@ -217,26 +216,6 @@ RAMSTREAM_NAME = {"ramplus_tl": "ram+"}
 SORTED = {n for n, case in DETERMINISTIC.items() if case[0] in ("ties", "breadcrumbs", "breadcrumbs_ties")}
 MAGNITUDE = SORTED - {"ties-density-gradients", "breadcrumbs-gradients"}
 
-# Runs each [config, out, stable] job as ``mergekit-yaml config out`` does; with ``stable``,
-# torch.argsort and torch.sort (called by mergekit's magnitude trimming) are pinned to stable sorts.
-_MERGEKIT = """
-import json, sys, yaml, torch
-from mergekit.config import MergeConfiguration
-from mergekit.merge import run_merge
-from mergekit.options import MergeOptions
-unstable = torch.argsort, torch.sort
-def stable_argsort(input, dim=-1, descending=False, stable=False):
-    return unstable[0](input, dim=dim, descending=descending, stable=True)
-def stable_sort(input, dim=-1, descending=False, stable=False, **kwargs):
-    return unstable[1](input, dim=dim, descending=descending, stable=True, **kwargs)
-for config, out, stable in json.loads(sys.argv[1]):
-    torch.argsort, torch.sort = (stable_argsort, stable_sort) if stable else unstable
-    source = open(config, encoding="utf-8").read()
-    options = MergeOptions(random_seed=int(sys.argv[2]), quiet=True, write_model_card=False)
-    options.apply_global_options()
-    run_merge(MergeConfiguration.model_validate(yaml.safe_load(source)), out, options=options, config_source=source)
-"""
-
 
 @dataclass(frozen=True)
 class Runs:
@@ -292,10 +271,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         configs[name] = root / f"{name}.yml"
         write_config(configs[name], fam, case, as_slices=name in AS_SLICES)
         outs[name] = root / "mergekit" / name
-        jobs.append([str(configs[name]), str(outs[name]), name in SORTED])
+        jobs.append((configs[name], outs[name], name in SORTED))
         if name in MAGNITUDE:
             stock[name] = root / "mergekit-stock" / name
-            jobs.append([str(configs[name]), str(stock[name]), False])
+            jobs.append((configs[name], stock[name], False))
     f32 = build_family(root / "family-f32", densities=DENSITIES, shapes=dict(SHAPE.tensors()), dtype="F32", seed=5)
     for member in (f32.base, *f32.agents):
         (member / "config.json").write_text(json.dumps(SHAPE.config()))
@@ -305,11 +284,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         f32_configs[name] = root / f"{name}-f32.yml"
         write_config(f32_configs[name], f32, ALL[name])
         f32_stock[name] = root / "mergekit-stock-f32" / name
-        jobs.append([str(f32_configs[name]), str(f32_stock[name]), False])
-    done = subprocess.run(
-        [sys.executable, "-c", _MERGEKIT, json.dumps(jobs), str(SEED)], capture_output=True, text=True, timeout=1200
-    )
-    assert done.returncode == 0, f"mergekit failed:\n{done.stderr[-4000:]}"
+        jobs.append((f32_configs[name], f32_stock[name], False))
+    run_mergekit(jobs, SEED, timeout=1200)
     return Runs(root, fam, configs, outs, stock, f32, f32_configs, f32_stock)
 
 

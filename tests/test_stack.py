@@ -32,6 +32,7 @@ from tests.families import (
     write_safetensors,
     write_safetensors_chunked,
 )
+from tests.mergekit_runs import run_mergekit
 from tests.test_cli import assert_nothing_finished, in_process, ok, one_line_error
 
 H, V, INTER = 16, 40, 24
@@ -434,7 +435,6 @@ def test_scale_precedence_source_then_slice_then_top() -> None:
 # -- parity with mergekit 0.1.5 -------------------------------------------------------------
 
 PARITY_SHAPE = FamilyShape(hidden=128, layers=4, vocab=1024, intermediate=352, kv_hidden=32)
-MERGEKIT_YAML = Path(sys.executable).parent / "mergekit-yaml"
 
 
 def parity_cases(a: Path, b: Path) -> dict[str, dict[str, Any]]:
@@ -464,8 +464,8 @@ def parity_cases(a: Path, b: Path) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """Each case's config run by ``mergekit-yaml`` and by ``ramstream merge --config``."""
-    if not MERGEKIT_YAML.is_file() or importlib.util.find_spec("mergekit") is None:
+    """Each case's config run by mergekit (as ``mergekit-yaml`` runs it) and by ``ramstream merge --config``."""
+    if importlib.util.find_spec("mergekit") is None:
         pytest.skip("mergekit is not installed: pip install torch==2.13.0 mergekit==0.1.5 (make test does)")
     root = tmp_path_factory.mktemp("stack-parity")
     # Llama-shaped: mergekit 0.1.5 cannot stack a Qwen2 model (transformers derives its layer_types,
@@ -476,16 +476,14 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     for member in (fam.base, *fam.agents):
         (member / "config.json").write_text(json.dumps(llama))
         (member / "tokenizer.json").unlink()  # a placeholder, not a tokenizer mergekit could load
-    outputs = {}
+    outputs, jobs = {}, []
     for name, body in parity_cases(fam.base, fam.agents[0]).items():
         path = config(root / f"{name}.yml", {"merge_method": "passthrough", **body})
         theirs, ours = root / "mergekit" / name, root / "ramstream" / name
-        done = subprocess.run(
-            [str(MERGEKIT_YAML), str(path), str(theirs), "--quiet"], capture_output=True, text=True, timeout=600
-        )
-        assert done.returncode == 0, f"mergekit-yaml failed on {name}:\n{done.stderr[-4000:]}"
+        jobs.append((path, theirs, False))
         ok(in_process("merge", "--config", path, "--out", ours, "--cache-dir", root / "cache"))
         outputs[name] = (ours, theirs)
+    run_mergekit(jobs, seed=0, timeout=600)
     return outputs
 
 
