@@ -217,6 +217,16 @@ def test_multislerp_of_one_agent_is_the_agent(fam: Family, tmp_path: Path) -> No
         assert np.array_equal(raw, f32_to_bf16(fam.agent_values[1][name].ravel()))
 
 
+@pytest.mark.parametrize("method", [["multislerp", "--weights", "0.7,0.5,1.0"], ["karcher"]])
+def test_an_integer_tensor_is_copied_not_combined(tmp_path: Path, method: list[str]) -> None:
+    """Every agent moved position_ids the same way: the float tensors merge, the integer one is
+    the base's (multislerp refused the whole merge, finding no direction in its zero Gram matrix)."""
+    fam = build_family(tmp_path / "ints", densities=(0.05, 0.4, 0.6), int_tensor=True, seed=11)
+    ours = run_merge(tmp_path, [fam.base, *fam.agents], "ints-out", "--method", *method)
+    assert np.array_equal(ours["model.position_ids"].view(np.int64), fam.copied["model.position_ids"][1])
+    assert set(ours) == {*fam.base_values, "model.position_ids"}
+
+
 @pytest.mark.parametrize(("max_iter", "tol"), [(10, 1e-5), (2, 1e-3), (0, 1e-5)])
 def test_karcher_matches_reference(fam: Family, tmp_path: Path, max_iter: int, tol: float) -> None:
     flags = ["--method", "karcher", "--max-iter", str(max_iter), "--tol", str(tol)]

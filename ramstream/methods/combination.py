@@ -25,6 +25,7 @@ import numpy as np
 from ramstream.backends.base import Backend
 from ramstream.backends.base import LinearParams as LinearRecord
 from ramstream.blocks import BlockArrays
+from ramstream.format.dtypes import is_float
 from ramstream.methods.base import Prepared
 from ramstream.methods.gta import gta_prepared
 from ramstream.plan import Block
@@ -56,7 +57,12 @@ def combination_prepared(ctx: StatsContext, weights: bool, coefficients: Coeffic
     """The block merger of per-tensor combinations: ``coefficients(tensor, gram)`` over the
     weights (base first) or over the task vectors."""
     matrices = grams(ctx, weights)
-    coefs = np.array([coefficients(t, g) for t, g in enumerate(matrices)], np.float64).astype(np.float32)
+    # an integer tensor is copied from the base, never merged: its Gram matrix is not gathered
+    # (zeros), and a method's formula over it could only refuse (multislerp: no direction)
+    merged = [is_float(ref.entry.dtype) for ref in ctx.family.base.tensors.values()]
+    coefs = np.array(
+        [coefficients(t, g) if merged[t] else np.zeros(len(g)) for t, g in enumerate(matrices)], np.float64
+    ).astype(np.float32)
     coefs = coefs.reshape(len(matrices), -1)
     if not weights:
         n_tensors, n_agents = coefs.shape
