@@ -47,16 +47,10 @@ TEST_ENV := NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/$(KERNELS_DIGEST)
 # own tmp_path.
 WORKERS := -n 4 --dist loadfile
 
-# Two processes compile the kernels into the cache first (tests/warm_kernels.py): otherwise several
-# workers compile the same kernel at once. Best effort: what it cannot warm, the tests compile.
-warm = export $(2); $(1)/python -m tests.warm_kernels --part 0/2 & $(1)/python -m tests.warm_kernels --part 1/2; wait
-
 test: $(STAMP)  ## install, then run the whole test suite (slow tests too: the mergekit parity)
-	$(call warm,$(BIN),$(TEST_ENV))
 	$(TEST_ENV) $(BIN)/python -m pytest -q $(WORKERS) --durations=25
 
 test-fast: $(STAMP)  ## everything but the tests marked slow
-	$(call warm,$(BIN),$(TEST_ENV))
 	$(TEST_ENV) $(BIN)/python -m pytest -q $(WORKERS) -m "not slow"
 
 # The floors of pyproject.toml's dependencies are versions that pass: a fresh venv gets exactly
@@ -70,7 +64,6 @@ test-lowest:  ## the fast tests against the lowest versions of the direct depend
 	$(LOWEST)/bin/pip install -q --upgrade pip
 	$(PY) tools/lowest_constraints.py > $(LOWEST)/constraints.txt
 	$(LOWEST)/bin/pip install -q --only-binary=:all: -c $(LOWEST)/constraints.txt -e '.[test]'
-	$(call warm,$(LOWEST)/bin,NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/lowest-$(KERNELS_DIGEST))
 	NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/lowest-$(KERNELS_DIGEST) $(LOWEST)/bin/python -m pytest -q $(WORKERS) -m "not slow" --durations=25
 
 lint: $(STAMP)
