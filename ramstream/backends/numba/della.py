@@ -95,7 +95,7 @@ def prune_scratch(slice_size, rows):  # type: ignore[no-untyped-def]
         np.empty((2, slice_size), np.float32),
         np.empty((2, rows), np.int64),
         np.empty(rows, np.uint64),
-        np.empty((2, RADIX), np.int64),
+        np.empty(RADIX, np.int64),
         np.empty(TILE, np.uint32),
         np.empty(2 * RADIX, np.float32),
     )
@@ -140,10 +140,17 @@ def prune_slice(  # type: ignore[no-untyped-def]
         key, lo_t, width_t = keys[t], lo[t], width[t]
         for k in range(inner):
             if merging and not inverse and width_t >= zero:
-                group = magnitude[k::inner] if inner > 1 else magnitude[:rows]
-                row = dst[k::inner] if inner > 1 else dst[:rows]
                 if _merge_keep_by_buckets(
-                    group, row, rows, packed, count, bounds, probabilities[t], key, start + at + k, inner
+                    magnitude[k::inner],
+                    dst[k::inner],
+                    rows,
+                    packed,
+                    count,
+                    bounds,
+                    probabilities[t],
+                    key,
+                    start + at + k,
+                    inner,
                 ):
                     continue
             # |tau| = 0 (most of a sparse task vector) is the smallest key: those elements take the
@@ -156,7 +163,7 @@ def prune_slice(  # type: ignore[no-untyped-def]
                 packed[nonzero] = (np.uint64(b) << np.uint64(32)) | np.uint64(j)  # a zero's is overwritten next
                 zeros += is_zero
                 nonzero += 1 - is_zero
-            ordered = sort_pairs(packed[:nonzero], work[:nonzero].view(np.uint64), count[0])
+            ordered = sort_pairs(packed[:nonzero], work[:nonzero].view(np.uint64), count)
             if merging:
                 for j in range(rows):
                     dst[j * inner + k] = zero
@@ -241,14 +248,13 @@ def _merge_keep_by_buckets(  # type: ignore[no-untyped-def]
         width += 1
     shift = np.uint64(max(width - digit, 0))
     bins = np.int64(span >> shift) + 1
-    sizes, lowest = count[0], count[1]
+    sizes = count
     for d in range(bins):
         sizes[d] = 0
     for r in range(n):
         sizes[np.int64(((packed[r] >> np.uint64(32)) - low) >> shift)] += 1
     total = zeros
-    for d in range(bins):  # each bucket's lowest rank, and p at its lowest and highest
-        lowest[d] = total
+    for d in range(bins):  # p at each bucket's lowest and highest rank
         bounds[2 * d] = probabilities[total]
         bounds[2 * d + 1] = probabilities[max(total + sizes[d] - 1, total)]
         total += sizes[d]
