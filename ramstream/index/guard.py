@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ramstream.errors import RamstreamError, StoreCorruptError, StoreWriteError
+from ramstream.errors import RamstreamError, StoreCorruptError, StoreWriteError, shown
 
 
 @contextmanager
@@ -28,6 +28,12 @@ def store_io(where: object, doing: str) -> Iterator[None]:
         ) from exc
     except ValueError as exc:  # format errors: checksum mismatch, truncated or altered chunk, bad metadata
         raise StoreCorruptError(
-            f"{where}: {doing} failed, the store is damaged ({type(exc).__name__}: {exc}); "
+            f"{where}: {doing} failed, the store is damaged ({type(exc).__name__}: {_excerpt(exc)}); "
             "delete it and run the command again"
         ) from exc
+
+
+def _excerpt(exc: Exception) -> str:
+    """The start of an error's first line: a codec's message may quote the damaged bytes."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return shown(text if len(text) <= 80 else text[:77] + "...")

@@ -77,11 +77,11 @@ class Journal:
         """A boolean per block."""
         if n_blocks == 0:
             return np.zeros(0, dtype=bool)
-        with store_io(self.where, "reading the journal"):
+        with store_io(self.where, f"reading the journal {self._array.path!r}"):
             return np.asarray(self._array[:n_blocks]) != 0
 
     def mark(self, block: int) -> None:
-        with store_io(self.where, f"marking block {block} done"):
+        with store_io(self.where, f"marking block {block} done in the journal {self._array.path!r}"):
             self._array[block] = 1
 
     def marking(self, block: int) -> Coroutine[Any, Any, None]:

@@ -11,6 +11,12 @@ A probe writes hundreds of MB of masks. Left in the page cache, every chunk woul
 pages (the slowest part of a probe on a VM whose memory is backed lazily: ~0.2 GB/s against
 ~1.5 GB/s for recycled ones). Chunks of at least ``DROP_AT`` bytes are therefore written with
 ``O_DIRECT`` (their aligned body) and their pages released once written: the page cache stays flat.
+
+Zarr reads a chunk that is not there as the array's fill value. The index's data arrays (masks
+and statistics) are read only where their journal says a chunk was written, so there a missing
+chunk is damage (a file deleted, or lost by a disk), never zeros: :class:`IndexLocalStore`
+refuses it, naming the array, on every read path. Journals stay lenient: an unmarked item has
+no chunk.
 """
 
 from __future__ import annotations
@@ -18,14 +24,18 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import re
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import zarr
-from zarr.core.buffer import Buffer
+from zarr.abc.store import ByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore
 
+from ramstream.errors import StoreCorruptError
 from ramstream.io import direct, os_hints
 
 DROP_AT = 256 * 1024
@@ -98,7 +108,47 @@ class DurableLocalStore(LocalStore):
         await asyncio.to_thread(_put_durable, self.root / key, value)
 
 
-def open_group(path: Path, mode: str, **kwargs: object) -> zarr.Group:
-    """``zarr.open_group`` over a :class:`DurableLocalStore` (read-only for mode ``r``)."""
-    store = DurableLocalStore(path, read_only=mode == "r")
+# A chunk key of zarr v3 (``c.0.1`` or ``c/0/1``, ``c`` for a 0-d array) and the array it is of.
+_CHUNK_KEY = re.compile(r"(?P<array>.+)/c(?:[./]\d+)*")
+
+
+class IndexLocalStore(DurableLocalStore):
+    """The index's store: a chunk of a data array (``masks``, ``stats/*``) that is read and not
+    there is refused (:class:`StoreCorruptError`, naming the array), never read as fill values."""
+
+    REQUIRED = re.compile(r"masks|stats/[^/]+")
+
+    async def get(
+        self, key: str, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        value = await super().get(key, prototype, byte_range)
+        if value is None:
+            self._refuse_missing(key)
+        return value
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        wanted = list(key_ranges)
+        values = await super().get_partial_values(prototype, wanted)
+        for (key, _), value in zip(wanted, values, strict=True):
+            if value is None:
+                self._refuse_missing(key)
+        return values
+
+    def _refuse_missing(self, key: str) -> None:
+        chunk = _CHUNK_KEY.fullmatch(key)
+        if chunk is not None and self.REQUIRED.fullmatch(chunk["array"]):
+            raise StoreCorruptError(
+                f"{self.root}: the index array {chunk['array']!r} lacks its chunk {key[len(chunk['array']) + 1 :]!r}, "
+                "which the index records as written (deleted, or lost by the disk); delete the index and run the "
+                "command again"
+            )
+
+
+def open_group(path: Path, mode: str, *, index: bool = False, **kwargs: object) -> zarr.Group:
+    """``zarr.open_group`` over a :class:`DurableLocalStore` (read-only for mode ``r``); an
+    :class:`IndexLocalStore` for an ``index``."""
+    kind = IndexLocalStore if index else DurableLocalStore
+    store = kind(path, read_only=mode == "r")
     return zarr.open_group(store=store, mode=mode, zarr_format=3, **kwargs)  # type: ignore[arg-type]

@@ -14,6 +14,10 @@ index costs files in proportion to the family's bytes, not to its tensor count::
 
 W is ``plan.mask_width``, S the blocks of the longest batch. ``overlap[t, k-1]`` counts elements
 where agent t is active and exactly k agents are; ``coverage[k]`` elements where k agents are.
+
+Every chunk a journal marks is written, even when all its values are zero (``write_empty_chunks``),
+and read only where its journal marks it: a chunk that is missing there (``IndexLocalStore``) or
+fails its checksum is refused naming the array, never read as zeros.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
+from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.sync import sync
 
 from ramstream.errors import IndexMismatchError, StoreCorruptError
@@ -54,6 +59,11 @@ CHECKED = (Crc32cCodec(),)
 # A statistic's partials are stored a batch per chunk, cut further so that a chunk (and what a
 # pass holds of it) stays below this many bytes: large histograms get fewer blocks per chunk.
 STAT_CHUNK_BYTES = 16 * 1024**2
+# Zarr skips (and deletes) a chunk whose values all equal the fill value unless told otherwise; a
+# chunk of zeros is data here (no overlap in a tensor, a statistic of unchanged weights), and its
+# absence must mean damage. A runtime setting, not stored with the array: applied on every open.
+EVERY_CHUNK: ArrayConfigParams = {"write_empty_chunks": True}
+_ADVICE = "delete the index and run the command again"
 
 
 def counts_width(n_agents: int) -> int:
@@ -106,7 +116,8 @@ class IndexStore:
         cached = self._arrays.get(key)
         if cached is not None:
             return cached
-        node = self.group.get(key)
+        with store_io(self.path, f"opening the index array {key!r}"):
+            node = self.group.get(key)
         if not isinstance(node, zarr.Array):
             raise IndexMismatchError(f"{self.path}: array {key!r} is missing; the index is damaged, delete it")
         expected = self._shapes().get(key)
@@ -115,10 +126,7 @@ class IndexStore:
                 f"{self.path}: array {key!r} is {node.dtype} {list(node.shape)}, where its header implies "
                 f"{expected[1]} {list(expected[0])}; the index is damaged, delete it and probe again"
             )
-        if key == "masks":
-            # write_empty_chunks: skip zarr's scan of every chunk for "all fill value" (a runtime
-            # setting, not stored with the array, so it is applied on every open).
-            node = node.with_config({"write_empty_chunks": True})  # type: ignore[call-overload]
+        node = node.with_config(EVERY_CHUNK)
         self._arrays[key] = node
         return node
 
@@ -131,8 +139,11 @@ class IndexStore:
         }
 
     def done(self) -> np.ndarray:
-        """A boolean per batch of the plan."""
-        return self.journal.done(len(self.plan.batches))
+        """A boolean per batch of the plan; a finished probe's journal that lacks a mark is damaged."""
+        done = self.journal.done(len(self.plan.batches))
+        if self.probe_complete() and not done.all():
+            raise StoreCorruptError(_unmarked(self.path, "progress/probe", "the probe", done))
+        return done
 
     def probe_complete(self) -> bool:
         record = self.group.attrs.get("probe")
@@ -167,8 +178,12 @@ class IndexStore:
         n_agents = self.n_agents
         if n == 0:
             return np.zeros((0, n_agents, n_agents), np.int64), np.zeros((0, n_agents + 1), np.int64)
-        with store_io(self.path, "reading the overlap statistics"):
-            stored = np.asarray(self._array("stats/counts")[...])
+        array = self._array("stats/counts")
+        stored = np.zeros(array.shape, np.int64)  # batches not probed yet count nothing
+        probed = np.flatnonzero(self.done())
+        if len(probed):
+            with store_io(self.path, "reading the index array 'stats/counts'"):
+                stored[probed] = array.get_orthogonal_selection((probed, slice(None), slice(None)))
         rows = stored[self._batch_of, self._slot_of]
         overlap = rows[:, : n_agents * n_agents].reshape(n, n_agents, n_agents)
         coverage = rows[:, n_agents * n_agents :]
@@ -205,6 +220,7 @@ class IndexStore:
                     fill_value=0,
                     overwrite=True,
                     compressors=COMPRESSED,
+                    config=EVERY_CHUNK,
                 )
                 array[...] = data
 
@@ -220,9 +236,12 @@ class IndexStore:
             and overlap.shape == (n_tensors, n_agents, n_agents)
             and coverage.shape == (n_tensors, n_agents + 1)
         ):
-            with store_io(self.path, "reading the per-tensor roll-up"):
-                return np.asarray(overlap[...]), np.asarray(coverage[...])
+            return self._read_whole(overlap), self._read_whole(coverage)
         return self._summed_block_stats()
+
+    def _read_whole(self, array: zarr.Array) -> np.ndarray:
+        with store_io(self.path, f"reading the index array {array.path!r}"):
+            return np.asarray(array[...])
 
     def _summed_block_stats(self) -> tuple[np.ndarray, np.ndarray]:
         """Every block's overlap and coverage, added up per tensor."""
@@ -254,7 +273,8 @@ class IndexStore:
         units = self.statistic_units(shape, dtype)
         layout = (max(len(units), 1), widest(units), *shape)
         name = f"stats/{key}"
-        node = self.group.get(name)
+        with store_io(self.path, f"opening the index array {name!r}"):
+            node = self.group.get(name)
         if node is None:
             with store_io(self.path, f"creating statistic {key!r}"):
                 node = self.group.create_array(
@@ -268,10 +288,16 @@ class IndexStore:
                 )
                 journal = Journal.create(self.group, f"progress/{key}", len(units))
         else:
-            journal = Journal.open(self.group, f"progress/{key}", len(units))
+            with store_io(self.path, f"opening the journal 'progress/{key}'"):
+                journal = Journal.open(self.group, f"progress/{key}", len(units))
         if not isinstance(node, zarr.Array) or node.shape != layout:
             raise IndexMismatchError(f"{self.path}: statistic {key!r} has an unexpected layout; delete the index")
-        return node, journal
+        return node.with_config(EVERY_CHUNK), journal
+
+    def read_statistic(self, array: zarr.Array, units: slice) -> np.ndarray:
+        """The stored partials of ``units`` of a statistic's ``array`` (from ``statistic``)."""
+        with store_io(self.path, f"reading the index array {array.path!r}"):
+            return np.asarray(array[units])
 
     def statistic_complete(self, key: str) -> bool:
         done = self.group.attrs.get("statistics")
@@ -295,10 +321,18 @@ class IndexStore:
         the last batch read is kept, as a batch's blocks are usually read one after the other."""
         batch = int(self._batch_of[block])
         if self._mask_cache is None or self._mask_cache[0] != batch:
-            with store_io(self.path, f"reading batch {batch} of the masks"):
+            with store_io(self.path, f"reading batch {batch} of the index array 'masks'"):
                 self._mask_cache = (batch, np.asarray(self._array("masks")[batch]))
         start = int(self.plan.mask_offsets[block])
         return self._mask_cache[1][:, start : start + mask_bytes(self.plan.blocks[block].size)]
+
+
+def _unmarked(path: Path, journal: str, what: str, done: np.ndarray) -> str:
+    first = int(np.flatnonzero(~done)[0])
+    return (
+        f"{path}: the journal {journal!r} lacks the mark of item {first} ({int((~done).sum())} in all), though "
+        f"{what} is recorded finished (a chunk deleted, or lost by the disk); {_ADVICE}"
+    )
 
 
 async def _gather_all(coroutines: list[Coroutine[Any, Any, Any]]) -> None:
@@ -328,7 +362,7 @@ def create_index(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
 
 
 def _create(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
-    group = open_group(path, mode="w", attributes={"state": "creating"})
+    group = open_group(path, mode="w", index=True, attributes={"state": "creating"})
     n_agents = len(header.agents)
     n_batches = max(len(plan.batches), 1)
     group.create_array(
@@ -387,7 +421,7 @@ def _open_group(path: Path, read_only: bool) -> zarr.Group:
             )
         raise IndexMismatchError(f"{path}: no ramstream index here; run probe (or merge) first, or check the path")
     try:
-        group = open_group(path, mode="r" if read_only else "r+")
+        group = open_group(path, mode="r" if read_only else "r+", index=True)
     except Exception as exc:  # zarr raises several types for "not a group"
         raise IndexMismatchError(
             f"{path}: not a ramstream index ({type(exc).__name__}); give another --index path"

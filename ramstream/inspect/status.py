@@ -149,7 +149,7 @@ def probe_status(store: IndexStore) -> PassStatus:
     plan = store.plan
     sizes = probe_batch_bytes(plan)
     complete = store.probe_complete()
-    done = np.ones(len(plan.batches), bool) if complete else store.done()
+    done = store.done()  # a finished probe's journal is read too: one that lost a mark is damage
     rate = _rate(store.journal.rate(), "last probe run")
     if rate[0] is None:
         record = store.group.attrs.get("probe")

@@ -93,7 +93,7 @@ def agreement_totals(store: IndexStore, owner: np.ndarray, n_rows: int) -> Agree
         for b in plan.blocks_of(tensor):
             unit = int(unit_of[b])
             if chunk is None or chunk[0] != unit:
-                chunk = (unit, np.asarray(array[unit]))
+                chunk = (unit, store.read_statistic(array, slice(unit, unit + 1))[0])
             partial = chunk[1][int(slot_of[b])]
             counts[row] += partial[: 2 * n_pairs].reshape(n_pairs, 2)
             acc += partial[2 * n_pairs :].reshape(n_sums, DIGITS)

@@ -154,7 +154,7 @@ class StatsContext:
         cached = self._partials_cache
         if cached is None or cached[0] != stat.key or cached[1] != lo or hi != lo + 1:
             array, _ = self.store.statistic(stat.key, shape, stat.dtype)
-            data = np.asarray(array[lo:hi])
+            data = self.store.read_statistic(array, slice(lo, hi))
             if hi == lo + 1:
                 self._partials_cache = (stat.key, lo, data)
         else:
