@@ -248,8 +248,8 @@ def test_della_merge_keep_values_are_the_ranked_ones(
         out = np.full((1, size), np.nan, np.float32)
         table = probability_table(rows, lows, widths)
         prune_slice(
-            base, F32, addresses_of([agent], size), codes, 5, 0, size, rows, keys, mode, lows, widths, inverse,
-            out, 0, merging, table, prune_scratch(size, rows),
+            base.ctypes.data, F32, addresses_of([agent], size), codes, 5, 0, size, rows, keys, mode, lows, widths,
+            inverse, out, 0, merging, table, prune_scratch(size, rows),
         )  # fmt: skip
         return out[0]
 

@@ -16,10 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import types
 from numba.extending import intrinsic
-
-from ramstream.backends.numba.codecs import F32, F64, TAU32, decode_tile
 
 
 @intrinsic
@@ -35,18 +33,6 @@ def voidptr(typingctx, address):  # type: ignore[no-untyped-def]
         return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
 
     return sig, codegen
-
-
-@njit(cache=True)
-def decode_at(address, lo, m, code, bits):  # type: ignore[no-untyped-def]
-    """``codecs.decode_tile`` of the raw block at ``address`` (format ``code``): elements
-    [lo, lo + m) into ``bits.view(float32)[:m]``."""
-    if code == F64:
-        decode_tile(carray(voidptr(address), lo + m, np.float64), lo, m, code, bits)
-    elif code == F32 or code == TAU32:  # float32 carriers
-        decode_tile(carray(voidptr(address), lo + m, np.float32), lo, m, code, bits)
-    else:  # BF16, F16: 16-bit carriers
-        decode_tile(carray(voidptr(address), lo + m, np.uint16), lo, m, code, bits)
 
 
 def addresses_of(blocks: Sequence[np.ndarray], size: int) -> np.ndarray:

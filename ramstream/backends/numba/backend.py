@@ -2,8 +2,8 @@
 
 The spine kernels (probe, RAM merge) ``pread`` their own tiles (``arrays.sources``) from
 descriptors this backend opens (and keeps) per file; the others work on the block's mapped
-views. Each call runs with the backend's thread count, scoped to the call: the caller's Numba
-setting is restored afterwards.
+views. Each call runs its kernel's parts on the backend's thread count (``workers.run_parts``);
+Numba's own thread settings are neither used nor changed.
 Per-thread partial rows are allocated and reduced here, so callers never see worker counts.
 """
 
@@ -102,17 +102,11 @@ class NumbaBackend:
 
     @contextmanager
     def _scoped(self, size: int) -> Iterator[int]:
-        """Run with this backend's thread count, or one thread for a block of fewer than
-        ``SERIAL_BELOW`` elements (an MoE's expert tensors: starting the threads cost ten times
-        the work); yield it (the partial rows a kernel fills). Partials are combined exactly,
-        so the thread count never changes a result."""
-        workers = 1 if size < SERIAL_BELOW else self.threads
-        before = numba.get_num_threads()
-        numba.set_num_threads(workers)
-        try:
-            yield workers
-        finally:
-            numba.set_num_threads(before)
+        """This backend's thread count, or one thread for a block of fewer than ``SERIAL_BELOW``
+        elements (an MoE's expert tensors: handing them to threads cost ten times the work): the
+        parts a kernel runs and the partial rows it fills. Partials are combined exactly, so the
+        thread count never changes a result."""
+        yield 1 if size < SERIAL_BELOW else self.threads
 
     def _inputs(self, sources: BlockSources) -> tuple[np.ndarray, np.ndarray]:
         """``(fds, offsets)`` as the tile-reading kernels take them: an input held in memory (a
@@ -520,8 +514,8 @@ class NumbaBackend:
         return keep
 
     def lora_product(self, left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
-        with self._scoped(out.size):
-            lora.lora_product(left, right, scale, out)
+        with self._scoped(out.size) as workers:
+            lora.lora_product(left, right, scale, out, workers)
 
     def close(self) -> None:
         self._files.close()

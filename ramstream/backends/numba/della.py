@@ -29,16 +29,15 @@ decide most draws, and only the few that fall between them are ranked exactly.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ramstream.backends.base import KEEP_EVERYTHING as KEEP_ALL
 from ramstream.backends.base import PRUNE
-from ramstream.backends.numba.addresses import decode_at
-from ramstream.backends.numba.codecs import TAU32, TILE
+from ramstream.backends.numba.codecs import TAU32, TILE, address, decode_at
 from ramstream.backends.numba.counter_rng import uniform
 from ramstream.backends.numba.gta import merge_tile, summed_weight, tile_scratch
 from ramstream.backends.numba.keep import KEEP_ARRAY, NO_CUT_RANGE, NO_CUT_VALUE, NO_DENSITY, NO_KEYS
-from ramstream.backends.numba.nonfinite import lowest
+from ramstream.backends.numba.workers import lowest, run_parts
 
 _LOW32 = np.uint64(0xFFFFFFFF)
 RADIX_BITS = 11
@@ -47,34 +46,30 @@ MAX_UNDECIDED = 64  # draws per group left to the exact rank; beyond them a sort
 NO_PROBABILITIES = np.empty((0, 0), np.float32)
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def della_keep(  # type: ignore[no-untyped-def]
     base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse, keep, workers
-):
-    n_slices = base.shape[0] // slice_size
-    for w in prange(workers):
-        first, end = n_slices * w // workers, n_slices * (w + 1) // workers
-        if first < end:  # idle threads allocate nothing: a 1-D tensor is one (possibly long) row
-            _prune_slices(
-                base,
-                base_code,
-                agents,
-                agent_codes,
-                start,
-                slice_size,
-                rows,
-                keys,
-                mode,
-                lo,
-                width,
-                inverse,
-                keep,
-                first,
-                end,
-            )
+) -> None:
+    """MAGPRUNE's keep values of a block (whole slices) on ``workers`` threads, into ``keep``."""
+    run_parts(
+        _della_keep_part, workers, address(base), base.shape[0] // slice_size, base_code, agents, agent_codes, start,
+        slice_size, rows, keys, mode, lo, width, inverse, keep,
+    )  # fmt: skip
 
 
-@njit(cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, error_model="numpy")
+def _della_keep_part(  # type: ignore[no-untyped-def]
+    base, n_slices, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse, keep,
+    w, workers,
+):  # fmt: skip
+    first, end = n_slices * w // workers, n_slices * (w + 1) // workers
+    if first < end:  # idle threads allocate nothing: a 1-D tensor is one (possibly long) row
+        _prune_slices(
+            base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse, keep,
+            first, end,
+        )  # fmt: skip
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _prune_slices(  # type: ignore[no-untyped-def]
     base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse, keep, first, end
 ):
@@ -83,12 +78,12 @@ def _prune_slices(  # type: ignore[no-untyped-def]
     for s in range(first, end):
         at = s * slice_size
         prune_slice(
-            base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse,
-            keep, at, False, NO_PROBABILITIES, scratch,
+            base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse, keep,
+            at, False, NO_PROBABILITIES, scratch,
         )  # fmt: skip
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def prune_scratch(slice_size, rows):  # type: ignore[no-untyped-def]
     """One thread's buffers for ``prune_slice``."""
     return (
@@ -101,12 +96,13 @@ def prune_scratch(slice_size, rows):  # type: ignore[no-untyped-def]
     )
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def prune_slice(  # type: ignore[no-untyped-def]
     base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse, keep, keep_at,
     merging, probabilities, scratch,
 ):  # fmt: skip
-    """MAGPRUNE over the slice at block position ``at``: ``keep[t, keep_at : keep_at + slice_size]``.
+    """MAGPRUNE over the slice at block position ``at`` of the base at address ``base`` (``agents``:
+    the agents' addresses): ``keep[t, keep_at : keep_at + slice_size]``.
 
     ``merging``: the keep values go straight into a merge, where an element whose tau is 0
     contributes nothing whether kept or dropped (a zero delta neither adds to a sum nor takes
@@ -121,7 +117,7 @@ def prune_slice(  # type: ignore[no-untyped-def]
     one, zero = np.float32(1.0), np.float32(0.0)
     span = np.float32(rows - 1)
     vals = bits.view(np.float32)
-    _decode_range(base.ctypes.data, base_code, at, slice_size, bits, vals, base_slice)
+    _decode_range(base, base_code, at, slice_size, bits, vals, base_slice)
     for t in range(len(agents)):
         dst = keep[t, keep_at : keep_at + slice_size]
         if mode[t] != PRUNE:
@@ -195,7 +191,7 @@ def _probability(rank, span, rows, lo_t, width_t):  # type: ignore[no-untyped-de
     return lo_t + norm * width_t
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def probability_table(rows, lo, width):  # type: ignore[no-untyped-def]
     """float32 (N, rows): p of every rank for every agent (``_probability``): one thread's table
     for a block, no larger than the keep rows it holds beside it (N x slice size)."""
@@ -207,7 +203,7 @@ def probability_table(rows, lo, width):  # type: ignore[no-untyped-def]
     return table
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _merge_keep_by_buckets(  # type: ignore[no-untyped-def]
     magnitude, dst, rows, packed, count, bounds, probabilities, key, first, inner
 ):  # fmt: skip
@@ -281,36 +277,42 @@ def _merge_keep_by_buckets(  # type: ignore[no-untyped-def]
     return True
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def della_merge_block(  # type: ignore[no-untyped-def]
     base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse,
     weights, scale, consensus, normalize, lams, out_addresses, out_code, workers,
-):  # fmt: skip
+) -> int:  # fmt: skip
     """MAGPRUNE and generalized task arithmetic in one read: each thread prunes a slice into its
     own keep rows (float32 multipliers, as ``della_keep`` writes them) and merges it while it is
     in cache, with ``gta.merge_tile`` (``KEEP_ARRAY``). Returns the first NaN/Inf input's block
     position (-1: none)."""
-    n = base.shape[0]
+    parts = run_parts(
+        _della_merge_part, workers, address(base), base.shape[0], base_code, agents, agent_codes, start, slice_size,
+        rows, keys, mode, lo, width, inverse, weights, scale, consensus, normalize, lams, out_addresses, out_code,
+    )  # fmt: skip
+    return lowest(parts)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _della_merge_part(  # type: ignore[no-untyped-def]
+    base, n, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse,
+    weights, scale, consensus, normalize, lams, out_addresses, out_code, w, workers,
+):  # fmt: skip
     n_slices = n // slice_size
-    total_weight = summed_weight(weights)
-    firsts = np.full(workers, -1, np.int64)
-    for w in prange(workers):
-        first, end = n_slices * w // workers, n_slices * (w + 1) // workers
-        if first < end:
-            firsts[w] = _merge_slices(
-                base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse,
-                weights, scale, total_weight, consensus, normalize, lams, out_addresses, out_code, first, end,
-            )  # fmt: skip
-    return lowest(firsts)
+    first, end = n_slices * w // workers, n_slices * (w + 1) // workers
+    if first >= end:
+        return -1
+    return _merge_slices(
+        base, n, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse, weights,
+        scale, summed_weight(weights), consensus, normalize, lams, out_addresses, out_code, first, end,
+    )  # fmt: skip
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _merge_slices(  # type: ignore[no-untyped-def]
-    base, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse,
+    base, n, base_code, agents, agent_codes, start, slice_size, rows, keys, mode, lo, width, inverse,
     weights, scale, total_weight, consensus, normalize, lams, out_addresses, out_code, first, end,
 ):  # fmt: skip
     """Slices [first, end) of the block, pruned and merged by one thread; its first NaN/Inf."""
-    n = base.shape[0]
     pruning = prune_scratch(slice_size, rows)
     probabilities = NO_PROBABILITIES if inverse else probability_table(rows, lo, width)  # 1/p: the sort path
     keep = np.empty((len(agents), slice_size), np.float32)
@@ -319,8 +321,8 @@ def _merge_slices(  # type: ignore[no-untyped-def]
     for s in range(first, end):
         at = s * slice_size
         prune_slice(
-            base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse,
-            keep, 0, True, probabilities, pruning,
+            base, base_code, agents, agent_codes, start, at, slice_size, rows, keys, mode, lo, width, inverse, keep,
+            0, True, probabilities, pruning,
         )  # fmt: skip
         for sub in range(at, at + slice_size, TILE):
             m = min(TILE, at + slice_size - sub)
@@ -334,7 +336,7 @@ def _merge_slices(  # type: ignore[no-untyped-def]
     return found
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sort_pairs(packed, scratch, count):  # type: ignore[no-untyped-def]
     """``packed`` (key << 32 | index, uint64) sorted ascending, in ``packed`` or ``scratch``
     (returned): by a sort for short rows, by an LSD radix sort for long ones (stable passes of

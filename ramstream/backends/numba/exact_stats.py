@@ -23,120 +23,132 @@ count such elements as 0, so an accumulator never sees a non-finite value.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ramstream.backends.numba.addresses import decode_at
-from ramstream.backends.numba.codecs import TAU32, TILE, decode_tile, minus
+from ramstream.backends.numba.codecs import TAU32, TILE, address, decode_at, minus
 from ramstream.backends.numba.counter_rng import uniform
 from ramstream.backends.numba.exact_sum import BINS, add, renormalise
 from ramstream.backends.numba.keep import KEEP_RANDOM
+from ramstream.backends.numba.workers import run_parts
 
 GROUP = 64
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def abs_sums_block(base, base_code, agents, agent_codes, keep_mode, keys, density, start, keep, square, acc, nonfinite):  # type: ignore[no-untyped-def]
+def abs_sums_block(
+    base, base_code, agents, agent_codes, keep_mode, keys, density, start, keep, square, acc, nonfinite
+) -> None:  # type: ignore[no-untyped-def]
     """acc: int64 (workers, N, 2, BINS + 1) zeroed; row 0 = sum |tau|, row 1 = sum |tau| kept
     (with ``square``, of tau * tau in float64).
     ``keys``/``density``/``start`` serve ``KEEP_RANDOM``, ``keep`` (N, n) serves ``KEEP_ARRAY``;
     the other mode's arguments are not read (give ``keep.NO_*``)."""
-    n = base.shape[0]
+    run_parts(
+        _abs_sums_block_part, acc.shape[0], address(base), base.shape[0], base_code, agents, agent_codes, keep_mode,
+        keys, density, start, keep, square, acc, nonfinite,
+    )  # fmt: skip
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _abs_sums_block_part(
+    base, n, base_code, agents, agent_codes, keep_mode, keys, density, start, keep, square, acc, nonfinite, w, workers
+):  # type: ignore[no-untyped-def]
     n_agents = len(agents)
-    workers = acc.shape[0]
     n_tiles = (n + TILE - 1) // TILE
     zero = np.float32(0.0)
-    for w in prange(workers):
-        base_bits = np.empty(TILE, np.uint32)
-        agent_bits = np.empty(TILE, np.uint32)
-        base_vals = base_bits.view(np.float32)
-        agent_vals = agent_bits.view(np.float32)
-        zeros = np.zeros(TILE, np.float32)
-        kept = np.empty(TILE, np.float32)
-        sums = np.empty(TILE // GROUP, np.float64)
-        first_bad = -1
-        for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
-            lo = tile * TILE
-            m = min(TILE, n - lo)
-            decode_tile(base, lo, m, base_code, base_bits)
-            for t in range(n_agents):
-                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
-                under = minus(agent_codes[t], base_vals, zeros)
+    base_bits = np.empty(TILE, np.uint32)
+    agent_bits = np.empty(TILE, np.uint32)
+    base_vals = base_bits.view(np.float32)
+    agent_vals = agent_bits.view(np.float32)
+    zeros = np.zeros(TILE, np.float32)
+    kept = np.empty(TILE, np.float32)
+    sums = np.empty(TILE // GROUP, np.float64)
+    first_bad = -1
+    for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
+        lo = tile * TILE
+        m = min(TILE, n - lo)
+        decode_at(base, lo, m, base_code, base_bits)
+        for t in range(n_agents):
+            decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
+            under = minus(agent_codes[t], base_vals, zeros)
+            for i in range(m):
+                tau = abs(agent_vals[i] - under[i])
+                if tau - tau != zero:
+                    first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
+                    tau = zero
+                agent_vals[i] = tau
+            # The mode is chosen outside the element loops, which then vectorise: chosen per
+            # element, DARE's statistics pass ran at half the speed.
+            if keep_mode == KEEP_RANDOM:
+                key, d, first = keys[t], density[t], start + lo
                 for i in range(m):
-                    tau = abs(agent_vals[i] - under[i])
-                    if tau - tau != zero:
-                        first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
-                        tau = zero
-                    agent_vals[i] = tau
-                # The mode is chosen outside the element loops, which then vectorise: chosen per
-                # element, DARE's statistics pass ran at half the speed.
-                if keep_mode == KEEP_RANDOM:
-                    key, d, first = keys[t], density[t], start + lo
-                    for i in range(m):
-                        kept[i] = agent_vals[i] if uniform(key, first + i) < d else zero
-                else:
-                    row = keep[t, lo : lo + m]
-                    for i in range(m):
-                        kept[i] = agent_vals[i] if row[i] != 0 else zero
-                for g in range(_group_sums(agent_vals, agent_vals, square, m, sums)):
-                    add(acc[w, t, 0], sums[g])
-                for g in range(_group_sums(kept, kept, square, m, sums)):
-                    add(acc[w, t, 1], sums[g])
-        nonfinite[w] = first_bad
+                    kept[i] = agent_vals[i] if uniform(key, first + i) < d else zero
+            else:
+                row = keep[t, lo : lo + m]
+                for i in range(m):
+                    kept[i] = agent_vals[i] if row[i] != 0 else zero
+            for g in range(_group_sums(agent_vals, agent_vals, square, m, sums)):
+                add(acc[w, t, 0], sums[g])
+            for g in range(_group_sums(kept, kept, square, m, sums)):
+                add(acc[w, t, 1], sums[g])
+    nonfinite[w] = first_bad
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def gram_block(base, base_code, agents, agent_codes, weights, acc, nonfinite):  # type: ignore[no-untyped-def]
+def gram_block(base, base_code, agents, agent_codes, weights, acc, nonfinite) -> None:  # type: ignore[no-untyped-def]
     """acc: int64 (workers, V (V + 1) / 2, BINS + 1) zeroed, over V = N task vectors, or with
     ``weights`` over the V = N + 1 weights themselves (the base first, then the agents)."""
-    n = base.shape[0]
+    run_parts(
+        _gram_block_part, acc.shape[0], address(base), base.shape[0], base_code, agents, agent_codes, weights, acc,
+        nonfinite,
+    )  # fmt: skip
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _gram_block_part(base, n, base_code, agents, agent_codes, weights, acc, nonfinite, w, workers):  # type: ignore[no-untyped-def]
     n_agents = len(agents)
     first = 1 if weights else 0
     n_vectors = n_agents + first
-    workers = acc.shape[0]
     n_tiles = (n + TILE - 1) // TILE
     zero = np.float32(0.0)
-    for w in prange(workers):
-        base_bits = np.empty(TILE, np.uint32)
-        agent_bits = np.empty(TILE, np.uint32)
-        base_vals = base_bits.view(np.float32)
-        agent_vals = agent_bits.view(np.float32)
-        zeros = np.zeros(TILE, np.float32)
-        rows = np.empty((n_vectors, TILE), np.float32)
-        sums = np.empty(TILE // GROUP, np.float64)
-        first_bad = -1
-        for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
-            lo = tile * TILE
-            m = min(TILE, n - lo)
-            decode_tile(base, lo, m, base_code, base_bits)
-            if weights:
-                row = rows[0]
-                for i in range(m):
-                    value = base_vals[i]
-                    if value - value != zero:
-                        first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
-                        value = zero
-                    row[i] = value
-            for t in range(n_agents):
-                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
-                under = minus(agent_codes[t], base_vals, zeros)
-                held = agent_codes[t] == TAU32  # a task vector: its weights are f32(base) + tau
-                row = rows[first + t]
-                for i in range(m):
-                    if weights:
-                        value = base_vals[i] + agent_vals[i] if held else agent_vals[i]
-                    else:
-                        value = agent_vals[i] - under[i]
-                    if value - value != zero:
-                        first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
-                        value = zero
-                    row[i] = value
-            pair = 0
-            for a in range(n_vectors):
-                for b in range(a, n_vectors):
-                    for g in range(_group_sums(rows[a], rows[b], True, m, sums)):
-                        add(acc[w, pair], sums[g])
-                    pair += 1
-        nonfinite[w] = first_bad
+    base_bits = np.empty(TILE, np.uint32)
+    agent_bits = np.empty(TILE, np.uint32)
+    base_vals = base_bits.view(np.float32)
+    agent_vals = agent_bits.view(np.float32)
+    zeros = np.zeros(TILE, np.float32)
+    rows = np.empty((n_vectors, TILE), np.float32)
+    sums = np.empty(TILE // GROUP, np.float64)
+    first_bad = -1
+    for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
+        lo = tile * TILE
+        m = min(TILE, n - lo)
+        decode_at(base, lo, m, base_code, base_bits)
+        if weights:
+            row = rows[0]
+            for i in range(m):
+                value = base_vals[i]
+                if value - value != zero:
+                    first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
+                    value = zero
+                row[i] = value
+        for t in range(n_agents):
+            decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
+            under = minus(agent_codes[t], base_vals, zeros)
+            held = agent_codes[t] == TAU32  # a task vector: its weights are f32(base) + tau
+            row = rows[first + t]
+            for i in range(m):
+                if weights:
+                    value = base_vals[i] + agent_vals[i] if held else agent_vals[i]
+                else:
+                    value = agent_vals[i] - under[i]
+                if value - value != zero:
+                    first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
+                    value = zero
+                row[i] = value
+        pair = 0
+        for a in range(n_vectors):
+            for b in range(a, n_vectors):
+                for g in range(_group_sums(rows[a], rows[b], True, m, sums)):
+                    add(acc[w, pair], sums[g])
+                pair += 1
+    nonfinite[w] = first_bad
 
 
 @njit(inline="always", cache=True)

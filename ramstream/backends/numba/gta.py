@@ -33,7 +33,7 @@ Inputs (as the passes hand them over; see ``ramstream.blocks.BlockArrays``):
 - ``lams``: float32 (K,), output k's lambda, the final multiplier of the mixed delta;
 - ``out_addresses``, ``out_code``: the K output blocks' addresses (int64 (K,); raw bytes of the
   block's size, kept alive by the caller) and their format code: one read and one mix for all K;
-- ``workers``: prange iterations (one per thread; each takes a contiguous range of tiles).
+- ``workers``: parts, one per thread (``workers.run_parts``; each takes a contiguous range of tiles).
 
 Per element, all in float32, agents in order t = 0..N-1:
 
@@ -53,14 +53,13 @@ mergekit's generalized task arithmetic semantics (``generalized_task_arithmetic.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, prange
+from numba import njit
 
-from ramstream.backends.numba.addresses import decode_at, voidptr
-from ramstream.backends.numba.codecs import TILE, decode_tile, encode_bytes, minus
+from ramstream.backends.numba.codecs import TILE, address, decode_at, encode_at, minus
 from ramstream.backends.numba.counter_rng import uniform
 from ramstream.backends.numba.keep import KEEP_ARRAY, KEEP_CUTS, KEEP_RANDOM
-from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest, tile_nonfinite
-from ramstream.backends.numba.sources import ITEMSIZES
+from ramstream.backends.numba.nonfinite import first_nonfinite_in, tile_nonfinite
+from ramstream.backends.numba.workers import lowest, run_parts
 
 CONSENSUS_NONE = 0
 CONSENSUS_SUM = 1
@@ -68,47 +67,41 @@ CONSENSUS_SUM = 1
 _ABS = np.uint32(0x7FFFFFFF)
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def gta_merge_block(  # type: ignore[no-untyped-def]
-    base,
-    base_code,
-    agents,
-    agent_codes,
-    weights,
-    scale,
-    keep_mode,
-    keep,
-    keys,
-    density,
-    start,
-    cut_value,
-    cut_range,
-    consensus,
-    normalize,
-    lams,
-    out_addresses,
-    out_code,
-    workers,
-):
-    n = base.shape[0]
+    base, base_code, agents, agent_codes, weights, scale, keep_mode, keep, keys, density, start, cut_value,
+    cut_range, consensus, normalize, lams, out_addresses, out_code, workers,
+) -> int:  # fmt: skip
+    """The GTA merge of one block on ``workers`` threads; the first NaN/Inf input's position or -1."""
+    parts = run_parts(
+        _gta_merge_part, workers, address(base), base.shape[0], base_code, agents, agent_codes, weights, scale,
+        keep_mode, keep, keys, density, start, cut_value, cut_range, consensus, normalize, lams, out_addresses,
+        out_code,
+    )  # fmt: skip
+    return lowest(parts)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _gta_merge_part(  # type: ignore[no-untyped-def]
+    base, n, base_code, agents, agent_codes, weights, scale, keep_mode, keep, keys, density, start, cut_value,
+    cut_range, consensus, normalize, lams, out_addresses, out_code, w, workers,
+):  # fmt: skip
     n_tiles = (n + TILE - 1) // TILE
     total_weight = summed_weight(weights)
-    firsts = np.full(workers, -1, np.int64)
-    for w in prange(workers):
-        scratch = tile_scratch(len(agents), consensus)
-        for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
-            lo = tile * TILE
-            bad = merge_tile(
-                base, base_code, agents, agent_codes, lo, min(TILE, n - lo), n, weights, scale, total_weight,
-                keep_mode, keep, lo, keys, density, start + lo, cut_value, cut_range,
-                consensus, normalize, lams, out_addresses, out_code, firsts[w] < 0, scratch,
-            )  # fmt: skip
-            if bad >= 0 and firsts[w] < 0:
-                firsts[w] = lo + bad
-    return lowest(firsts)
+    scratch = tile_scratch(len(agents), consensus)
+    first = -1
+    for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
+        lo = tile * TILE
+        bad = merge_tile(
+            base, base_code, agents, agent_codes, lo, min(TILE, n - lo), n, weights, scale, total_weight, keep_mode,
+            keep, lo, keys, density, start + lo, cut_value, cut_range, consensus, normalize, lams, out_addresses,
+            out_code, first < 0, scratch,
+        )  # fmt: skip
+        if bad >= 0 and first < 0:
+            first = lo + bad
+    return first
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def summed_weight(weights):  # type: ignore[no-untyped-def]
     """The float32 sum of the weights in order, 1 where it is below 1e-8 in magnitude."""
     total = np.float32(0.0)
@@ -117,7 +110,7 @@ def summed_weight(weights):  # type: ignore[no-untyped-def]
     return np.float32(1.0) if abs(total) < np.float32(1e-8) else total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def tile_scratch(n_agents, consensus):  # type: ignore[no-untyped-def]
     """One thread's tile buffers: base, agent and result bits (uint32), then mixed, divisor,
     majority, a tile of zeros (float32: ``codecs.minus``) and the per-agent deltas the sign
@@ -128,13 +121,14 @@ def tile_scratch(n_agents, consensus):  # type: ignore[no-untyped-def]
     return bits, floats, deltas
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def merge_tile(  # type: ignore[no-untyped-def]
     base, base_code, agents, agent_codes, lo, m, n, weights, scale, total_weight,
     keep_mode, keep, keep_lo, keys, density, first, cut_value, cut_range,
     consensus, normalize, lams, out_addresses, out_code, check, scratch,
 ):  # fmt: skip
-    """Merge block positions [lo, lo + m) into the K outputs; ``keep`` column ``keep_lo`` is
+    """Merge block positions [lo, lo + m) of the base at address ``base`` (``agents``: the agents'
+    addresses) into the K outputs; ``keep`` column ``keep_lo`` is
     position ``lo``, ``first`` its element index in the tensor. With ``check``, returns the
     tile offset of the first NaN/Inf input (-1: none)."""
     bits, floats, deltas = scratch
@@ -146,7 +140,7 @@ def merge_tile(  # type: ignore[no-untyped-def]
     )
     mixed, divisor, majority, zeros = floats[0], floats[1], floats[2], floats[3]
     zero = np.float32(0.0)
-    decode_tile(base, lo, m, base_code, base_bits)
+    decode_at(base, lo, m, base_code, base_bits)
     bad = tile_nonfinite(base_bits, m) if check else False
     for i in range(m):
         mixed[i] = zero
@@ -157,9 +151,24 @@ def merge_tile(  # type: ignore[no-untyped-def]
             bad = bad or tile_nonfinite(agent_bits, m)
         # agent_vals[i] <- w_t * sparse_t (0 where dropped), and a 0/1 survival flag in majority
         _weighted_deltas(
-            agent_vals, agent_bits, minus(agent_codes[t], base_vals, zeros), m, t, weights[t], scale[t], keep_mode,
-            keep, keep_lo, keys, density, first, cut_value, cut_range, lo, majority,
-        )  # fmt: skip
+            agent_vals,
+            agent_bits,
+            minus(agent_codes[t], base_vals, zeros),
+            m,
+            t,
+            weights[t],
+            scale[t],
+            keep_mode,
+            keep,
+            keep_lo,
+            keys,
+            density,
+            first,
+            cut_value,
+            cut_range,
+            lo,
+            majority,
+        )
         if consensus == CONSENSUS_NONE:
             for i in range(m):
                 mixed[i] += agent_vals[i] if majority[i] != zero else zero
@@ -171,13 +180,11 @@ def merge_tile(  # type: ignore[no-untyped-def]
         _elect(deltas, weights, m, majority, mixed, divisor)
     for i in range(m):
         mixed[i] = mixed[i] / divisor[i] if normalize else mixed[i]
-    out_nbytes = n * ITEMSIZES[out_code]
     for k in range(lams.shape[0]):
         lam32 = lams[k]
         for i in range(m):
             result_vals[i] = base_vals[i] + lam32 * mixed[i]
-        out = carray(voidptr(out_addresses[k]), out_nbytes, np.uint8)
-        encode_bytes(result_bits, lo, m, out_code, out)
+        encode_at(result_bits, out_addresses[k], lo, m, out_code)
     return first_nonfinite_in(base, base_code, agents, agent_codes, lo, m, agent_bits) if bad else -1
 
 

@@ -4,7 +4,7 @@ out[i, j] = float32(sum_k left[i, k] * right[k, j]) * float32(scale): each produ
 float32 and added in k order to a float32 accumulator starting at +0.0 (no fused multiply-add:
 Numba compiles without fast-math, so LLVM keeps the multiply and the add apart), then scaled.
 The bits are those of ``blocks.lora.numpy_product``; only the speed differs. Work is split into
-(4 rows x 1024 columns) pieces, one per thread at a time: the four accumulators stay in L1 while
+(4 rows x 1024 columns) pieces, a balanced range of them per thread: the four accumulators stay in L1 while
 each row of ``right``'s tile is read once for the four (numpy instead makes r passes over the
 whole chunk, one thread).
 """
@@ -12,24 +12,34 @@ whole chunk, one thread).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
+
+from ramstream.backends.numba.workers import run_parts
 
 COLUMNS = 1024  # of a piece: its accumulators (4 x 4 KiB) stay in L1
 ROWS = 4  # of a piece: each value of ``right`` read serves four rows
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def lora_product(left, right, scale, out):  # type: ignore[no-untyped-def]
+def lora_product(left, right, scale, out, workers=1) -> None:  # type: ignore[no-untyped-def]
+    """``out`` (flat) <- (left @ right) * scale, its pieces shared by ``workers`` threads."""
+    run_parts(_lora_product_part, workers, left, right, scale, out)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _lora_product_part(left, right, scale, out, w, workers):  # type: ignore[no-untyped-def]
     rows, rank = left.shape
     cols = right.shape[1]
     tiles = (cols + COLUMNS - 1) // COLUMNS
     groups = (rows + ROWS - 1) // ROWS
-    for piece in prange(groups * tiles):
+    pieces = groups * tiles
+    acc = np.zeros((ROWS, COLUMNS), np.float32)
+    for piece in range(pieces * w // workers, pieces * (w + 1) // workers):
         first = (piece // tiles) * ROWS
         c0 = (piece % tiles) * COLUMNS
         width = min(cols, c0 + COLUMNS) - c0
         count = min(ROWS, rows - first)
-        acc = np.zeros((ROWS, COLUMNS), np.float32)
+        for q in range(ROWS):
+            acc[q, :] = np.float32(0.0)
         for k in range(rank):
             values = right[k, c0 : c0 + width]
             for q in range(count):

@@ -19,77 +19,81 @@ activity test already compares, so a tile is searched only where one was seen; n
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, prange
+from numba import njit
 
-from ramstream.backends.numba.addresses import voidptr
-from ramstream.backends.numba.codecs import TILE, decode_bytes, encode_bytes, minus
+from ramstream.backends.numba.codecs import TILE, decode_at, encode_at, minus
 from ramstream.backends.numba.probe import first_nonfinite_of
-from ramstream.backends.numba.sources import ITEMSIZES, read_buffer, read_tile, reads_of
+from ramstream.backends.numba.sources import read_buffer, read_tile, reads_of, row_address
+from ramstream.backends.numba.workers import run_parts
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_code, failed, nonfinite):  # type: ignore[no-untyped-def]
+def merge_ram_block(fds, offsets, codes, n, eps, lambdas, out_addresses, out_code, failed, nonfinite) -> None:  # type: ignore[no-untyped-def]
+    """The RAM merge of one block, one part per row of ``failed``."""
+    run_parts(
+        _merge_ram_part, failed.shape[0], fds, offsets, codes, n, eps, lambdas, out_addresses, out_code, failed,
+        nonfinite,
+    )  # fmt: skip
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _merge_ram_part(fds, offsets, codes, n, eps, lambdas, out_addresses, out_code, failed, nonfinite, w, workers):  # type: ignore[no-untyped-def]
     n_inputs = fds.shape[0]
     n_outputs = lambdas.shape[0]
-    out_nbytes = n * ITEMSIZES[out_code]
-    workers = failed.shape[0]
     n_reads = reads_of(n)
     eps32 = np.float32(eps)
     zero, one, two, inf = np.float32(0.0), np.float32(1.0), np.float32(2.0), np.float32(np.inf)
-    for w in prange(workers):
-        raw = read_buffer(n_inputs)
-        base_bits = np.empty(TILE, np.uint32)
-        agent_bits = np.empty(TILE, np.uint32)
-        result_bits = np.empty(TILE, np.uint32)
-        zeros = np.zeros(TILE, np.float32)
-        total = np.empty(TILE, np.float32)
-        scaled = np.empty((n_outputs, TILE), np.float32)
-        count = np.empty(TILE, np.float32)
-        odd = np.empty(TILE, np.uint8)
-        base_vals = base_bits.view(np.float32)
-        agent_vals = agent_bits.view(np.float32)
-        result_vals = result_bits.view(np.float32)
-        failed[w] = -1
-        first_bad = -1
-        for read in range(n_reads * w // workers, n_reads * (w + 1) // workers):
-            read_lo, read_m, failed[w] = read_tile(fds, offsets, codes, n, read, raw)
-            if failed[w] >= 0:
-                break
-            for sub in range(0, read_m, TILE):
-                m = min(TILE, read_m - sub)
-                decode_bytes(raw[0], sub, m, codes[0], base_bits)
+    raw = read_buffer(n_inputs)
+    base_bits = np.empty(TILE, np.uint32)
+    agent_bits = np.empty(TILE, np.uint32)
+    result_bits = np.empty(TILE, np.uint32)
+    zeros = np.zeros(TILE, np.float32)
+    total = np.empty(TILE, np.float32)
+    scaled = np.empty((n_outputs, TILE), np.float32)
+    count = np.empty(TILE, np.float32)
+    odd = np.empty(TILE, np.uint8)
+    base_vals = base_bits.view(np.float32)
+    agent_vals = agent_bits.view(np.float32)
+    result_vals = result_bits.view(np.float32)
+    failed[w] = -1
+    first_bad = -1
+    for read in range(n_reads * w // workers, n_reads * (w + 1) // workers):
+        read_lo, read_m, failed[w] = read_tile(fds, offsets, codes, n, read, raw)
+        if failed[w] >= 0:
+            break
+        for sub in range(0, read_m, TILE):
+            m = min(TILE, read_m - sub)
+            decode_at(row_address(raw, 0), sub, m, codes[0], base_bits)
+            for i in range(m):
+                total[i] = zero
+                count[i] = zero
+                odd[i] = 0
+            for k in range(n_outputs):
                 for i in range(m):
-                    total[i] = zero
-                    count[i] = zero
-                    odd[i] = 0
+                    scaled[k, i] = zero
+            for t in range(n_inputs - 1):
+                decode_at(row_address(raw, t + 1), sub, m, codes[t + 1], agent_bits)
+                under = minus(codes[t + 1], base_vals, zeros)
+                for i in range(m):
+                    tau = agent_vals[i] - under[i]
+                    finite = abs(tau) < inf
+                    active = (abs(tau) > eps32) & finite
+                    total[i] += tau if active else zero
+                    count[i] += one if active else zero
+                    odd[i] |= np.uint8(not finite)  # a NaN/Inf input makes tau NaN/Inf
                 for k in range(n_outputs):
-                    for i in range(m):
-                        scaled[k, i] = zero
-                for t in range(n_inputs - 1):
-                    decode_bytes(raw[t + 1], sub, m, codes[t + 1], agent_bits)
-                    under = minus(codes[t + 1], base_vals, zeros)
+                    lam = lambdas[k, t]
                     for i in range(m):
                         tau = agent_vals[i] - under[i]
-                        finite = abs(tau) < inf
-                        active = (abs(tau) > eps32) & finite
-                        total[i] += tau if active else zero
-                        count[i] += one if active else zero
-                        odd[i] |= np.uint8(not finite)  # a NaN/Inf input makes tau NaN/Inf
-                    for k in range(n_outputs):
-                        lam = lambdas[k, t]
-                        for i in range(m):
-                            tau = agent_vals[i] - under[i]
-                            active = (abs(tau) > eps32) & (abs(tau) < inf)
-                            scaled[k, i] += lam * tau if active else zero
-                for k in range(n_outputs):
-                    for i in range(m):
-                        c = count[i]
-                        mean = total[i] / max(c, one)
-                        merged = scaled[k, i] if c == one else (mean if c >= two else zero)
-                        result_vals[i] = base_vals[i] + merged
-                    out = carray(voidptr(out_addresses[k]), out_nbytes, np.uint8)
-                    encode_bytes(result_bits, read_lo + sub, m, out_code, out)
-                if first_bad < 0 and odd[:m].max() > 0:  # or a finite difference overflowed: look
-                    found = first_nonfinite_of(raw, codes, sub, m, base_bits)
-                    first_bad = read_lo + sub + found if found < m else -1
-        nonfinite[w] = first_bad
+                        active = (abs(tau) > eps32) & (abs(tau) < inf)
+                        scaled[k, i] += lam * tau if active else zero
+            for k in range(n_outputs):
+                for i in range(m):
+                    c = count[i]
+                    mean = total[i] / max(c, one)
+                    merged = scaled[k, i] if c == one else (mean if c >= two else zero)
+                    result_vals[i] = base_vals[i] + merged
+                encode_at(result_bits, out_addresses[k], read_lo + sub, m, out_code)
+            if first_bad < 0 and odd[:m].max() > 0:  # or a finite difference overflowed: look
+                found = first_nonfinite_of(raw, codes, sub, m, base_bits)
+                first_bad = read_lo + sub + found if found < m else -1
+    nonfinite[w] = first_bad

@@ -1,23 +1,23 @@
 """NaN/Inf in a block: the first in a tile's inputs, for the merge kernels that report it (they
 look only where a cheap test saw one), and whether a merged output holds any
-(``count_exponent``: one parallel scan)."""
+(``count_exponent``: one scan, a part per thread)."""
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ramstream.backends.numba.addresses import decode_at
-from ramstream.backends.numba.codecs import decode_tile
+from ramstream.backends.numba.codecs import decode_at
+from ramstream.backends.numba.workers import run_parts
 
 _EXPONENT = np.uint32(0x7F800000)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def first_nonfinite_in(base, base_code, agents, agent_codes, lo, m, bits):  # type: ignore[no-untyped-def]
-    """The tile offset of the first NaN/Inf in the base or any agent (``agents``: their addresses)
-    at positions [lo, lo + m), or -1."""
-    decode_tile(base, lo, m, base_code, bits)
+    """The tile offset of the first NaN/Inf in the base or any agent (``base``, ``agents``: their
+    addresses) at positions [lo, lo + m), or -1."""
+    decode_at(base, lo, m, base_code, bits)
     first = _first_in_tile(bits, m, m)
     for t in range(len(agents)):
         decode_at(agents[t], lo, m, agent_codes[t], bits)
@@ -45,25 +45,16 @@ def tile_nonfinite(bits, m):  # type: ignore[no-untyped-def]
     return found != np.uint32(0)
 
 
-@njit(cache=True)
-def lowest(firsts):  # type: ignore[no-untyped-def]
-    """The smallest of the per-thread positions that found something (>= 0), or -1."""
-    found = -1
-    for w in range(firsts.shape[0]):
-        if firsts[w] >= 0 and (found < 0 or firsts[w] < found):
-            found = firsts[w]
-    return found
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def count_exponent(values, mask, workers):  # type: ignore[no-untyped-def]
+def count_exponent(values, mask, workers) -> int:  # type: ignore[no-untyped-def]
     """How many of ``values`` (an unsigned carrier) have every bit of ``mask`` set (an exponent
     field all ones: Inf or NaN)."""
+    return sum(run_parts(_count_exponent_part, workers, values, mask))
+
+
+@njit(nogil=True, cache=True)
+def _count_exponent_part(values, mask, w, workers):  # type: ignore[no-untyped-def]
     n = values.shape[0]
-    counts = np.zeros(workers, np.int64)
-    for w in prange(workers):
-        found = 0
-        for i in range(n * w // workers, n * (w + 1) // workers):
-            found += (values[i] & mask) == mask
-        counts[w] = found
-    return counts.sum()
+    found = 0
+    for i in range(n * w // workers, n * (w + 1) // workers):
+        found += (values[i] & mask) == mask
+    return found

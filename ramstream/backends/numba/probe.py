@@ -12,63 +12,66 @@ said: it changed under us).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ramstream.backends.numba.codecs import TILE, decode_bytes, minus
-from ramstream.backends.numba.sources import read_buffer, read_tile, reads_of
+from ramstream.backends.numba.codecs import TILE, decode_at, minus
+from ramstream.backends.numba.sources import read_buffer, read_tile, reads_of, row_address
+from ramstream.backends.numba.workers import run_parts
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite, failed):  # type: ignore[no-untyped-def]
+def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite, failed) -> None:  # type: ignore[no-untyped-def]
+    """The probe of one block, one part per row of the partial results (``overlap.shape[0]``)."""
+    run_parts(_probe_part, overlap.shape[0], fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite, failed)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _probe_part(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite, failed, w, workers):  # type: ignore[no-untyped-def]
     n_inputs = fds.shape[0]
     n_agents = n_inputs - 1
-    workers = overlap.shape[0]
     n_reads = reads_of(n)
     eps32 = np.float32(eps)
     zero, inf = np.float32(0.0), np.float32(np.inf)
-    for w in prange(workers):
-        raw = read_buffer(n_inputs)
-        base_bits = np.empty(TILE, np.uint32)
-        agent_bits = np.empty(TILE, np.uint32)
-        zeros = np.zeros(TILE, np.float32)
-        active = np.empty((n_agents, TILE), np.uint8)
-        count = np.empty(TILE, np.uint8)
-        equal = np.empty((n_agents + 1, TILE), np.uint8)
-        base_vals = base_bits.view(np.float32)
-        agent_vals = agent_bits.view(np.float32)
-        first_bad = -1
-        failed[w] = -1
-        for read in range(n_reads * w // workers, n_reads * (w + 1) // workers):
-            read_lo, read_m, failed[w] = read_tile(fds, offsets, codes, n, read, raw)
-            if failed[w] >= 0:
-                break
-            for sub in range(0, read_m, TILE):
-                lo = read_lo + sub
-                m = min(TILE, read_m - sub)
-                decode_bytes(raw[0], sub, m, codes[0], base_bits)
-                bad = np.int32(0)
+    raw = read_buffer(n_inputs)
+    base_bits = np.empty(TILE, np.uint32)
+    agent_bits = np.empty(TILE, np.uint32)
+    zeros = np.zeros(TILE, np.float32)
+    active = np.empty((n_agents, TILE), np.uint8)
+    count = np.empty(TILE, np.uint8)
+    equal = np.empty((n_agents + 1, TILE), np.uint8)
+    base_vals = base_bits.view(np.float32)
+    agent_vals = agent_bits.view(np.float32)
+    first_bad = -1
+    failed[w] = -1
+    for read in range(n_reads * w // workers, n_reads * (w + 1) // workers):
+        read_lo, read_m, failed[w] = read_tile(fds, offsets, codes, n, read, raw)
+        if failed[w] >= 0:
+            break
+        for sub in range(0, read_m, TILE):
+            lo = read_lo + sub
+            m = min(TILE, read_m - sub)
+            decode_at(row_address(raw, 0), sub, m, codes[0], base_bits)
+            bad = np.int32(0)
+            for i in range(m):
+                count[i] = 0
+                bad += np.int32(base_vals[i] - base_vals[i] != zero)
+            for t in range(n_agents):
+                decode_at(row_address(raw, t + 1), sub, m, codes[t + 1], agent_bits)
+                under = minus(codes[t + 1], base_vals, zeros)
+                row = active[t]
                 for i in range(m):
-                    count[i] = 0
-                    bad += np.int32(base_vals[i] - base_vals[i] != zero)
-                for t in range(n_agents):
-                    decode_bytes(raw[t + 1], sub, m, codes[t + 1], agent_bits)
-                    under = minus(codes[t + 1], base_vals, zeros)
-                    row = active[t]
-                    for i in range(m):
-                        a = agent_vals[i]
-                        bad += np.int32(a - a != zero)
-                        d = abs(a - under[i])
-                        act = np.uint8((d > eps32) & (d < inf))  # NaN/Inf tau: inactive
-                        row[i] = act
-                        count[i] += act
-                if bad and first_bad < 0:
-                    first_bad = lo + first_nonfinite_of(raw, codes, sub, m, agent_bits)
-                _pad(active, count, m)
-                _pack(active, lo, m, masks)
-                _count(active, count, equal, m, overlap[w], coverage[w])
-        nonfinite[w] = first_bad
+                    a = agent_vals[i]
+                    bad += np.int32(a - a != zero)
+                    d = abs(a - under[i])
+                    act = np.uint8((d > eps32) & (d < inf))  # NaN/Inf tau: inactive
+                    row[i] = act
+                    count[i] += act
+            if bad and first_bad < 0:
+                first_bad = lo + first_nonfinite_of(raw, codes, sub, m, agent_bits)
+            _pad(active, count, m)
+            _pack(active, lo, m, masks)
+            _count(active, count, equal, m, overlap[w], coverage[w])
+    nonfinite[w] = first_bad
 
 
 # (w * PACK_MULTIPLIER) >> 56 gathers the low bits of the 8 bytes of w into one byte, byte k -> bit k;
@@ -123,21 +126,16 @@ def _count(active, count, equal, m, overlap_w, coverage_w):  # type: ignore[no-u
             overlap_w[t, k - 1] += s
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def first_nonfinite_of(raw, codes, lo, m, bits):  # type: ignore[no-untyped-def]
     """Offset within the tile of the first non-finite value (base or any agent), decoding the
     read tiles again into ``bits``."""
     first = m
     vals = bits.view(np.float32)
     for k in range(codes.shape[0]):
-        decode_bytes(raw[k], lo, m, codes[k], bits)
+        decode_at(row_address(raw, k), lo, m, codes[k], bits)
         for i in range(min(first, m)):
             if not np.isfinite(vals[i]):
                 first = i
                 break
     return first
-
-
-def workers() -> int:
-    """Partial-result rows per kernel call: one per Numba thread."""
-    return int(numba.get_num_threads())

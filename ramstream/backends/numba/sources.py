@@ -22,11 +22,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ramstream.backends.numba.addresses import voidptr
-from ramstream.backends.numba.codecs import TILE
+from ramstream.backends.numba.codecs import ITEMSIZES, TILE
 
 READ_TILE = 8 * TILE  # elements per read: 32 KiB of bf16 per input, cache-resident with the scratch
 MAX_ITEMSIZE = 8
-ITEMSIZES = np.array([2, 2, 4, 8, 4], np.int64)  # bytes per element, by format code (TAU32 last)
 READ_RETRIES = 8  # a pread interrupted by a signal returns -1 (EINTR); retry before giving up
 
 
@@ -45,7 +44,7 @@ def _pread(typingctx, fd, buf, nbytes, offset):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def read_exactly(fd, offset, row, nbytes):  # type: ignore[no-untyped-def]
     """Fill ``row[:nbytes]`` from ``fd`` at ``offset``; False if the file ends first or fails."""
     got = 0
@@ -62,6 +61,12 @@ def read_exactly(fd, offset, row, nbytes):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", cache=True)
+def row_address(raw, k):  # type: ignore[no-untyped-def]
+    """The address of row ``k`` of a worker's read buffer (``read_buffer``), as the codecs take it."""
+    return np.int64(raw.ctypes.data) + np.int64(k) * np.int64(raw.shape[1])
+
+
+@njit(inline="always", cache=True)
 def read_buffer(n_inputs):  # type: ignore[no-untyped-def]
     """A worker's buffer: one row of a read tile per input, wide enough for any format."""
     return np.empty((n_inputs, READ_TILE * MAX_ITEMSIZE), np.uint8)
@@ -73,7 +78,7 @@ def reads_of(n):  # type: ignore[no-untyped-def]
     return (n + READ_TILE - 1) // READ_TILE
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def read_tile(fds, offsets, codes, n, read, raw):  # type: ignore[no-untyped-def]
     """Read tile ``read`` of the block (``n`` elements) from every input into the rows of ``raw``.
 

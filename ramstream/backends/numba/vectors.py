@@ -24,11 +24,11 @@ set of coefficients gets those kernels' bytes.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ramstream.backends.numba.addresses import decode_at
-from ramstream.backends.numba.codecs import TAU32, TILE, decode_tile, encode_tile, minus
-from ramstream.backends.numba.nonfinite import first_nonfinite_in, lowest
+from ramstream.backends.numba.codecs import TAU32, TILE, address, decode_at, encode_at, minus
+from ramstream.backends.numba.nonfinite import first_nonfinite_in
+from ramstream.backends.numba.workers import lowest, run_parts
 from ramstream.backends.vector_sums import DIGIT_BITS, DIGITS, LOW
 
 _EXPONENT = np.uint32(0x7F800000)
@@ -74,58 +74,62 @@ def add_product(acc, x, y):  # type: ignore[no-untyped-def]
     acc[k + 2] += d2
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def vector_gram_block(base, base_code, agents, agent_codes, weights, start, div, mod, acc, nonfinite):  # type: ignore[no-untyped-def]
+def vector_gram_block(base, base_code, agents, agent_codes, weights, start, div, mod, acc, nonfinite) -> None:  # type: ignore[no-untyped-def]
     """acc: int64 (workers, count, V (V + 1) / 2, DIGITS) zeroed; nonfinite: int64 (workers,)."""
-    n = base.shape[0]
+    run_parts(
+        _vector_gram_part, acc.shape[0], address(base), base.shape[0], base_code, agents, agent_codes, weights,
+        start, div, mod, acc, nonfinite,
+    )  # fmt: skip
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _vector_gram_part(base, n, base_code, agents, agent_codes, weights, start, div, mod, acc, nonfinite, w, workers):  # type: ignore[no-untyped-def]
     n_agents = len(agents)
     lead = 1 if weights else 0
     n_vectors = n_agents + lead
-    workers = acc.shape[0]
     n_tiles = (n + TILE - 1) // TILE
     first = (start // div) % mod
     zero = np.float32(0.0)
-    for w in prange(workers):
-        base_bits = np.empty(TILE, np.uint32)
-        agent_bits = np.empty(TILE, np.uint32)
-        base_vals = base_bits.view(np.float32)
-        agent_vals = agent_bits.view(np.float32)
-        zeros = np.zeros(TILE, np.float32)
-        rows = np.empty((n_vectors, TILE), np.uint32)
-        values = rows.view(np.float32)
-        first_bad = -1
-        for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
-            lo = tile * TILE
-            m = min(TILE, n - lo)
-            decode_tile(base, lo, m, base_code, base_bits)
-            if weights:
-                for i in range(m):
-                    value = base_vals[i]
-                    if value - value != zero:
-                        first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
-                        value = zero
-                    values[0, i] = value
-            for t in range(n_agents):
-                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
-                under = minus(agent_codes[t], base_vals, zeros)
-                held = agent_codes[t] == TAU32
-                for i in range(m):
-                    if weights:
-                        value = base_vals[i] + agent_vals[i] if held else agent_vals[i]
-                    else:
-                        value = agent_vals[i] - under[i]
-                    if value - value != zero:
-                        first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
-                        value = zero
-                    values[lead + t, i] = value
+    base_bits = np.empty(TILE, np.uint32)
+    agent_bits = np.empty(TILE, np.uint32)
+    base_vals = base_bits.view(np.float32)
+    agent_vals = agent_bits.view(np.float32)
+    zeros = np.zeros(TILE, np.float32)
+    rows = np.empty((n_vectors, TILE), np.uint32)
+    values = rows.view(np.float32)
+    first_bad = -1
+    for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
+        lo = tile * TILE
+        m = min(TILE, n - lo)
+        decode_at(base, lo, m, base_code, base_bits)
+        if weights:
             for i in range(m):
-                v = _vector(start + lo + i, div, mod, first)
-                pair = 0
-                for a in range(n_vectors):
-                    for b in range(a, n_vectors):
-                        add_product(acc[w, v, pair], rows[a, i], rows[b, i])
-                        pair += 1
-        nonfinite[w] = first_bad
+                value = base_vals[i]
+                if value - value != zero:
+                    first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
+                    value = zero
+                values[0, i] = value
+        for t in range(n_agents):
+            decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
+            under = minus(agent_codes[t], base_vals, zeros)
+            held = agent_codes[t] == TAU32
+            for i in range(m):
+                if weights:
+                    value = base_vals[i] + agent_vals[i] if held else agent_vals[i]
+                else:
+                    value = agent_vals[i] - under[i]
+                if value - value != zero:
+                    first_bad = lo + i if first_bad < 0 or lo + i < first_bad else first_bad
+                    value = zero
+                values[lead + t, i] = value
+        for i in range(m):
+            v = _vector(start + lo + i, div, mod, first)
+            pair = 0
+            for a in range(n_vectors):
+                for b in range(a, n_vectors):
+                    add_product(acc[w, v, pair], rows[a, i], rows[b, i])
+                    pair += 1
+    nonfinite[w] = first_bad
 
 
 @njit(cache=True)
@@ -145,53 +149,64 @@ def reduce_normalised(acc):  # type: ignore[no-untyped-def]
     return total
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def merge_vectors_block(base, base_code, agents, agent_codes, weights, start, div, mod, coefs, out, out_code, workers):  # type: ignore[no-untyped-def]
-    n = base.shape[0]
+def merge_vectors_block(
+    base, base_code, agents, agent_codes, weights, start, div, mod, coefs, out, out_code, workers
+) -> int:  # type: ignore[no-untyped-def]
+    """The per-vector merge of one block on ``workers`` threads; the first NaN/Inf input's position or -1."""
+    parts = run_parts(
+        _merge_vectors_part, workers, address(base), base.shape[0], base_code, agents, agent_codes, weights,
+        start, div, mod, coefs, address(out), out_code,
+    )  # fmt: skip
+    return lowest(parts)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _merge_vectors_part(
+    base, n, base_code, agents, agent_codes, weights, start, div, mod, coefs, out, out_code, w, workers
+):  # type: ignore[no-untyped-def]
     n_agents = len(agents)
     n_tiles = (n + TILE - 1) // TILE
     first = (start // div) % mod
-    firsts = np.full(workers, -1, np.int64)
-    for w in prange(workers):
-        agent_bits = np.empty(TILE, np.uint32)
-        base_bits = np.empty(TILE, np.uint32)
-        total_bits = np.empty(TILE, np.uint32)
-        agent_vals = agent_bits.view(np.float32)
-        base_vals = base_bits.view(np.float32)
-        total = total_bits.view(np.float32)
-        zeros = np.zeros(TILE, np.float32)
-        which = np.empty(TILE, np.int64)
-        for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
-            lo = tile * TILE
-            m = min(TILE, n - lo)
+    first_bad = -1
+    agent_bits = np.empty(TILE, np.uint32)
+    base_bits = np.empty(TILE, np.uint32)
+    total_bits = np.empty(TILE, np.uint32)
+    agent_vals = agent_bits.view(np.float32)
+    base_vals = base_bits.view(np.float32)
+    total = total_bits.view(np.float32)
+    zeros = np.zeros(TILE, np.float32)
+    which = np.empty(TILE, np.int64)
+    for tile in range(n_tiles * w // workers, n_tiles * (w + 1) // workers):
+        lo = tile * TILE
+        m = min(TILE, n - lo)
+        for i in range(m):
+            total[i] = np.float32(0.0)
+            which[i] = _vector(start + lo + i, div, mod, first)
+        found = np.uint32(0)
+        decode_at(base, lo, m, base_code, base_bits)
+        for i in range(m):
+            found |= np.uint32((base_bits[i] & _EXPONENT) == _EXPONENT)
+        if weights:
             for i in range(m):
-                total[i] = np.float32(0.0)
-                which[i] = _vector(start + lo + i, div, mod, first)
-            found = np.uint32(0)
-            decode_tile(base, lo, m, base_code, base_bits)
+                total[i] += coefs[which[i], 0] * base_vals[i]
+        for t in range(n_agents):
+            decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
             for i in range(m):
-                found |= np.uint32((base_bits[i] & _EXPONENT) == _EXPONENT)
+                found |= np.uint32((agent_bits[i] & _EXPONENT) == _EXPONENT)
             if weights:
-                for i in range(m):
-                    total[i] += coefs[which[i], 0] * base_vals[i]
-            for t in range(n_agents):
-                decode_at(agents[t], lo, m, agent_codes[t], agent_bits)
-                for i in range(m):
-                    found |= np.uint32((agent_bits[i] & _EXPONENT) == _EXPONENT)
-                if weights:
-                    if agent_codes[t] == TAU32:  # a task vector: its weights are f32(base) + tau
-                        for i in range(m):
-                            agent_vals[i] = base_vals[i] + agent_vals[i]
+                if agent_codes[t] == TAU32:  # a task vector: its weights are f32(base) + tau
                     for i in range(m):
-                        total[i] += coefs[which[i], 1 + t] * agent_vals[i]
-                else:
-                    under = minus(agent_codes[t], base_vals, zeros)
-                    for i in range(m):
-                        total[i] += coefs[which[i], t] * (agent_vals[i] - under[i])
-            if not weights:
+                        agent_vals[i] = base_vals[i] + agent_vals[i]
                 for i in range(m):
-                    total[i] = base_vals[i] + total[i]
-            encode_tile(total_bits, lo, m, out_code, out)
-            if found and firsts[w] < 0:
-                firsts[w] = lo + first_nonfinite_in(base, base_code, agents, agent_codes, lo, m, agent_bits)
-    return lowest(firsts)
+                    total[i] += coefs[which[i], 1 + t] * agent_vals[i]
+            else:
+                under = minus(agent_codes[t], base_vals, zeros)
+                for i in range(m):
+                    total[i] += coefs[which[i], t] * (agent_vals[i] - under[i])
+        if not weights:
+            for i in range(m):
+                total[i] = base_vals[i] + total[i]
+        encode_at(total_bits, out, lo, m, out_code)
+        if found and first_bad < 0:
+            first_bad = lo + first_nonfinite_in(base, base_code, agents, agent_codes, lo, m, agent_bits)
+    return first_bad
