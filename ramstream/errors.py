@@ -6,6 +6,8 @@ Messages name the file (and tensor) and say what to do.
 
 from __future__ import annotations
 
+import reprlib
+
 
 class RamstreamError(Exception):
     """Base of every error ramstream raises on purpose."""
@@ -88,3 +90,17 @@ def shown(text: str) -> str:
     """``text`` (a name read from a file) as a one-line message shows it: as it is when printable,
     else its ``repr``, so a newline or a control character in it cannot break or forge the line."""
     return text if text.isprintable() else repr(text)
+
+
+_EXCERPT = reprlib.Repr()  # keyword arguments only from Python 3.12
+_EXCERPT.maxlevel, _EXCERPT.maxdict, _EXCERPT.maxstring, _EXCERPT.maxlong, _EXCERPT.maxother = 2, 3, 40, 40, 40
+_EXCERPT.maxtuple = _EXCERPT.maxlist = _EXCERPT.maxset = _EXCERPT.maxfrozenset = _EXCERPT.maxdeque = 4
+
+
+def excerpt(value: object, limit: int = 80) -> str:
+    """A user's value as a message quotes it: a ``repr`` cut short at every level (a list's first
+    items, a string's ends) and at ``limit`` characters, in time bounded whatever the value holds
+    (a config's value may be huge), on one line."""
+    text = _EXCERPT.repr(value)
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return shown(text)

@@ -121,6 +121,13 @@ DETERMINISTIC: dict[str, Case] = {
         [{"weight": [0.2, 1.0]}, {"weight": [{"filter": "self_attn", "value": 2.0}, {"value": 0.7}]}, {"weight": 1.0}],
         {},
     ),
+    # More values than the family's two layers: mergekit interpolates over the whole list.
+    "task_arithmetic-gradients-longer-than-the-layers": (
+        "task_arithmetic",
+        {"lambda": [0.5, 1.5, 0.7, 1.2, 0.9]},
+        [{"weight": [0.2, 1.0, 0.4, 0.8, 1.1, 0.3]}, {"weight": 0.5}, {"weight": [1.0, 0.6, 0.2]}],
+        {},
+    ),
     "ties-gradients": (
         "ties",
         {"lambda": [0.7, 1.1]},

@@ -39,6 +39,10 @@ def merged(out: Path) -> dict[str, np.ndarray]:
     return {name: raw for name, (_dtype, _shape, raw) in read_model_dir_any(out).items()}
 
 
+def raw_bytes(out: Path) -> dict[str, bytes]:
+    return {name: raw.tobytes() for name, raw in merged(out).items()}
+
+
 def read_model_dir_any(out: Path) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
     from tests.families import read_safetensors
 
@@ -328,11 +332,13 @@ def test_slerp_with_two_agents_is_refused(fam: Family, tmp_path: Path) -> None:
     assert not out.exists()
 
 
-def test_gradient_longer_than_the_layers_is_refused(fam: Family, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    outcome = in_process("merge", fam.base, fam.agents[0], "--out", out, "--method", "slerp", "--t", "[0, 0.5, 1]")
-    one_line_error(outcome, "gradient of 3 values", "2 layers")
-    assert_nothing_finished(out)
+def test_a_gradient_longer_than_the_layers_is_interpolated_as_mergekit_does(fam: Family, tmp_path: Path) -> None:
+    """mergekit runs such a config: layer i of L takes the value at i / (L - 1) of the whole list,
+    so over two layers [0.2, 0.9, 0.6] is [0.2, 0.6] (its ends)."""
+    outs = [tmp_path / "long", tmp_path / "ends"]
+    for out, t in zip(outs, ("[0.2, 0.9, 0.6]", "[0.2, 0.6]"), strict=True):
+        ok(in_process("merge", fam.base, fam.agents[0], "--out", out, "--method", "slerp", "--t", t, "--quiet"))
+    assert raw_bytes(outs[0]) == raw_bytes(outs[1])
 
 
 def test_filter_matching_nothing_is_refused(fam: Family, tmp_path: Path) -> None:
@@ -343,18 +349,24 @@ def test_filter_matching_nothing_is_refused(fam: Family, tmp_path: Path) -> None
     assert_nothing_finished(out)
 
 
-def test_config_gradient_longer_than_the_layers_is_refused(fam: Family, tmp_path: Path) -> None:
-    config = tmp_path / "slerp.yml"
-    doc = {
-        "merge_method": "slerp",
-        "base_model": str(fam.base),
-        "models": [{"model": str(fam.base)}, {"model": str(fam.agents[0])}],
-        "parameters": {"t": [{"filter": "mlp", "value": [0, 0.2, 0.4, 1]}, {"value": 0.5}]},
-    }
-    config.write_text(json.dumps(doc))
-    out = tmp_path / "out"
-    one_line_error(in_process("merge", "--config", config, "--out", out), "gradient of 4 values", "2 layers")
-    assert_nothing_finished(out)
+def test_a_config_gradient_longer_than_the_layers_runs_as_in_mergekit(fam: Family, tmp_path: Path) -> None:
+    outs = []
+    for values in ([0, 0.2, 0.4, 1], [0, 0.2, 0.4, 1, 0.6, 0.3, 1]):  # over two layers: the ends
+        config = tmp_path / f"slerp{len(values)}.yml"
+        doc = {
+            "merge_method": "slerp",
+            "base_model": str(fam.base),
+            "models": [{"model": str(fam.base)}, {"model": str(fam.agents[0])}],
+            "parameters": {"t": [{"filter": "mlp", "value": values}, {"value": 0.5}]},
+        }
+        config.write_text(json.dumps(doc))
+        outs.append(tmp_path / f"out{len(values)}")
+        ok(in_process("merge", "--config", config, "--out", outs[-1], "--quiet"))
+    expected = tmp_path / "ends"
+    ends = "[{filter: mlp, value: [0, 1]}, {value: 0.5}]"
+    ok(in_process("merge", fam.base, fam.agents[0], "--out", expected, "--method", "slerp", "--t", ends, "--quiet"))
+    assert raw_bytes(outs[0]) == raw_bytes(expected)
+    assert raw_bytes(outs[1]) == raw_bytes(expected)
 
 
 def test_per_row_statistics_too_large_for_a_block_are_refused(tmp_path: Path) -> None:

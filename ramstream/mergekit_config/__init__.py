@@ -52,6 +52,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ramstream.errors import ConfigError
+from ramstream.mergekit_config import safe_yaml
 from ramstream.mergekit_config.merge import ConfigMerge, api_arguments, combine, parse
 from ramstream.mergekit_config.stack import ConfigStack, StackSlice, parse_stack, stack_arguments
 from ramstream.mergekit_config.tables import FLAGS, METHODS, PASSTHROUGH
@@ -75,14 +76,8 @@ __all__ = [
 def load(path: str | Path) -> ConfigMerge | ConfigStack:
     """Read and translate a mergekit YAML file: a merge, or a passthrough's stack of layers
     (``parse_stack``); ``ConfigError`` names what cannot be run."""
-    import yaml
-
     path = Path(path)
-    text = read_text(path)
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    doc = safe_yaml.load(read_text(path), path)
     if isinstance(doc, Mapping) and doc.get("merge_method") == PASSTHROUGH:
         return parse_stack(doc, path)
     return parse(doc, path)
@@ -99,9 +94,15 @@ def read_text(path: Path) -> str:
 
 
 def _read_regular(path: Path) -> bytes:
-    """The file's bytes; a FIFO or device is refused at once (a FIFO would block ``open``)."""
+    """The file's bytes; a FIFO or device is refused at once (a FIFO would block ``open``), and
+    a file larger than any config is refused before it is read."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ConfigError(f"{path}: not a regular file; give the path of a YAML config")
-        return f.read()
+        data = f.read(safe_yaml.MAX_BYTES + 1)
+    if len(data) > safe_yaml.MAX_BYTES:
+        raise ConfigError(
+            f"{path}: larger than {safe_yaml.MAX_BYTES // 1024**2} MiB, more than any config; check the path"
+        )
+    return data

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ramstream.errors import ConfigError
+from ramstream.errors import ConfigError, excerpt
 from ramstream.mergekit_config.models import model_inputs, model_path, one_full_slice, same_path
 from ramstream.mergekit_config.tables import (
     API_KEYS,
@@ -52,7 +52,7 @@ def parse(doc: Any, source: Path) -> ConfigMerge:
     if name == PASSTHROUGH:
         raise fail("passthrough stacks layers and merges nothing: `ramstream merge --config` runs it, a sweep cannot")
     if name not in METHODS:
-        raise fail(f"merge_method {name!r} is not supported; ramstream runs {', '.join(METHODS)}, {PASSTHROUGH}")
+        raise fail(f"merge_method {excerpt(name)} is not supported; ramstream runs {', '.join(METHODS)}, {PASSTHROUGH}")
     spec = METHODS[name]
     settings: dict[str, Any] = {"method": spec.method, **dict(spec.implied), **_dtypes(doc, fail)}
     check_tokenizer(doc, fail)
@@ -183,10 +183,10 @@ def _method_settings(
             if key in default_only:
                 param, reason = default_only[key]
                 if value_of(param, value, where, fail) != param.default:
-                    raise fail(f"{where}.{key}: {value!r} " + reason.format(method=name))
+                    raise fail(f"{where}.{key}: {excerpt(value)} " + reason.format(method=name))
             elif key not in known:
                 reads = ", ".join(known) or "none"
-                raise fail(f"{where}.{key}: {name} has no parameter {key!r} (it reads {reads})")
+                raise fail(f"{where}.{key}: {name} has no parameter {excerpt(key)} (it reads {reads})")
             elif known[key].scope == "shared" and where != "parameters":
                 raise fail(f"{where}.{key}: {key} is one value for the whole merge: set it in the top-level parameters")
     settings: dict[str, Any] = {}
@@ -235,7 +235,8 @@ def combine(config: ConfigMerge, flags: Mapping[str, Any]) -> dict[str, Any]:
     both = [k for k in flags if k in config.settings]
     if both:
         flag = FLAGS.get(both[0], both[0])
-        raise ConfigError(f"{flag} is set by {config.source} too ({config.settings[both[0]]!r}); set it in one place")
+        given = excerpt(config.settings[both[0]])
+        raise ConfigError(f"{flag} is set by {config.source} too ({given}); set it in one place")
     return {**config.settings, **flags}
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ramstream.errors import excerpt
 from ramstream.mergekit_config.tables import Fail
 from ramstream.mergekit_config.values import parameters_of
 
@@ -20,7 +21,7 @@ def model_path(value: Any, where: str, fail: Fail) -> Path:
     if not isinstance(value, str) or not value:
         raise fail(f"{where}: model must be a path (override_architecture is not supported)")
     if is_lora_reference(value):
-        raise fail(f"{where}: {value!r} names a LoRA (model+lora): the base cannot be one (merge it in first)")
+        raise fail(f"{where}: {excerpt(value)} names a LoRA (model+lora): the base cannot be one (merge it in first)")
     return Path(value).expanduser()  # a hub id (org/name@rev) stays as written: it is resolved on opening
 
 
@@ -38,7 +39,7 @@ def check_entry(
         raise fail(f"{where} must be a mapping with {shape}")
     extra = sorted(set(entry) - set(allowed))
     if extra:
-        raise fail(f"{where}: {extra[0]!r} is not supported ({holds})")
+        raise fail(f"{where}: {excerpt(extra[0])} is not supported ({holds})")
 
 
 def model_inputs(entries: Any, base: Path | None, fail: Fail) -> list[tuple[Path, dict[str, Any]]]:
@@ -66,17 +67,17 @@ def _adapter_path(value: str, base: Path | None, where: str, fail: Fail) -> Path
     model, adapter = (part.strip() for part in value.split("+", 1))
     if base is None:
         raise fail(
-            f"{where}: {value!r} applies a LoRA to {model!r}: set base_model: {model} "
+            f"{where}: {excerpt(value)} applies a LoRA to {excerpt(model)}: set base_model: {model} "
             "(an adapter merges as an agent of base_model)"
         )
     if not same_path(Path(model).expanduser(), base):
         raise fail(
-            f"{where}: {value!r} applies a LoRA to {model!r}, which is not base_model ({base}): ramstream merges an "
-            "adapter as an agent of base_model only (merge it into its model first)"
+            f"{where}: {excerpt(value)} applies a LoRA to {excerpt(model)}, which is not base_model ({base}): "
+            "ramstream merges an adapter as an agent of base_model only (merge it into its model first)"
         )
     path = Path(adapter).expanduser()
     if not (path / "adapter_config.json").is_file():
-        raise fail(f"{where}: {adapter!r} is not a local PEFT adapter directory (no adapter_config.json in it)")
+        raise fail(f"{where}: {excerpt(adapter)} is not a local PEFT adapter directory (no adapter_config.json in it)")
     return path
 
 
@@ -94,7 +95,7 @@ def one_full_slice(slices: Any, fail: Fail) -> tuple[list[Any], dict[str, Any]]:
         )
     extra = sorted(set(slices[0]) - {"sources", "parameters"})
     if extra:
-        raise fail(f"slices[0]: {extra[0]!r} is not supported (a slice holds sources and parameters)")
+        raise fail(f"slices[0]: {excerpt(extra[0])} is not supported (a slice holds sources and parameters)")
     sources = slices[0].get("sources")
     if not isinstance(sources, list) or not sources:
         raise fail("slices[0].sources must be a list of {model: PATH, layer_range: [0, LAYERS]} entries")

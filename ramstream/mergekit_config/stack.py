@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ramstream.errors import ConfigError
+from ramstream.errors import ConfigError, excerpt
 from ramstream.mergekit_config.models import (
     MODEL_ENTRY,
     SLICE_SOURCE,
@@ -87,7 +87,7 @@ def _stack_slices(slices: Any, top: dict[str, Any], fail: Fail) -> tuple[StackSl
             raise fail(f"{where} must be a mapping with sources: [{{model: PATH, layer_range: [start, end]}}]")
         extra = sorted(set(entry) - {"sources", "parameters"})
         if extra:
-            raise fail(f"{where}: {extra[0]!r} is not supported (a slice holds sources and parameters)")
+            raise fail(f"{where}: {excerpt(extra[0])} is not supported (a slice holds sources and parameters)")
         sources = entry.get("sources")
         if not isinstance(sources, list) or not sources:
             raise fail(f"{where}.sources must be a list of {{model: PATH, layer_range: [start, end]}} entries")
@@ -142,7 +142,9 @@ def _whole_model(entries: Any, base: Path | None, top: dict[str, Any], fail: Fai
 
 def _stack_model(value: Any, where: str, fail: Fail) -> Path:
     if is_lora_reference(value):
-        raise fail(f"{where}: {value!r} names a LoRA (model+lora): passthrough copies weights; merge it in first")
+        raise fail(
+            f"{where}: {excerpt(value)} names a LoRA (model+lora): passthrough copies weights; merge it in first"
+        )
     return model_path(value, where, fail)
 
 
@@ -150,7 +152,7 @@ def _scale_parameters(value: Any, where: str, fail: Fail) -> dict[str, Any]:
     params = parameters_of(value, where, fail)
     for key in params:
         if key != SCALE.name:
-            raise fail(f"{where}.{key}: passthrough has no parameter {key!r} (it reads scale)")
+            raise fail(f"{where}.{key}: passthrough has no parameter {excerpt(key)} (it reads scale)")
     return {key: _scale_setting(setting, f"{where}.scale", fail) for key, setting in params.items()}
 
 
@@ -160,17 +162,17 @@ def _scale_setting(value: Any, where: str, fail: Fail) -> Any:
     if isinstance(value, Mapping):
         extra = sorted(map(str, set(value) - {"filter", "value"}))
         if extra or "value" not in value or not isinstance(value.get("filter"), (str, type(None))):
-            raise fail(f"{where}: a condition is {{filter: TEXT, value: V}}, got {dict(value)!r}")
+            raise fail(f"{where}: a condition is {{filter: TEXT, value: V}}, got {excerpt(dict(value))}")
         inner = value["value"]
         if isinstance(inner, Mapping) or (isinstance(inner, list) and any(isinstance(v, Mapping) for v in inner)):
-            raise fail(f"{where}: a condition's value is a number or a gradient, got {inner!r}")
+            raise fail(f"{where}: a condition's value is a number or a gradient, got {excerpt(inner)}")
         return {**value, "value": _scale_setting(inner, where, fail)}
     if isinstance(value, list):
         if not value:
             raise fail(f"{where}: an empty list gives no value")
         conditions = [isinstance(v, Mapping) for v in value]
         if any(isinstance(v, list) for v in value) or (any(conditions) and not all(conditions)):
-            raise fail(f"{where}: a gradient is a list of numbers, got {value!r}")
+            raise fail(f"{where}: a gradient is a list of numbers, got {excerpt(value)}")
         return [_scale_setting(v, where, fail) for v in value]
     return value_of(SCALE, value, where.removesuffix(".scale"), fail)
 
@@ -199,6 +201,6 @@ def stack_arguments(config: ConfigStack, flags: Mapping[str, Any]) -> dict[str, 
         raise ConfigError(f"{flag} does not apply to {config.source}: passthrough copies layers, it merges nothing")
     if "out_dtype" in flags and "out_dtype" in config.settings:
         raise ConfigError(
-            f"--out-dtype is set by {config.source} too ({config.settings['out_dtype']!r}); set it in one place"
+            f"--out-dtype is set by {config.source} too ({excerpt(config.settings['out_dtype'])}); set it in one place"
         )
     return {"slices": config.slices, "base": config.base, **config.settings, **flags}

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ramstream.errors import excerpt
 from ramstream.mergekit_config.tables import OUT_DTYPES, REFUSED_KEYS, TOP_KEYS, Fail, Param
 
 
@@ -14,7 +15,7 @@ def name_of(doc: Mapping[str, Any], key: str, fail: Fail) -> str | None:
     """A value that names something (a method, a dtype): a string, or absent."""
     value = doc.get(key)
     if value is not None and not isinstance(value, str):
-        raise fail(f"{key}: expected a name, got a {type(value).__name__} ({value!r})")
+        raise fail(f"{key}: expected a name, got a {type(value).__name__} ({excerpt(value)})")
     return value
 
 
@@ -26,7 +27,7 @@ def check_keys(doc: Any, fail: Fail) -> None:
         if key in REFUSED_KEYS:
             raise fail(REFUSED_KEYS[key])
         if key not in TOP_KEYS:
-            raise fail(f"unknown key {key!r} (ramstream reads {', '.join(TOP_KEYS)})")
+            raise fail(f"unknown key {excerpt(key)} (ramstream reads {', '.join(TOP_KEYS)})")
 
 
 def dtype_name(value: Any, key: str, fail: Fail) -> str | None:
@@ -34,7 +35,7 @@ def dtype_name(value: Any, key: str, fail: Fail) -> str | None:
         return None
     name = value[len("torch.") :] if isinstance(value, str) and value.startswith("torch.") else value
     if name not in OUT_DTYPES:
-        raise fail(f"{key}: {value!r} is not supported (bfloat16, float16 or float32)")
+        raise fail(f"{key}: {excerpt(value)} is not supported (bfloat16, float16 or float32)")
     return str(name)
 
 
@@ -42,7 +43,7 @@ def check_tokenizer(doc: Mapping[str, Any], fail: Fail) -> None:
     source = name_of(doc, "tokenizer_source", fail)
     if source not in (None, "base"):
         raise fail(
-            f"tokenizer_source: {source!r} is not supported: ramstream copies the tokenizer files "
+            f"tokenizer_source: {excerpt(source)} is not supported: ramstream copies the tokenizer files "
             "from base_model (tokenizer_source: base)"
         )
 
@@ -68,7 +69,7 @@ def chain(param: Param, scopes: list[tuple[str, Any]], fail: Fail) -> Any:
         elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
             conditions += value
         elif isinstance(value, list) and any(isinstance(v, (list, Mapping)) for v in value):
-            raise fail(f"{where}.{param.name}: a gradient is a list of numbers, got {value!r}")
+            raise fail(f"{where}.{param.name}: a gradient is a list of numbers, got {excerpt(value)}")
         elif isinstance(value, list):
             conditions.append({"value": value})
         else:  # a number, which YAML may have read as text ("1e-5")
@@ -95,13 +96,13 @@ def value_of(param: Param, value: Any, where: str, fail: Fail) -> float | bool:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
-        raise fail(f"{where}.{param.name} must be true or false, got {value!r}")
+        raise fail(f"{where}.{param.name} must be true or false, got {excerpt(value)}")
     try:
         if isinstance(value, bool):
             raise ValueError
         number = float(value)
     except (TypeError, ValueError):
-        raise fail(f"{where}.{param.name} must be a number, got {value!r}") from None
+        raise fail(f"{where}.{param.name} must be a number, got {excerpt(value)}") from None
     if not math.isfinite(number):
-        raise fail(f"{where}.{param.name} must be a finite number, got {value!r}")
+        raise fail(f"{where}.{param.name} must be a finite number, got {excerpt(value)}")
     return number

@@ -79,7 +79,7 @@ class MethodSpec:
     # together, in one pass, rather than a pass per candidate. None where there are none.
     statistics_ahead: Callable[[Any, StatsContext], tuple[BlockStatistic, ...]] | None = None
     # check(params, tensor names) -> None: refuse, before any work, parameters the model's tensors
-    # contradict (a filter matching no tensor, a gradient longer than the layers).
+    # contradict (a filter matching no tensor).
     check: Callable[[Any, Sequence[str]], None] | None = None
 
 

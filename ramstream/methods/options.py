@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ramstream.errors import ConfigError
+from ramstream.errors import ConfigError, excerpt
 
 
 def flag_name(name: str) -> str:
@@ -30,11 +30,13 @@ def number(name: str, value: Any) -> float:
             raise TypeError
         result = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{flag_name(name)} must be a number, got {value!r}") from None
+        raise ConfigError(f"{flag_name(name)} must be a number, got {excerpt(value)}") from None
     if not math.isfinite(result):
-        raise ConfigError(f"{flag_name(name)} must be a finite number, got {value!r}")
+        raise ConfigError(f"{flag_name(name)} must be a finite number, got {excerpt(value)}")
     if abs(result) > FLOAT32_MAX:
-        raise ConfigError(f"{flag_name(name)} overflows float32 (|x| <= 3.4e38, where merges compute), got {value!r}")
+        raise ConfigError(
+            f"{flag_name(name)} overflows float32 (|x| <= 3.4e38, where merges compute), got {excerpt(value)}"
+        )
     return result
 
 
@@ -54,13 +56,13 @@ def per_agent(name: str, value: Any, n_agents: int) -> tuple[float, ...]:
 
 def boolean(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(f"{flag_name(name)} must be true or false, got {value!r}")
+        raise ConfigError(f"{flag_name(name)} must be true or false, got {excerpt(value)}")
     return value
 
 
 def seed(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise ConfigError(f"{flag_name(name)} must be an integer in [0, 2**63), got {value!r}")
+        raise ConfigError(f"{flag_name(name)} must be an integer in [0, 2**63), got {excerpt(value)}")
     return int(value)
 
 

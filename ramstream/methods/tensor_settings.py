@@ -13,8 +13,11 @@ the fraction of s (in float64). Tensors outside the layers (embeddings, final no
 x = 0: mergekit plans them outside its layer slices. L is one more than the highest layer number
 in the tensor names (``format.names.layer_of``).
 
-``check`` refuses, before any work, what can only be a mistake: a filter that matches no tensor,
-a gradient with more values than the model has layers.
+A gradient may hold more values than the model has layers: mergekit interpolates it all the same
+(layer i takes the value at x = i / (L - 1) of the whole list), and so does ramstream, so that
+a config written for a deeper model runs unchanged.
+
+``check`` refuses, before any work, what can only be a mistake: a filter that matches no tensor.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ramstream.errors import ConfigError
+from ramstream.errors import ConfigError, excerpt
 from ramstream.format.names import layer_of
 from ramstream.methods import options
 
@@ -176,13 +179,13 @@ def _rules(name: str, value: Any) -> list[Rule]:
 def _condition(name: str, entry: Mapping[str, Any]) -> Rule:
     extra = sorted(set(map(str, entry)) - {"filter", "value"})
     if extra or "value" not in entry:
-        raise ConfigError(f"{name}: a condition is {{filter: TEXT, value: V}}, got {dict(entry)!r}")
+        raise ConfigError(f"{name}: a condition is {{filter: TEXT, value: V}}, got {excerpt(dict(entry))}")
     where = entry.get("filter")
     if where is not None and not isinstance(where, str):
-        raise ConfigError(f"{name}: filter must be text (part of tensor names), got {where!r}")
+        raise ConfigError(f"{name}: filter must be text (part of tensor names), got {excerpt(where)}")
     value = entry["value"]
     if isinstance(value, Mapping) or (isinstance(value, (list, tuple)) and any(isinstance(v, Mapping) for v in value)):
-        raise ConfigError(f"{name}: a condition's value is a number or a gradient, got {value!r}")
+        raise ConfigError(f"{name}: a condition's value is a number or a gradient, got {excerpt(value)}")
     values = _gradient(name, value) if isinstance(value, (list, tuple)) else (_number(name, value),)
     return Rule(where, values)
 
@@ -191,7 +194,7 @@ def _gradient(name: str, values: Sequence[Any]) -> tuple[float, ...]:
     if not values:
         raise ConfigError(f"{name}: an empty gradient gives no value")
     if any(isinstance(v, (list, tuple, Mapping)) for v in values):
-        raise ConfigError(f"{name}: a gradient is a list of numbers, got {list(values)!r}")
+        raise ConfigError(f"{name}: a gradient is a list of numbers, got {excerpt(list(values))}")
     return tuple(_number(name, _yaml_number(v)) for v in values)
 
 
@@ -231,7 +234,7 @@ def resolve(setting: Setting, names: Sequence[str]) -> np.ndarray:
         rule = next((r for r in setting.rules if r.matches(name)), None)
         if rule is None:
             raise ConfigError(
-                f"{setting.name}: no value for tensor {name!r} (no filter matches it); "
+                f"{setting.name}: no value for tensor {excerpt(name)} (no filter matches it); "
                 "add a condition without a filter as the default"
             )
         out[i] = rule.at(float(x))
@@ -239,21 +242,15 @@ def resolve(setting: Setting, names: Sequence[str]) -> np.ndarray:
 
 
 def check(settings: Sequence[Setting | None], names: Sequence[str]) -> None:
-    """Refuse a filter that matches no tensor and a gradient longer than the layers."""
-    layers = n_layers(names)
+    """Refuse a filter that matches no tensor."""
     for setting in settings:
         if not isinstance(setting, Varying):
             continue
         for rule in setting.rules:
             if rule.filter not in (None, "*") and not any(rule.matches(n) for n in names):
                 raise ConfigError(
-                    f"{setting.name}: the filter {rule.filter!r} matches no tensor of the model "
+                    f"{setting.name}: the filter {excerpt(rule.filter)} matches no tensor of the model "
                     "(a filter is part of a tensor name, e.g. self_attn or mlp)"
-                )
-            if len(rule.values) > max(layers, 1):
-                raise ConfigError(
-                    f"{setting.name}: a gradient of {len(rule.values)} values is longer than the "
-                    f"model's {layers} layers; give at most {max(layers, 1)} values"
                 )
         resolve(setting, names)  # every tensor must get a value
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from ramstream import mergekit_config
 from ramstream.errors import ConfigError
+from ramstream.mergekit_config import safe_yaml
 from ramstream.sweep.grid import Candidate, check_label, check_unique
 
 SWEEP_KEY = "sweep"
@@ -50,14 +51,8 @@ class SweepConfig:
 def load(path: str | Path) -> SweepConfig:
     """Read a sweep config in either form; ``ConfigError`` names the file, the candidate and what
     cannot be run."""
-    import yaml
-
     path = Path(path)
-    text = mergekit_config.read_text(path)
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    docs = [d for d in safe_yaml.load_all(mergekit_config.read_text(path), path) if d is not None]
     if len(docs) == 1 and isinstance(docs[0], list):
         docs = docs[0]
     if not docs:

@@ -16,12 +16,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
-from ramstream.errors import ConfigError
+from ramstream.errors import ConfigError, excerpt
+from ramstream.mergekit_config import safe_yaml
 
 _NAME_PART = re.compile(r"[^A-Za-z0-9.,+=_-]")
 MAX_NAME = 120  # well within every file system's 255 bytes, and readable in a table
+# What a sweep's directory holds besides its candidates (``sweep.run``; its work area and lock
+# start with a dot, which no name may): a candidate named like one would replace it, or be
+# taken for it by every rerun and by ``status``. Compared case-folded (case-insensitive disks).
+SWEEP_FILE = "sweep.json"
+RESERVED_NAMES = frozenset({SWEEP_FILE})
 _PARAM = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -55,17 +59,17 @@ def parse_grid(text: str) -> list[Candidate]:
     """The candidates of one ``--grid``; a malformed grid raises ``ConfigError`` quoting it."""
     method, *fields = [f.strip() for f in text.split(":")]
     if not method:
-        raise ConfigError(f"--grid {text!r}: no method; write METHOD[:PARAM=V1,V2,...]")
+        raise ConfigError(f"--grid {excerpt(text)}: no method; write METHOD[:PARAM=V1,V2,...]")
     axes: dict[str, list[Any]] = {}
     for item in fields:
         param, sep, values = item.partition("=")
         param = param.strip().replace("-", "_")
         if not sep or not _PARAM.match(param):
-            raise ConfigError(f"--grid {text!r}: {item!r} is not PARAM=V1,V2,...")
+            raise ConfigError(f"--grid {excerpt(text)}: {excerpt(item)} is not PARAM=V1,V2,...")
         if param in axes:
-            raise ConfigError(f"--grid {text!r}: {param} is given twice")
+            raise ConfigError(f"--grid {excerpt(text)}: {param} is given twice")
         if param == "method":
-            raise ConfigError(f"--grid {text!r}: the method is the grid's first field, not a parameter")
+            raise ConfigError(f"--grid {excerpt(text)}: the method is the grid's first field, not a parameter")
         axes[param] = [_scalar(text, param, v) for v in values.split(",")]
     return [Candidate(method, dict(zip(axes, combo, strict=True))) for combo in itertools.product(*axes.values())]
 
@@ -80,23 +84,27 @@ def parse_grids(grids: Iterable[str]) -> list[Candidate]:
 
 
 def check_unique(candidates: list[Candidate]) -> None:
+    """Every candidate's directory name is its own: not another's, not one of the sweep's files."""
     seen: dict[str, Candidate] = {}
     for c in candidates:
+        refuse_reserved(c.name, "")
         if c.name in seen:
-            raise ConfigError(f"two candidates are both named {c.name!r} (the same method and parameters); drop one")
+            raise ConfigError(
+                f"two candidates are both named {excerpt(c.name)} (the same method and parameters); drop one"
+            )
         seen[c.name] = c
 
 
 def _scalar(text: str, param: str, value: str) -> Any:
     value = value.strip()
     if not value:
-        raise ConfigError(f"--grid {text!r}: {param} has an empty value")
+        raise ConfigError(f"--grid {excerpt(text)}: {param} has an empty value")
     try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError:
+        parsed = safe_yaml.load(value, f"--grid {excerpt(text)}")
+    except ConfigError:
         parsed = None
     if not isinstance(parsed, str | int | float | bool):
-        raise ConfigError(f"--grid {text!r}: {param}={value} is not a number, a word or true/false")
+        raise ConfigError(f"--grid {excerpt(text)}: {param}={excerpt(value)} is not a number, a word or true/false")
     if isinstance(parsed, str):
         try:
             return float(parsed)  # YAML 1.1 reads 1e-1 (no dot) as a word; a user means the number
@@ -105,13 +113,25 @@ def _scalar(text: str, param: str, value: str) -> Any:
     return parsed
 
 
+def refuse_reserved(name: str, where: str) -> None:
+    """A candidate may not take the name of one of the sweep's own files."""
+    if name.casefold() in RESERVED_NAMES or name.startswith("."):
+        raise ConfigError(
+            f"{where}a candidate named {excerpt(name)} would take the place of the sweep's own file of that name; "
+            "give it another name"
+        )
+
+
 def check_label(label: Any, where: str) -> str:
     """A user-chosen candidate name: a word of letters, digits and ``.,+=_-`` (a directory name
     on every file system), not starting with a dot (the sweep's own files do)."""
     if not isinstance(label, str) or not label or label.startswith(".") or _NAME_PART.search(label):
-        raise ConfigError(f"{where}: name {label!r} is not a directory name; use letters, digits and . , + = _ -")
+        raise ConfigError(
+            f"{where}: name {excerpt(label)} is not a directory name; use letters, digits and . , + = _ -"
+        )
     if len(label) > MAX_NAME:
-        raise ConfigError(f"{where}: name {label!r} is longer than {MAX_NAME} characters")
+        raise ConfigError(f"{where}: name {excerpt(label)} is longer than {MAX_NAME} characters")
+    refuse_reserved(label, f"{where}: ")
     return label
 
 

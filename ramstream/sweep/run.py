@@ -42,11 +42,10 @@ from ramstream.runs.output import (
     plan_output,
 )
 from ramstream.sweep.evaluate import DEFAULT_METRIC, Evaluation, Selection, check_command, evaluate
-from ramstream.sweep.grid import Candidate, check_unique
+from ramstream.sweep.grid import SWEEP_FILE, Candidate, check_unique
 from ramstream.sweep.plot import write_plot
 from ramstream.version import __version__
 
-SWEEP_FILE = "sweep.json"
 SWEEP_SCHEMA = 1
 
 

@@ -1,0 +1,176 @@
+"""Configs that attack the parser: alias bombs, keys given twice, huge values in messages,
+candidates named like the sweep's own files.
+
+A 570-byte YAML of nested aliases used to take 33 s and 1.66 GB and end in a ``MemoryError``
+traceback whose message quoted the expanded value. Every config here is a real file read by
+``merge --config`` and ``sweep --config`` (in process), and by the loader under ``tracemalloc``:
+each is one line, at once, in a few MiB.
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from ramstream import mergekit_config
+from ramstream.errors import ConfigError, excerpt
+from ramstream.mergekit_config import safe_yaml
+from ramstream.sweep import config as sweep_config
+from tests.families import Family, build_family
+from tests.test_cli import Outcome, in_process, one_line_error
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory: pytest.TempPathFactory) -> Family:
+    return build_family(tmp_path_factory.mktemp("hostile-configs"), densities=(0.2, 0.45), seed=5)
+
+
+def head(family: Family, method: str = "linear") -> str:
+    models = "".join(f"  - model: {a}\n    parameters: {{weight: 1.0}}\n" for a in family.agents)
+    return f"merge_method: {method}\nbase_model: {family.base}\nmodels:\n{models}"
+
+
+def laughs(levels: int = 9) -> str:
+    """The classic: nine levels of nine aliases, 9**9 (387 M) strings once expanded; ~600 bytes."""
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for k in range(1, levels):
+        lines.append(f"a{k}: &a{k} [" + ",".join([f"*a{k - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def merge_key_bomb(levels: int = 24) -> str:
+    """Merge keys copying mappings into mappings: each level doubles the keys it holds."""
+    lines = ["m0: &m0 {x0: 1}"]
+    for k in range(1, levels):
+        lines.append(f"m{k}: &m{k} {{<<: [*m{k - 1}], y{k}: {{<<: *m{k - 1}}}, z{k}: {{<<: *m{k - 1}}}}}")
+    return "\n".join(lines) + "\n"
+
+
+HOSTILE = {
+    "billion-laughs": (laughs(), "expand to more"),
+    "merge-key-bomb": (merge_key_bomb(), "expand to more"),
+    "contains-itself": ("parameters: &p {weight: *p}\n", "contains itself"),
+    "nested-too-deep": ("parameters: " + "[" * 5000 + "]" * 5000 + "\n", "nested"),
+    "integer-of-5000-digits": ("parameters: {weight: " + "9" * 5000 + "}\n", "cannot read the integer"),
+}
+
+
+def run_config(path: Path, out: Path, command: str) -> Outcome:
+    return in_process(command, "--config", path, "--out", out, "--quiet")
+
+
+@pytest.mark.parametrize("command", ["merge", "sweep"])
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_yaml_is_one_line_at_once(family: Family, tmp_path: Path, case: str, command: str) -> None:
+    text, needle = HOSTILE[case]
+    path = tmp_path / "config.yml"
+    path.write_text(head(family) + text)
+    out = tmp_path / "out"
+    started = time.monotonic()
+    message = one_line_error(run_config(path, out, command), str(path), needle)
+    assert time.monotonic() - started < 10
+    assert len(message) < 400, message
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case", ["billion-laughs", "merge-key-bomb"])
+def test_an_alias_bomb_is_refused_before_it_is_expanded(family: Family, tmp_path: Path, case: str) -> None:
+    """Measured inside the process: the loader allocates a few MiB at most (it was 1.66 GB)."""
+    path = tmp_path / "bomb.yml"
+    path.write_text(head(family) + HOSTILE[case][0])
+    assert len(path.read_bytes()) < 2000
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match="expand to more than"):
+            mergekit_config.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024**2, f"{peak / 1024**2:.1f} MiB"
+
+
+def test_ordinary_aliases_and_merge_keys_still_read(family: Family, tmp_path: Path) -> None:
+    """What configs do with anchors (one parameter block shared by several models) is unchanged."""
+    text = (
+        f"merge_method: ties\nbase_model: {family.base}\nmodels:\n"
+        f"  - model: {family.agents[0]}\n    parameters: &p {{weight: 1.0, density: 0.4}}\n"
+        f"  - model: {family.agents[1]}\n    parameters: {{<<: *p, weight: 0.5}}\n"
+    )
+    path = tmp_path / "config.yml"
+    path.write_text(text)
+    parsed = mergekit_config.load(path)
+    assert isinstance(parsed, mergekit_config.ConfigMerge)
+    assert parsed.settings["weights"] == [1.0, 0.5]
+    assert parsed.settings["density"] == [0.4, 0.4]
+
+
+DUPLICATES = {
+    "top-level": ("merge_method: ties\n", "'merge_method'", "lines 1 and "),
+    "parameters": ("parameters:\n  lambda: 0.5\n  lambda: 2.0\n", "'lambda'", "given twice"),
+    "a-model's-parameters": (None, "'weight'", "given twice"),
+}
+
+
+@pytest.mark.parametrize("command", ["merge", "sweep"])
+@pytest.mark.parametrize("case", list(DUPLICATES))
+def test_a_key_given_twice_is_refused_by_name(family: Family, tmp_path: Path, case: str, command: str) -> None:
+    extra, key, needle = DUPLICATES[case]
+    if extra is None:
+        text = head(family).replace("parameters: {weight: 1.0}", "parameters: {weight: 1.0, weight: 0.3}", 1)
+    elif case == "top-level":
+        text = extra + head(family)
+    else:
+        text = head(family) + extra
+    path = tmp_path / "config.yml"
+    path.write_text(text)
+    one_line_error(run_config(path, tmp_path / "out", command), str(path), key, needle, "keep one")
+
+
+def test_a_huge_value_is_quoted_as_a_short_excerpt(family: Family, tmp_path: Path) -> None:
+    long_name = "x" * 200_000
+    path = tmp_path / "config.yml"
+    for text in (
+        head(family).replace("merge_method: linear", f"merge_method: {long_name}"),
+        head(family) + "parameters: {weight: [" + ", ".join(["[1, 2]"] * 20_000) + "]}\n",
+        head(family) + f"dtype: {long_name}\n",
+        head(family) + f"{long_name}: 1\n",
+    ):
+        path.write_text(text)
+        message = one_line_error(in_process("merge", "--config", path, "--out", tmp_path / "out"), str(path))
+        assert len(message) < 400, message[:1000]
+
+
+def test_excerpt_is_short_and_one_line_whatever_the_value() -> None:
+    nested: list[object] = []
+    for _ in range(50):
+        nested = [nested] * 9  # shared: 9**50 leaves, walked only to a bounded depth
+    for value in ("x" * 10**6, nested, {"k" * 1000: list(range(10**5))}, "a\nb\x1b[2J", 10**4000 // 10**3999):
+        started = time.monotonic()
+        text = excerpt(value)
+        assert time.monotonic() - started < 0.1
+        assert len(text) <= 80 and text.isprintable(), text
+
+
+@pytest.mark.parametrize("name", ["sweep.json", "SWEEP.JSON"])
+def test_a_candidate_named_like_the_sweep_s_own_file_is_refused(family: Family, tmp_path: Path, name: str) -> None:
+    path = tmp_path / "sweep.yml"
+    models = ", ".join(f"{{model: {a}, parameters: {{weight: 1.0}}}}" for a in family.agents)
+    method = f"merge_method: task_arithmetic, base_model: {family.base}"
+    path.write_text(f"- {{name: {name}, {method}, models: [{models}]}}\n")
+    out = tmp_path / "out"
+    one_line_error(run_config(path, out, "sweep"), name, "sweep's own file", "another name")
+    assert not out.exists()
+    grid = in_process("sweep", family.base, *family.agents, "--out", out, "--grid", name, "--quiet")
+    one_line_error(grid, name, "sweep's own file")
+    assert not out.exists()
+
+
+def test_a_sweep_config_reads_through_the_same_loader(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yml"
+    path.write_text("merge_method: linear\n---\nmerge_method: ties\nmerge_method: linear\n")
+    with pytest.raises(ConfigError, match="'merge_method' is given twice in one mapping \\(lines 3 and 4\\)"):
+        sweep_config.load(path)
+    assert safe_yaml.load_all("a: 1\n---\nb: [1, 2]\n", "x") == [{"a": 1}, {"b": [1, 2]}]
