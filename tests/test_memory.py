@@ -7,7 +7,7 @@ bf16 base and three agents with a 128 MiB embedding (64M elements); the merge ru
 RSS (``RUSAGE_CHILDREN``), so neither the test process nor the family writing is measured. The
 fixed overhead is measured too: the same command's peak on a tiny family, after a first tiny run
 has compiled the kernels (compiling is a one-time cost of a kernel's first use on a machine,
-outside the budget: README, "Memory").
+outside the budget: docs/architecture.md, "Memory").
 
 The agents' task vectors follow a pattern with period 64 over each tensor's flat index, so the
 whole-model overlap counts, rho and lambda are known without reading the files back, and a few
