@@ -99,8 +99,11 @@ _EXCERPT.maxtuple = _EXCERPT.maxlist = _EXCERPT.maxset = _EXCERPT.maxfrozenset =
 
 def excerpt(value: object, limit: int = 80) -> str:
     """A user's value as a message quotes it: a ``repr`` cut short at every level (a list's first
-    items, a string's ends) and at ``limit`` characters, in time bounded whatever the value holds
+    items, a string's start) and at ``limit`` characters, in time bounded whatever the value holds
     (a config's value may be huge), on one line."""
-    text = _EXCERPT.repr(value)
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return shown(text)
+    if isinstance(value, str):  # its start, as much as the limit allows
+        value = value if len(value) <= limit else value[:limit] + "..."
+        text = repr(value)
+    else:
+        text = _EXCERPT.repr(value)
+    return shown(text if len(text) <= limit else text[: limit - 3] + "...")

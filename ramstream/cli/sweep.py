@@ -10,6 +10,7 @@ import click
 
 from ramstream.cli.command import friendly, load_api, summary
 from ramstream.cli.options import checkpoint_options, eps_option, output_options, run_options_of
+from ramstream.sweep.evaluate import DEFAULT_TIMEOUT
 
 
 @click.command()
@@ -49,6 +50,14 @@ from ramstream.cli.options import checkpoint_options, eps_option, output_options
 )
 @click.option("--eval-inputs", is_flag=True, help="With --eval: score the base and the agents too.")
 @click.option(
+    "--eval-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --eval: stop an evaluation (and all it started) after this many seconds; it is recorded as failed.",
+)
+@click.option(
     "--select",
     metavar="METRIC[:max|min]",
     default=None,
@@ -78,6 +87,7 @@ def sweep(
     allow_nonfinite: bool,
     evaluate_with: str | None,
     eval_inputs: bool,
+    eval_timeout: float,
     select: str | None,
     plot: Path | None,
     **values: Any,
@@ -100,6 +110,7 @@ def sweep(
         allow_nonfinite=allow_nonfinite,
         evaluate_with=evaluate_with,
         eval_inputs=eval_inputs,
+        eval_timeout=eval_timeout,
         select=select,
         plot=plot,
         options=run_options_of(**values),
@@ -138,16 +149,19 @@ def _sweep_candidates(
 
 
 def _score_table(result: Any) -> str:
-    """The evaluations, the candidates best first by the selected metric, then the rest."""
+    """The evaluations, the candidates best first by the selected metric, then the rest; a metric
+    name (an evaluator's) is shown escaped, so it cannot move the cursor or forge a line."""
+    from ramstream.errors import shown
+
     ranked = result.ranked
     rest = [e for e in result.evaluations if e not in ranked]
     metric = result.selection.metric if result.selection is not None else "-"
-    best = f"{metric} ({result.selection.best})" if result.selection is not None else "no metric"
+    best = f"{shown(metric)} ({result.selection.best})" if result.selection is not None else "no metric"
     width = max(len(e.model) for e in result.evaluations)
     lines = [f"{'model':<{width}}  {best}"]
     for e in [*ranked, *rest]:
-        shown = f"{e.metrics[metric]:.6g}" if metric in e.metrics else (e.error or "no " + metric)
-        lines.append(f"{e.model:<{width}}  {shown}{'  (recorded earlier)' if e.recorded else ''}")
+        score = f"{e.metrics[metric]:.6g}" if metric in e.metrics else shown(e.error or "no " + metric)
+        lines.append(f"{e.model:<{width}}  {score}{'  (recorded earlier)' if e.recorded else ''}")
     if result.selected is not None:
-        lines.append(f"selected: {result.selected} ({metric} {ranked[0].metrics[metric]:.6g})")
+        lines.append(f"selected: {result.selected} ({shown(metric)} {ranked[0].metrics[metric]:.6g})")
     return "\n".join(lines)

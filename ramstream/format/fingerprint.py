@@ -21,6 +21,7 @@ from pathlib import Path
 from ramstream.errors import InputError
 from ramstream.format.checkpoint import Checkpoint, WeightsFile
 from ramstream.format.regular import open_regular
+from ramstream.format.safetensors_header import read_header
 
 SAMPLES = 3
 SAMPLE_BYTES = 4096
@@ -67,6 +68,24 @@ def _described_by(path: Path) -> dict[str, object]:
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from exc
     return {"file": path.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def written_fingerprint(path: Path) -> dict[str, object]:
+    """What identifies the bytes of a file a merge wrote, and only them (no identity, no mtime: a
+    resumed merge records what an uninterrupted one does): a safetensors file's size, header and
+    sampled data, as for inputs; any other file's size and SHA-256, read in pieces.
+    ``InputError``/``OSError`` when it cannot be read (gone, no longer safetensors)."""
+    if path.suffix == ".safetensors":
+        header = read_header(path)
+        fingerprint = _file_fingerprint(header)
+        return {k: fingerprint[k] for k in ("size", "header_sha256", "data_sample_sha256")}
+    digest, size = hashlib.sha256(), 0
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        while piece := f.read(1 << 20):
+            digest.update(piece)
+            size += len(piece)
+    return {"size": size, "sha256": digest.hexdigest()}
 
 
 def sample_ranges(offset: int, nbytes: int) -> list[tuple[int, int]]:

@@ -6,18 +6,23 @@ writes the shard index (when there are several shards), the model card, the copi
 files, then ``config.json`` and ``ramstream_merge.json`` last, once everything they describe is
 in place; then the work area is renamed away in one step (the commit) and deleted. A directory
 counts as a finished merge only when ``ramstream_merge.json`` exists and the work area does not.
+The record keeps what identifies the bytes of every file it lists (``written``: sizes and
+digests, sampled for the shards); a rerun finds a merge whose files changed since (an evaluator
+that rewrote its weights) unfinished, and merges it again.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 import uuid
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from ramstream.errors import OutputError
+from ramstream.errors import OutputError, RamstreamError, shown
+from ramstream.format.fingerprint import written_fingerprint
 from ramstream.format.names import COPIED_FILES, SHARD_INDEX
 from ramstream.io.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
 from ramstream.io.lock import hold
@@ -102,12 +107,45 @@ def _nested(a: Path, b: Path) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
+def holds_finished(out: Path, run: dict[str, Any]) -> bool:
+    """``out`` holds the finished merge ``run`` describes, its files as that merge wrote them."""
+    record = finished_record(out)
+    return record is not None and record.get("run") == run and not changed_files(out, record)
+
+
+def changed_files(out: Path, record: dict[str, Any]) -> list[str]:
+    """The files of a finished merge whose bytes are no longer those it recorded (``written``:
+    ``format.fingerprint.written_fingerprint`` of each; a record without it compares nothing)."""
+    written = record.get("written")
+    if not isinstance(written, dict):
+        return []
+    changed = []
+    for name, expected in sorted(written.items()):
+        if not isinstance(name, str) or Path(name).name != name or name.startswith("."):
+            continue  # never a path outside out, whatever a damaged record says
+        try:
+            now: dict[str, object] | None = written_fingerprint(out / name)
+        except (OSError, RamstreamError):
+            now = None
+        if now != expected:
+            changed.append(name)
+    return changed
+
+
 def prepare(out: Path, run: dict[str, Any], force: bool) -> bool:
-    """Make ``out`` ready for ``run``; True when it already holds this very merge, finished."""
+    """Make ``out`` ready for ``run``; True when it already holds this very merge, finished. One
+    whose files changed since (an evaluator that rewrote its weights) is said so and merged again."""
     _remove_trash(out)
     record = finished_record(out)
+    changed = changed_files(out, record) if record is not None and record.get("run") == run else []
     if record is not None and record.get("run") == run and not force:
-        return True
+        if not changed:
+            return True
+        print(
+            f"note: {out}: {shown(changed[0])}{f' and {len(changed) - 1} more' if len(changed) > 1 else ''} "
+            "changed since it was merged; merging it again",
+            file=sys.stderr,
+        )
     work = work_dir(out)
     run_file = work / RUN_FILE
     if (work.exists() or work.is_symlink()) and not _is_ours(work):
@@ -129,7 +167,7 @@ def prepare(out: Path, run: dict[str, Any], force: bool) -> bool:
             "it, choose another --out, or pass --force to start over"
         )
     if out.exists():
-        _clear_for(out, record, force)
+        _clear_for(out, record, force or bool(changed))
     try:
         work.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_file, json.dumps(run, sort_keys=True, indent=1))
@@ -224,6 +262,7 @@ def finalize(
         atomic_write_text(out / "README.md", card, tmp_dir=work)
         if config is not None:
             atomic_write_text(out / "config.json", json.dumps(config, indent=2), tmp_dir=work)
+        record["written"] = {name: written_fingerprint(out / name) for name in files if name != RECORD_FILE}
         atomic_write_text(out / RECORD_FILE, json.dumps(record, indent=1, sort_keys=True), tmp_dir=work)
         fsync_directory(out)
         trash = out / f"{TRASH_PREFIX}{uuid.uuid4().hex}"

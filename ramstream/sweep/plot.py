@@ -32,16 +32,23 @@ def sweep_figure(
             ax.barh(y, e.metrics[metric], color=SELECTED if e.model == selected else OTHER)
         else:
             reason = e.error or f"no {metric}"
-            ax.text(0, y, f"  not scored: {reason[:60]}", va="center", fontsize=8, color="tab:red")
+            ax.text(0, y, _plain(f"  not scored: {reason[:60]}"), va="center", fontsize=8, color="tab:red")
     for e in inputs:
         if metric in e.metrics:
             ax.axvline(e.metrics[metric], linestyle="--", linewidth=1, color="gray")
-            ax.text(e.metrics[metric], len(rows) - 0.4, f" {e.model}", rotation=90, va="top", fontsize=7, color="gray")
-    ax.set_yticks(positions, [e.model for e in rows], fontsize=8)
+            label = _plain(f" {e.model}")
+            ax.text(e.metrics[metric], len(rows) - 0.4, label, rotation=90, va="top", fontsize=7, color="gray")
+    ax.set_yticks(positions, [_plain(e.model) for e in rows], fontsize=8)
     ax.set_ylim(-0.6, len(rows) - 0.4)
-    ax.set_xlabel(metric)
-    ax.set_title(f"{metric} per candidate ({selection.best} is best; selected: {selected or 'none'})")
+    ax.set_xlabel(_plain(metric))
+    ax.set_title(_plain(f"{metric} per candidate ({selection.best} is best; selected: {selected or 'none'})"))
     return figure
+
+
+def _plain(text: str) -> str:
+    """``text`` drawn as it is: an evaluator's metric name or a model's with ``$`` in it is not
+    taken for math (a malformed one would fail the drawing)."""
+    return text.replace("$", r"\$")
 
 
 def write_plot(

@@ -41,7 +41,17 @@ from ramstream.runs.output import (
     parse_method,
     plan_output,
 )
-from ramstream.sweep.evaluate import DEFAULT_METRIC, Evaluation, Selection, check_command, evaluate
+from ramstream.sweep.evaluate import (
+    DEFAULT_METRIC,
+    DEFAULT_TIMEOUT,
+    BadMetrics,
+    Evaluation,
+    Selection,
+    check_command,
+    check_timeout,
+    evaluate,
+    recorded_metrics,
+)
 from ramstream.sweep.grid import SWEEP_FILE, Candidate, check_unique
 from ramstream.sweep.plot import write_plot
 from ramstream.version import __version__
@@ -102,6 +112,7 @@ def sweep(
     allow_nonfinite: bool = False,
     evaluate_with: str | None = None,
     eval_inputs: bool = False,
+    eval_timeout: float = DEFAULT_TIMEOUT,
     select: str | None = None,
     plot: str | Path | None = None,
     options: RunOptions | None = None,
@@ -110,12 +121,16 @@ def sweep(
 
     ``evaluate_with`` (``--eval "CMD {model}"``) scores every candidate afterwards (and the base
     and agents with ``eval_inputs``); ``select`` (``METRIC[:max|min]``) ranks them; ``plot``
-    draws the selected metric per candidate (PNG or SVG). A rerun reuses the scores ``sweep.json``
-    holds for candidates it did not merge again (same command, no error)."""
+    draws the selected metric per candidate (PNG or SVG). An evaluation taking more than
+    ``eval_timeout`` seconds is stopped and recorded as failed. A rerun reuses the scores
+    ``sweep.json`` holds for candidates it did not merge again (same command, no error); a
+    ``select`` metric that evaluations reported under other names only is an ``EvaluationError``
+    (after the scores are recorded) naming those they reported."""
     options = options or RunOptions()
     check_unique(list(candidates))
     if evaluate_with is not None:
         check_command(evaluate_with)
+        check_timeout(eval_timeout)
     elif eval_inputs or select is not None or plot is not None:
         raise ConfigError('--eval-inputs, --select and --plot need --eval "CMD {model}"')
     selection = Selection.parse(select) if select is not None else None
@@ -168,12 +183,14 @@ def sweep(
     if evaluate_with is None:
         return SweepResult(root, tuple(results))
     inputs = [(m.name, m.path) for m in family.members] if eval_inputs else []
-    evaluations = _evaluations(evaluate_with, inputs, results, recorded)
+    evaluations = _evaluations(evaluate_with, inputs, results, recorded, eval_timeout)
     if selection is None:
         first = next((e for e in evaluations if e.metrics), None)
         selection = Selection(next(iter(first.metrics))) if first is not None else None
     result = SweepResult(root, tuple(results), evaluations, selection)
     _write_sweep_file(root, family, entries, _scores(result, evaluate_with, key))
+    if select is not None and selection is not None:
+        selection.check_reported(evaluations)
     if plot is not None:
         names = {r.name for r in results}
         write_plot(Path(plot), list(evaluations), names, selection or Selection(DEFAULT_METRIC), result.selected)
@@ -185,14 +202,15 @@ def _evaluations(
     inputs: list[tuple[str, Path]],
     results: list[CandidateResult],
     recorded: dict[str, dict[str, Evaluation]],
+    timeout: float,
 ) -> tuple[Evaluation, ...]:
     """The inputs' then the candidates' evaluations, in order: an input, or a candidate this run
     did not merge, keeps the score recorded for it, when there is one; the rest are evaluated now."""
     earlier_inputs, earlier = recorded.get("inputs", {}), recorded.get("candidates", {})
-    out = [earlier_inputs.get(name) or evaluate(command, name, path) for name, path in inputs]
+    out = [earlier_inputs.get(name) or evaluate(command, name, path, timeout) for name, path in inputs]
     for r in results:
         reuse = r.status != "merged" and r.name in earlier
-        out.append(earlier[r.name] if reuse else evaluate(command, r.name, r.out))
+        out.append(earlier[r.name] if reuse else evaluate(command, r.name, r.out, timeout))
     return tuple(out)
 
 
@@ -222,13 +240,13 @@ def _recorded_scores(root: Path, command: str | None, inputs_key: str) -> dict[s
             return {}
         return {
             part: {
-                name: Evaluation(name, {str(k): float(v) for k, v in e["metrics"].items()}, None, e["seconds"], True)
+                name: Evaluation(name, recorded_metrics(e["metrics"]), None, e["seconds"], True)
                 for name, e in scores[part].items()
                 if e["metrics"] and e["error"] is None
             }
             for part in ("inputs", "candidates")
         }
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, BadMetrics):
         return {}  # no earlier scores, or a record this version cannot read: score again
 
 
@@ -276,9 +294,8 @@ def _sweep_into(
 
 
 def _finished(output: OutputPlan) -> bool:
-    """The candidate's directory holds its finished merge (the same run record)."""
-    record = output_dir.finished_record(output.out)
-    return record is not None and record.get("run") == output.run
+    """The candidate's directory holds its finished merge (the same run record, its files unchanged)."""
+    return output_dir.holds_finished(output.out, output.run)
 
 
 def _check_sweep_dir(root: Path, names: set[str]) -> None:
