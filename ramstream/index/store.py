@@ -66,6 +66,9 @@ EVERY_CHUNK: ArrayConfigParams = {"write_empty_chunks": True}
 _ADVICE = "delete the index and run the command again"
 
 
+PROBE_ARRAYS = ("counts", "tensor_overlap", "tensor_coverage")  # the probe's, in stats/; the rest are statistics
+
+
 def counts_width(n_agents: int) -> int:
     """Values per block in ``stats/counts``: overlap (N, N), then coverage (N+1)."""
     return n_agents * n_agents + n_agents + 1
@@ -298,6 +301,27 @@ class IndexStore:
         """The stored partials of ``units`` of a statistic's ``array`` (from ``statistic``)."""
         with store_io(self.path, f"reading the index array {array.path!r}"):
             return np.asarray(array[units])
+
+    def statistic_keys(self) -> list[str]:
+        """The method statistics the index holds (complete or not), by key."""
+        with store_io(self.path, "listing the index's statistics"):
+            stats = self.group.get("stats")
+            names = sorted(stats.array_keys()) if isinstance(stats, zarr.Group) else []
+        return [name for name in names if name not in PROBE_ARRAYS]
+
+    def statistic_progress(self, key: str) -> tuple[tuple[Batch, ...], np.ndarray, Journal]:
+        """A statistic's units, which are done (its journal, read), and its journal; a statistic
+        recorded complete whose journal lacks a mark is damaged."""
+        array = self._array(f"stats/{key}")
+        units = self.statistic_units(tuple(array.shape[2:]), str(array.dtype))
+        if array.shape[0] != max(len(units), 1):
+            raise IndexMismatchError(f"{self.path}: statistic {key!r} has an unexpected layout; delete the index")
+        with store_io(self.path, f"opening the journal 'progress/{key}'"):
+            journal = Journal.open(self.group, f"progress/{key}", len(units))
+        done = journal.done(len(units))
+        if self.statistic_complete(key) and not done.all():
+            raise StoreCorruptError(_unmarked(self.path, f"progress/{key}", f"the statistic {key!r}", done))
+        return units, done, journal
 
     def statistic_complete(self, key: str) -> bool:
         done = self.group.attrs.get("statistics")

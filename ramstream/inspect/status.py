@@ -1,7 +1,8 @@
 """``ramstream status``: how far the passes over an index or an output directory have got.
 
 Read from what the passes persist, never from the checkpoints: the probe's journal
-(``progress/probe`` in the index, and its ``probe`` attribute), the merge's journal
+(``progress/probe`` in the index, and its ``probe`` attribute), each statistics pass's
+(``progress/<key>``: TIES's histograms, the agreement, ...; ``stats/<key>`` in the report), the merge's journal
 (``<out>/.ramstream/journal``: array ``merge``, attributes ``block_elems`` and ``index``) and
 ``run.json``; a finished merge from ``ramstream_merge.json``. Both journals keep the throughput
 of their last run (attribute ``rate``), which gives the ETA. Bytes are input bytes (base plus
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeGuard
@@ -28,15 +30,16 @@ from ramstream.index.header import MAX_BLOCK_ELEMS, DamagedRecord, read_inputs
 from ramstream.index.journal import Journal
 from ramstream.index.store import IndexStore, open_index_store
 from ramstream.output import directory as output_dir
-from ramstream.plan import Plan, plan_from_tensors
+from ramstream.plan import Batch, Plan, plan_from_tensors
 
 STATUS_SCHEMA = 1
+OWN_RUN = "last run of this pass"  # where a statistics pass's rate comes from
 State = Literal["done", "partial", "not started"]
 
 
 @dataclass(frozen=True)
 class PassStatus:
-    name: Literal["probe", "merge"]
+    name: str  # "probe", "merge", or a statistic's array: "stats/<key>"
     state: State
     blocks_done: int | None
     blocks_total: int | None
@@ -104,14 +107,16 @@ def _input_entry(fp: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- bytes per work item --------------------------------------------------------------------
-def probe_batch_bytes(plan: Plan) -> np.ndarray:
-    """Input bytes of each batch of blocks (base plus agents), as the probe pass counts them."""
-    if not len(plan.blocks):
+def probe_batch_bytes(plan: Plan, batches: Sequence[Batch] | None = None) -> np.ndarray:
+    """Input bytes of each batch of blocks (base plus agents), as the probe pass counts them:
+    the plan's batches, or ``batches`` (a statistic's units)."""
+    batches = plan.batches if batches is None else batches
+    if not len(plan.blocks) or not len(batches):
         return np.zeros(0, np.int64)
     per_elem = np.array([sum(ITEMSIZE[d] for d in t.dtypes) for t in plan.tensors], np.int64)
     tensor = np.fromiter((b.tensor for b in plan.blocks), np.int64, len(plan.blocks))
     size = np.fromiter((b.size for b in plan.blocks), np.int64, len(plan.blocks))
-    firsts = np.fromiter((b.first for b in plan.batches), np.int64, len(plan.batches))
+    firsts = np.fromiter((b.first for b in batches), np.int64, len(batches))
     return np.add.reduceat(per_elem[tensor] * size, firsts)
 
 
@@ -160,6 +165,22 @@ def probe_status(store: IndexStore) -> PassStatus:
     )
 
 
+def statistics_status(store: IndexStore) -> tuple[PassStatus, ...]:
+    """Every statistics pass the index holds (TIES's histograms, the agreement, ...), done or how far."""
+    passes = []
+    for key in store.statistic_keys():
+        units, done, journal = store.statistic_progress(key)
+        sizes = probe_batch_bytes(store.plan, units)
+        state: State = "done" if store.statistic_complete(key) else ("partial" if done.any() else "not started")
+        rate = _rate(journal.rate(), OWN_RUN)
+        passes.append(
+            PassStatus(
+                f"stats/{key}", state, int(done.sum()), len(units), int(sizes[done].sum()), int(sizes.sum()), *rate
+            )
+        )
+    return tuple(passes)
+
+
 def index_status(path: Path) -> Status:
     store = open_index_store(path, read_only=True)
     header = store.header
@@ -171,7 +192,8 @@ def index_status(path: Path) -> Status:
         "tensors": len(header.tensors),
         "ramstream_version": header.ramstream_version,
     }
-    return Status(path, "index", path, (probe_status(store),), header.inputs, {"index_info": details})
+    passes = (probe_status(store), *statistics_status(store))
+    return Status(path, "index", path, passes, header.inputs, {"index_info": details})
 
 
 # -- an output directory --------------------------------------------------------------------
@@ -314,7 +336,7 @@ def output_status(out: Path, index: Path | None = None, cache_dir: Path | None =
         notes.append(f"{index}, given as --index, is not an index (it has no zarr.json)")
     probe = probe_status(store) if store is not None else None
     merge = _merge_pass(journal, store, probe)
-    passes = (probe, merge) if probe is not None else (merge,)
+    passes = (probe, *statistics_status(store), merge) if probe is not None and store is not None else (merge,)
     details = {"merge": {k: run.get(k) for k in ("method", "params", "eps", "out_dtype")}}
     inputs = store.header.inputs if store is not None else ()
     return Status(out, "output", found, passes, tuple(inputs), details, tuple(notes))
@@ -401,7 +423,7 @@ def _pass_line(p: PassStatus, now: float) -> str:
             line += f", {_size(p.rate)}/s ({p.rate_from})"
         if p.computed_on:
             line += f", {p.computed_on}"
-        if p.state == "partial" and p.recorded_at is not None and p.rate_from == f"last {p.name} run":
+        if p.state == "partial" and p.recorded_at is not None and p.rate_from in (f"last {p.name} run", OWN_RUN):
             line += f", last recorded {_duration(max(now - p.recorded_at, 0))} ago"
     elif p.state == "partial":
         line += ", ETA unknown (no throughput recorded yet)"

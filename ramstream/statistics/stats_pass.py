@@ -82,6 +82,7 @@ class StatisticsWork:
         for k, units in self.missing(batch):
             for unit in units:
                 self.stores[k][1].mark(unit.index)
+            self.stores[k][1].record_rate(done.bytes, done.seconds, where=done.where)  # for status's ETA
 
     def persist(self, batch: Batch, result: Partials, done: Done) -> None:
         self.write(batch, result)
@@ -135,5 +136,7 @@ def run_statistics(
         executor.run(work, family, plan, todo, progress)
     finally:
         progress.close()
+    for _, journal in stores:
+        journal.record_rate(progress.done, progress.elapsed, final=True, where=progress.where)
     for stat in pending:
         index.mark_statistic_complete(stat.key)
