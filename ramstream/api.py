@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from ramstream.backends.registry import backend_for, load_backend
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
+from ramstream.errors import RamstreamError
 from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
 from ramstream.format.family import Family, open_family
@@ -177,9 +178,11 @@ def _merge_into(
     if output_dir.prepare(out_path, output.run, force):
         return MergeResult(out_path, None, spec.name, params.to_dict(), already_merged(out_path), True)
     work = output_dir.work_dir(out_path)
-    ((prepared, job),) = merge_outputs(
-        [output], work, family, Path(index) if index else None, allow_nonfinite, options, executor
-    )
+    index_path = Path(index) if index else None
+    (merged,) = merge_outputs([output], work, family, index_path, allow_nonfinite, options, executor)
+    if isinstance(merged, RamstreamError):  # a single merge's refusal is raised, never returned
+        raise merged
+    prepared, job = merged
     return MergeResult(out_path, job.index, spec.name, params.to_dict(), prepared.per_agent, False)
 
 

@@ -10,6 +10,7 @@ import click
 
 from ramstream.cli.command import friendly, load_api, summary
 from ramstream.cli.options import checkpoint_options, eps_option, output_options, run_options_of
+from ramstream.errors import RamstreamError
 from ramstream.sweep.evaluate import DEFAULT_TIMEOUT
 
 
@@ -116,12 +117,19 @@ def sweep(
         options=run_options_of(**values),
     )
     for c in result.candidates:
-        click.echo(f"{c.status}: {c.out} ({summary(c.method, c.per_agent)})")
+        said = c.error if c.status == "failed" else summary(c.method, c.per_agent)
+        click.echo(f"{c.status}: {c.out} ({said})")
     click.echo(f"sweep: {len(result.candidates)} candidates in {result.out} (sweep.json)")
     if result.evaluations:
         click.echo(_score_table(result))
     if plot is not None:
         click.echo(f"plot: {plot}")
+    failed = [c for c in result.candidates if c.status == "failed"]
+    if failed:  # after the others' results: one candidate's failure is its own, but not a success
+        raise RamstreamError(
+            f"{len(failed)} of {len(result.candidates)} candidates failed (recorded in sweep.json; the others are "
+            f"finished): {failed[0].error}"
+        )
 
 
 def _sweep_candidates(

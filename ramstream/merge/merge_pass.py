@@ -4,10 +4,17 @@ Work items are the plan's batches of merged blocks, then one item per non-float 
 bounded chunks). The journal lives in ``<out>/.ramstream/journal`` and marks an item only after
 its bytes are durable, so a kill loses at most the items in flight. The blocks run on an
 executor (``MergeWork`` says what to compute and persist per block); the copies run here.
+
+A sweep's outputs are merged together, and one output's failure is its own: a refusal that
+depends on the values (``OUTPUT_FAILURES``: a merged value out of range, a task vector that
+overflows) stops that output only, the others run on (``MergeWork.failed``); the journal then
+stops naming it, so that a rerun starts over rather than resume an output with holes. On a Dask
+cluster (workers compute and write) any failure stops the pass, as for a single merge.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,10 +24,12 @@ import zarr
 
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
+from ramstream.errors import NonFiniteOutputError, RamstreamError, TaskVectorOverflowError
 from ramstream.execution.executor import Executor
 from ramstream.execution.progress import Done, Progress
 from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, RAW_CARRIER
 from ramstream.format.family import Family, with_absolute_paths
+from ramstream.index.guard import store_io
 from ramstream.index.journal import Journal
 from ramstream.index.local_store import open_group as durable_group
 from ramstream.io.reader import InputFiles
@@ -30,6 +39,9 @@ from ramstream.methods.base import BlockMerger, Fused
 from ramstream.plan import Batch, Block, Plan
 
 COPY_CHUNK = 16 * 1024 * 1024
+# Refusals that depend on one output's values, not on the inputs or the run: in a sweep, that
+# output's failure alone.
+OUTPUT_FAILURES: tuple[type[RamstreamError], ...] = (NonFiniteOutputError, TaskVectorOverflowError)
 
 
 @dataclass(frozen=True)
@@ -167,10 +179,15 @@ class Staged:
 class Outputs:
     """A worker's side of ``MergeWork``: compute and write every output, never mark. Outputs
     whose merges fuse (``Prepared.fused``: the same group and output dtypes) are merged by one
-    backend call per block, reading its inputs once for all of them."""
+    backend call per block, reading its inputs once for all of them. With ``isolate``, an
+    output's value-dependent refusal (``OUTPUT_FAILURES``) is kept in ``failed`` and that output
+    is neither checked nor written any more; the others go on."""
 
-    def __init__(self, parts: list[MergeBlocks]) -> None:
+    def __init__(self, parts: list[MergeBlocks], isolate: bool = False) -> None:
         self.parts = parts
+        self.isolate = isolate
+        self.failed: dict[int, RamstreamError] = {}  # output -> why it stopped (first reason)
+        self._failing = threading.Lock()  # batches are computed on several threads
         groups: dict[object, list[int]] = {}
         for k, part in enumerate(parts):
             fused = part.job.fused
@@ -194,8 +211,21 @@ class Outputs:
                 raise block_arrays.nonfinite_error(bad)
             for members, (_, outs) in merged:
                 for k, (out, out_code) in zip(members, outs, strict=True):
-                    self.parts[k].check_output(block, block_arrays, backend, out, out_code)
+                    if k not in self.failed:
+                        self._checked(k, block, block_arrays, backend, out, out_code)
         return [MergedBatch(list(zip(s.runs, s.buffers, strict=True))) for s in staged]
+
+    def _checked(
+        self, k: int, block: Block, arrays: BlockArrays, backend: Backend, out: np.ndarray, out_code: int
+    ) -> None:
+        """Output ``k``'s check of the block; its refusal is its failure alone when isolating."""
+        try:
+            self.parts[k].check_output(block, arrays, backend, out, out_code)
+        except OUTPUT_FAILURES as exc:
+            if not self.isolate:
+                raise
+            with self._failing:
+                self.failed.setdefault(k, exc)
 
     def _merge(
         self, members: list[int], i: int, block: Block, arrays: BlockArrays, staged: list[Staged], backend: Backend
@@ -213,8 +243,9 @@ class Outputs:
         return bad, outs
 
     def write(self, batch: Batch, result: list[MergedBatch]) -> None:
-        for part, merged in zip(self.parts, result, strict=True):
-            part.write(batch, merged)
+        for k, (part, merged) in enumerate(zip(self.parts, result, strict=True)):
+            if k not in self.failed:
+                part.write(batch, merged)
 
     def close(self) -> None:
         for part in self.parts:
@@ -229,19 +260,42 @@ class MergeWork(Outputs):
     label = "merge"
 
     def __init__(
-        self, jobs: Sequence[MergeJob], writers: Sequence[ShardWriter], journal: Journal, works: Sequence[Path]
+        self,
+        jobs: Sequence[MergeJob],
+        writers: Sequence[ShardWriter],
+        journal: Journal,
+        works: Sequence[Path],
+        outputs: Sequence[str] | None = None,
+        journal_dir: Path | None = None,
     ) -> None:
-        super().__init__([MergeBlocks(job, writer) for job, writer in zip(jobs, writers, strict=True)])
+        parts = [MergeBlocks(job, writer) for job, writer in zip(jobs, writers, strict=True)]
+        super().__init__(parts, isolate=outputs is not None)
         self.journal = journal
         self.works = tuple(works)
+        self.outputs = list(outputs) if outputs is not None else None
+        self.journal_dir = journal_dir
+        self._unnamed: set[int] = set()  # failed outputs the journal no longer names
 
     def mark(self, batch: Batch, done: Done) -> None:
+        self._unname_failed()
         self.journal.mark(batch.index)
         self.journal.record_rate(done.bytes, done.seconds, where=done.where)
 
     def persist(self, batch: Batch, result: list[MergedBatch], done: Done) -> None:
         self.write(batch, result)
         self.mark(batch, done)
+
+    def _unname_failed(self) -> None:
+        """Before a batch is marked: a failed output's bytes stop at its failure, so the journal
+        stops naming it (a rerun merging it again then starts the journal over, never resumes)."""
+        with self._failing:
+            new = sorted(set(self.failed) - self._unnamed)
+            self._unnamed |= set(new)
+        if new and self.outputs is not None and self.journal_dir is not None:
+            names = [n for k, n in enumerate(self.outputs) if k not in self._unnamed]
+            path = _journal_path(self.journal_dir)
+            with store_io(path, "recording a failed output in the merge's journal"):
+                durable_group(path, mode="r+").attrs["outputs"] = names
 
     def remote(self) -> RemoteMerge:
         works = tuple(w.resolve() for w in self.works)
@@ -273,11 +327,12 @@ def run_merges(
     executor: Executor,
     quiet: bool,
     outputs: Sequence[str] | None = None,
-) -> None:
+) -> dict[int, RamstreamError]:
     """The merge pass of K outputs of one family and plan: each batch's inputs are read once and
     merged K times (``jobs[k]`` into the partial shards in ``works[k]``); the journal in
     ``journal_dir`` marks a batch once all K are written (``outputs`` names them: a journal of
-    other outputs starts over). The jobs share the family, the plan and the index."""
+    other outputs starts over). The jobs share the family, the plan and the index. Returns the
+    outputs that failed on their own (several ``outputs``, see the module docstring), by position."""
     first = jobs[0]
     plan = first.plan
     copies = copied_tensors(plan)
@@ -286,7 +341,7 @@ def run_merges(
     journal = open_journal(journal_dir, n_items, plan.block_elems, first.index, outputs)
     done = journal.done(n_items)
     if done.all():
-        return
+        return {}
     todo = [b for b in plan.batches if not done[b.index]]
     todo_copies = [t for k, t in enumerate(copies) if not done[n_batches + k]]
     total = sum(plan.batch_bytes(b) for b in todo) + sum(
@@ -294,8 +349,9 @@ def run_merges(
     )
     progress = Progress.for_terminal("merge", total, quiet)
     writers = [ShardWriter(job.layout, work) for job, work in zip(jobs, works, strict=True)]
+    work = MergeWork(jobs, writers, journal, works, outputs, journal_dir)
     try:
-        executor.run(MergeWork(jobs, writers, journal, works), first.family, plan, todo, progress)
+        executor.run(work, first.family, plan, todo, progress)
         with InputFiles() as files:
             for k, t in enumerate(copies):
                 if done[n_batches + k]:
@@ -310,6 +366,7 @@ def run_merges(
         for writer in writers:
             writer.close()
         progress.close()
+    return dict(work.failed)
 
 
 def _copy_tensor(

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ramstream.errors import ConfigError
+from ramstream.format.dtypes import is_float
 from ramstream.methods import options
 from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
@@ -94,6 +95,7 @@ def multislerp_coefficients(gram: np.ndarray, weights: np.ndarray, normalize: bo
 def prepare_multislerp(params: MultislerpParams, ctx: StatsContext) -> Prepared:
     names = tensor_names(ctx)
     weights = np.stack([ts.resolve(w, names) for w in params.weights], axis=1)
+    _check_directions(weights, names, ctx, params.normalize_weights)
 
     def coefficients(tensor: int, gram: np.ndarray) -> np.ndarray:
         if len(params.weights) == 1 and not params.no_base:
@@ -102,6 +104,24 @@ def prepare_multislerp(params: MultislerpParams, ctx: StatsContext) -> Prepared:
         return multislerp_coefficients(gram, weights[tensor], params.normalize_weights, names[tensor])
 
     return combination_prepared(ctx, _weights_form(params), coefficients)
+
+
+def _check_directions(weights: np.ndarray, names: list[str], ctx: StatsContext, normalize: bool) -> None:
+    """Refuse, before any pass, weights that give a merged tensor no direction to take: all 0,
+    or (``normalize_weights``) summing to 0, which cannot be divided by."""
+    for name, row in zip(names, weights, strict=True):
+        if len(row) < 2 or not is_float(ctx.family.base.tensors[name].entry.dtype):
+            continue  # one model is returned as it is; an integer tensor is copied
+        if not row.any():
+            raise ConfigError(
+                f"multislerp: every weight of tensor {name!r} is 0, so the models give it no direction; "
+                "give at least one model a weight other than 0"
+            )
+        if normalize and float(row.sum()) == 0.0:
+            raise ConfigError(
+                f"multislerp: the weights of tensor {name!r} sum to 0 ({', '.join(f'{w:g}' for w in row)}), so they "
+                "cannot be normalised; change them, or set normalize_weights: false"
+            )
 
 
 def _weights_form(params: MultislerpParams) -> bool:

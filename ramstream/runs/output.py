@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ramstream.config import RunOptions, show_size
-from ramstream.errors import ConfigError
+from ramstream.errors import ConfigError, RamstreamError
 from ramstream.execution.executor import Executor
 from ramstream.execution.local import RESULT_SLOTS
 from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES
@@ -27,7 +27,7 @@ from ramstream.format.family import Family
 from ramstream.format.names import CONFIG_FILE
 from ramstream.index import resolve
 from ramstream.io.writer import ShardLayout
-from ramstream.merge.merge_pass import MergeJob, run_merges, stored_block_elems
+from ramstream.merge.merge_pass import OUTPUT_FAILURES, MergeJob, run_merges, stored_block_elems
 from ramstream.methods.base import MethodSpec, Prepared
 from ramstream.methods.registry import get_method
 from ramstream.methods.report import agent_reports
@@ -146,6 +146,11 @@ def already_merged(out: Path) -> dict[str, tuple[float, ...]]:
     return {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
 
 
+# What stops one output of several (a sweep's candidate) and not the others: its method's refusal
+# of the values, in ``prepare`` or in the merge pass.
+CANDIDATE_FAILURES: tuple[type[RamstreamError], ...] = (ConfigError, *OUTPUT_FAILURES)
+
+
 def merge_outputs(
     outputs: Sequence[OutputPlan],
     journal_dir: Path,
@@ -155,13 +160,15 @@ def merge_outputs(
     options: RunOptions,
     executor: Executor,
     names: Sequence[str] | None = None,
-) -> list[tuple[Prepared, MergeJob]]:
+) -> list[tuple[Prepared, MergeJob] | RamstreamError]:
     """Merge and finish ``outputs`` (prepared in their directories) from one read of the inputs:
     each method prepares on a statistics context of its own, as a merge of it alone would (whether
     it used the index decides its card and its input checks; the statistics themselves are shared
     through the index, and those known ahead are computed in one pass), then one merge pass writes
     them all, its journal in ``journal_dir`` (``names``: the outputs it marks for, a sweep's; None
-    for a plain merge)."""
+    for a plain merge). Of a sweep's outputs, one whose method refuses the values (in ``prepare``:
+    a ``ConfigError``; in the pass: ``OUTPUT_FAILURES``) is that output's failure, returned in its
+    place (its directory left unfinished); the others are merged and finished."""
     eps = float(outputs[0].run["eps"])
     contexts = [
         StatsContext(family, eps, index, options, budget_block_elems(family, options), executor, allow_nonfinite)
@@ -183,15 +190,28 @@ def merge_outputs(
     )
     if len(outputs) > 1:
         compute_ahead(outputs, contexts)
-    prepared = [o.spec.prepare(o.params, ctx) for o, ctx in zip(outputs, contexts, strict=True)]
-    jobs = [
-        merge_job(o, plan, lay, p, ctx, allow_nonfinite)
-        for o, lay, p, ctx in zip(outputs, layouts, prepared, contexts, strict=True)
-    ]
-    run_merges(jobs, works, journal_dir, executor, options.quiet, names)
-    for o, job, p, ctx, work in zip(outputs, jobs, prepared, contexts, works, strict=True):
-        finish_output(o, job, p, ctx, work)
-    return list(zip(prepared, jobs, strict=True))
+    isolate = names is not None  # a sweep: even one candidate left fails as a candidate
+    results: list[tuple[Prepared, MergeJob] | RamstreamError] = []
+    for o, ctx, lay in zip(outputs, contexts, layouts, strict=True):
+        try:
+            prepared = o.spec.prepare(o.params, ctx)
+        except CANDIDATE_FAILURES as exc:
+            if not isolate:
+                raise
+            results.append(exc)
+            continue
+        results.append((prepared, merge_job(o, plan, lay, prepared, ctx, allow_nonfinite)))
+    alive = [(k, r[1]) for k, r in enumerate(results) if not isinstance(r, RamstreamError)]
+    if alive:
+        jobs, at = [job for _, job in alive], [k for k, _ in alive]
+        alive_names = [names[k] for k in at] if names is not None else None
+        failed = run_merges(jobs, [works[k] for k in at], journal_dir, executor, options.quiet, alive_names)
+        for i, reason in failed.items():
+            results[at[i]] = reason
+    for o, result, ctx, work in zip(outputs, results, contexts, works, strict=True):
+        if not isinstance(result, RamstreamError):
+            finish_output(o, result[1], result[0], ctx, work)
+    return results
 
 
 def compute_ahead(outputs: Sequence[OutputPlan], contexts: Sequence[StatsContext]) -> None:

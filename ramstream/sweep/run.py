@@ -23,7 +23,7 @@ from typing import Any
 
 from ramstream.backends.registry import backend_for
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
-from ramstream.errors import ConfigError, OutputError
+from ramstream.errors import ConfigError, OutputError, RamstreamError
 from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
 from ramstream.format.family import Family, open_family
@@ -66,7 +66,8 @@ class CandidateResult:
     method: str
     params: dict[str, Any]
     per_agent: dict[str, tuple[float, ...]]
-    status: str  # "merged" (by this run) or "already merged"
+    status: str  # "merged" (by this run), "already merged", or "failed" (``error`` says why)
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +76,7 @@ class CandidateResult:
             "params": self.params,
             "per_agent": {k: list(v) for k, v in self.per_agent.items()},
             "status": self.status,
+            **({"error": self.error} if self.error is not None else {}),
         }
 
 
@@ -209,6 +211,8 @@ def _evaluations(
     earlier_inputs, earlier = recorded.get("inputs", {}), recorded.get("candidates", {})
     out = [earlier_inputs.get(name) or evaluate(command, name, path, timeout) for name, path in inputs]
     for r in results:
+        if r.status == "failed":
+            continue  # nothing to evaluate
         reuse = r.status != "merged" and r.name in earlier
         out.append(earlier[r.name] if reuse else evaluate(command, r.name, r.out, timeout))
     return tuple(out)
@@ -264,6 +268,7 @@ def _sweep_into(
     finished = {o.out.name for o in outputs if output_dir.prepare(o.out, o.run, force)}
     pending = [o for o in outputs if o.out.name not in finished]
     merged: dict[str, Prepared] = {}
+    failed: dict[str, RamstreamError] = {}
     if pending:
         work = output_dir.work_dir(root)
         work.mkdir(exist_ok=True)
@@ -277,12 +282,20 @@ def _sweep_into(
             executor,
             [o.out.name for o in pending],
         )
-        merged = {o.out.name: p for o, (p, _) in zip(pending, done, strict=True)}
+        for o, result in zip(pending, done, strict=True):
+            if isinstance(result, RamstreamError):
+                failed[o.out.name] = result  # its directory stays unfinished; a rerun tries it again
+            else:
+                merged[o.out.name] = result[0]
     work = output_dir.work_dir(root)
     if work.exists():
         shutil.rmtree(work)
     results = []
     for o in outputs:
+        if o.out.name in failed:
+            reason = f"candidate {o.out.name}: {failed[o.out.name]}"
+            results.append(CandidateResult(o.out.name, o.out, o.spec.name, o.params.to_dict(), {}, "failed", reason))
+            continue
         if o.out.name in merged:
             per_agent = merged[o.out.name].per_agent
             status = "merged"
