@@ -14,11 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ramstream.errors import ConfigError, CorruptFileError, InputError
+from ramstream.errors import AdapterError, ConfigError, CorruptFileError, InputError
 from ramstream.format import torch_zip
 from ramstream.format.hub import HubAccess, HubSource, Snapshot, is_repo_id, resolve_repo, snapshot_at
 from ramstream.format.names import (
     ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
     BIN_FILE,
     BIN_INDEX,
     CONFIG_FILE,
@@ -215,6 +216,12 @@ class _Directory:
             return self.shards(SHARD_INDEX)
         if self.has(SINGLE_FILE):
             return [self.path / SINGLE_FILE]
+        adapter = next((name for name in ADAPTER_WEIGHTS if self.has(name)), None)
+        if adapter is not None:  # not a model missing its tensors: an adapter missing its config
+            raise AdapterError(
+                f"{self.path}: holds {adapter} but no {ADAPTER_CONFIG}: a PEFT adapter without its config (which "
+                "gives its rank, alpha and targets); put the adapter_config.json it was saved with beside it"
+            )
         candidates = sorted(p for p in self.path.glob("*.safetensors") if self.has(p.name))
         if len(candidates) > 1:
             raise InputError(f"{self.path}: several .safetensors files but no {SHARD_INDEX}; point at one file instead")

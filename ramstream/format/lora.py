@@ -8,12 +8,24 @@ from its factors, without its weights: for a targeted tensor W (out x in), with 
     delta = scale * (B @ A),   scale = lora_alpha / r   (lora_alpha / sqrt(r) with use_rslora),
 
 r and lora_alpha per module from ``rank_pattern`` / ``alpha_pattern`` (matched as PEFT matches
-them: the first pattern ``p`` with ``re.match(rf"(.*\\.)?({p})$", module)``). With
-``fan_in_fan_out`` (GPT-2's Conv1D, which stores W as in x out) and for embeddings
+them: the first pattern ``p`` with ``re.match(rf"(.*\\.)?({p})$", module)``). For a ``Conv1D``
+target (GPT-2 and its kin store W as in x out: ``CONV1D_MODULES``) and for embeddings
 (``lora_embedding_A`` (r x vocab) / ``lora_embedding_B`` (dim x r)), delta = scale * (B @ A)^T,
-as PEFT's ``get_delta_weight``. Tensors the adapter saves whole (``modules_to_save``, trained
-biases) are ordinary agent tensors (task vector: saved minus base); every other tensor of the base
-is left alone: its task vector is 0.
+as PEFT's ``get_delta_weight``. ``fan_in_fan_out`` is what PEFT makes of it: PEFT sets it from
+the target's type whatever the config says (False on an ``nn.Linear``, True on a ``Conv1D``,
+with a warning), so ramstream follows the base's ``model_type``; only a base without one is read
+as the config says.
+
+Which modules an adapter updates is its config's, as PEFT's ``check_target_module_exists``
+decides: ``target_modules`` (names matched at the end of a module's name, or one regular
+expression matched whole), ``exclude_modules``, ``layers_to_transform`` with ``layers_pattern``,
+and ``modules_to_save`` (saved whole, never adapted). Factors of a module the config does not
+target, and a config that targets no module of the base (PEFT refuses to load it), are refused
+by name. An adapter saved with ``init_lora_weights`` pissa, olora, corda or loftq and not
+converted is refused by name: its factors are relative to a residual base PEFT rebuilds on load.
+
+Tensors the adapter saves whole (``modules_to_save``, trained biases) are ordinary agent tensors
+(task vector: saved minus base); every other tensor of the base is left alone: its task vector is 0.
 
 The arithmetic's order is part of the definition, so that every backend, block size and resume
 point gives the same bytes: delta[i, j] = float32(sum_k B[i, k] * A[k, j]) * float32(scale), each
@@ -32,7 +44,8 @@ maps to the base's ``<module>.weight``, with or without a leading ``model.`` (ch
 bare model and of its task head name it differently). ``<module>.base_layer.weight`` is the
 frozen layer PEFT saves beside embedding factors: it must have the base's shape and is not used.
 
-Refused, one line each (``AdapterError`` unless said): a ``peft_type`` other than LORA, DoRA and
+Refused, one line each (``AdapterError`` unless said): a directory holding adapter weights but
+no ``adapter_config.json``, a ``peft_type`` other than LORA, DoRA and
 the other options whose update is not B @ A, a key that matches no base tensor, factors whose
 shapes do not fit their target or disagree with the configured rank, a factor without its
 partner, factor dtypes that cannot be decoded (``UnsupportedDtypeError``), and an adapter whose
@@ -52,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from ramstream.errors import AdapterError, CorruptFileError, UnsupportedDtypeError
+from ramstream.errors import AdapterError, CorruptFileError, UnsupportedDtypeError, excerpt
 from ramstream.format.checkpoint import Checkpoint, DeltaRef, TensorRef, read_weights_file
 from ramstream.format.dtypes import FLOAT_CODES, is_float
 from ramstream.format.hub import is_repo_id
@@ -84,6 +97,26 @@ _FACTOR_KEYS = (
 _FROZEN_LAYER = ".base_layer.weight"
 _REFUSED_KEYS = (".lora_B.bias", ".lora_magnitude_vector")
 
+# The modules that are transformers' ``Conv1D`` (W stored in x out), by the base's model_type;
+# every other LoRA target of these models, and of every other model, is an ``nn.Linear``.
+_GPT2_CONV1D = frozenset({"c_attn", "q_attn", "c_proj", "c_fc"})
+CONV1D_MODULES: dict[str, frozenset[str]] = {
+    "gpt2": _GPT2_CONV1D,
+    "imagegpt": _GPT2_CONV1D,
+    "decision_transformer": _GPT2_CONV1D,
+    "openai-gpt": frozenset({"c_attn", "c_proj", "c_fc"}),
+    "clvp": frozenset({"c_fc", "c_proj"}),
+}
+
+# init_lora_weights that change the base at initialisation: the saved factors are relative to a
+# residual base PEFT rebuilds when it loads them (a PEFT conversion turns them into plain LoRA).
+_RESIDUAL_INITS = {
+    "pissa": "PiSSA",
+    "olora": "OLoRA",
+    "corda": "CorDA",
+    "loftq": "LoftQ",
+}
+
 
 def is_adapter(path: str | Path) -> bool:
     """True when ``path`` is a local directory holding a PEFT ``adapter_config.json``."""
@@ -103,6 +136,56 @@ class AdapterConfig:
     rank_pattern: dict[str, int]
     alpha_pattern: dict[str, float]
     base_model: str | None
+    target_modules: str | tuple[str, ...] | None = None
+    exclude_modules: str | tuple[str, ...] | None = None
+    layers_to_transform: tuple[int, ...] | None = None
+    layers_pattern: tuple[str, ...] = ()
+    modules_to_save: tuple[str, ...] = ()
+
+    def targets(self, key: str) -> bool:
+        """Whether PEFT adapts the module ``key`` (its name in the model, as adapter keys write
+        it): PEFT's ``check_target_module_exists``."""
+        if isinstance(self.exclude_modules, str):
+            if re.fullmatch(self.exclude_modules, key):
+                return False
+        elif self.exclude_modules and (
+            key in self.exclude_modules or any(key.endswith(f".{e}") for e in self.exclude_modules)
+        ):
+            return False
+        if any(re.match(rf"(^|.*\.){m}($|\..*)", key) for m in self.modules_to_save):
+            return False
+        if self.target_modules is None or self.target_modules == ALL_LINEAR:
+            return True  # not recorded; all-linear: every linear layer but the output's (PEFT expands it)
+        if isinstance(self.target_modules, str):
+            return re.fullmatch(self.target_modules, key) is not None
+        if key in self.target_modules:
+            return True
+        if not any(key.endswith(f".{t}") for t in self.target_modules):
+            return False
+        return self.layers_to_transform is None or self._layer_of(key) in self.layers_to_transform
+
+    def _layer_of(self, key: str) -> int | None:
+        """The first numbered segment of ``key`` after ``layers_pattern`` (any segment without one)."""
+        patterns = self.layers_pattern or (None,)
+        for pattern in patterns:
+            found = (
+                re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", key)
+                if pattern is None
+                else re.match(rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.", key)
+            )
+            if found is not None:
+                return int(found["idx"])
+        return None
+
+    def described(self) -> str:
+        """The fields that choose the targets, as the config gives them (for messages)."""
+        fields = {
+            "target_modules": self.target_modules,
+            "exclude_modules": self.exclude_modules,
+            "layers_to_transform": self.layers_to_transform,
+            "layers_pattern": self.layers_pattern or None,
+        }
+        return ", ".join(f"{k} {excerpt(list(v) if isinstance(v, tuple) else v, 60)}" for k, v in fields.items() if v)
 
     def rank_and_scale(self, module: str) -> tuple[int, float]:
         """Module ``module``'s rank and its scale (a float32 value), as PEFT picks them."""
@@ -154,7 +237,22 @@ def read_config(path: Path) -> AdapterConfig:
         ) from exc
     if r <= 0 or any(v <= 0 for v in rank_pattern.values()):
         raise AdapterError(f"{path}: a rank (r or rank_pattern) that is not positive")
+    _refuse_residual_init(path, raw.get("init_lora_weights"))
     base_model = raw.get("base_model_name_or_path")
+    try:
+        targets = _names_or_pattern(raw.get("target_modules"))
+        excluded = _names_or_pattern(raw.get("exclude_modules"))
+        layers = _layers(raw.get("layers_to_transform"))
+        layer_names = _as_names(_names_or_pattern(raw.get("layers_pattern")))
+        saved = _as_names(_names_or_pattern(raw.get("modules_to_save")))
+        for regex in (targets, excluded, *layer_names, *saved):  # used as regular expressions
+            if isinstance(regex, str):
+                re.compile(regex)
+    except (TypeError, ValueError, re.error) as exc:
+        raise AdapterError(
+            f"{path}: target_modules, exclude_modules, layers_to_transform, layers_pattern or modules_to_save is "
+            f"invalid ({excerpt(str(exc), 80)})"
+        ) from None
     return AdapterConfig(
         path,
         r,
@@ -164,7 +262,54 @@ def read_config(path: Path) -> AdapterConfig:
         rank_pattern,
         alpha_pattern,
         base_model if isinstance(base_model, str) and base_model else None,
+        targets,
+        excluded,
+        layers,
+        layer_names,
+        saved,
     )
+
+
+ALL_LINEAR = "all-linear"
+
+
+def _names_or_pattern(value: object) -> str | tuple[str, ...] | None:
+    """A config field PEFT reads as a list of names or one regular expression (None: not given)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise TypeError(f"{excerpt(value, 40)} is neither a name list nor a pattern")
+
+
+def _as_names(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else (value or ())
+
+
+def _layers(value: object) -> tuple[int, ...] | None:
+    """``layers_to_transform``: an index or a list of them (None, or an empty list: every layer)."""
+    if value is None or value == []:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
+    raise TypeError(f"layers_to_transform {excerpt(value, 40)} is not a layer index or a list of them")
+
+
+def _refuse_residual_init(path: Path, init: object) -> None:
+    """PiSSA, OLoRA, CorDA and LoftQ adapters that were not converted to plain LoRA."""
+    name = init.lower() if isinstance(init, str) else ""
+    kind = next((label for key, label in _RESIDUAL_INITS.items() if name.startswith(key)), None)
+    if kind is not None:
+        raise AdapterError(
+            f"{path}: init_lora_weights is {excerpt(init)}: a {kind} adapter's factors are relative to a residual "
+            "base that PEFT rebuilds when it loads them, not to this base; convert it to a plain LoRA adapter with "
+            "PEFT (save_pretrained(..., path_initial_model_for_weight_conversion=THE_ADAPTER_AS_INITIALISED)), or "
+            "merge it with PEFT's merge_and_unload and give that model as the agent"
+        )
 
 
 def open_adapter(path: str | Path, base: Checkpoint, base_given: str) -> Checkpoint:
@@ -177,7 +322,9 @@ def open_adapter(path: str | Path, base: Checkpoint, base_given: str) -> Checkpo
     weights = next((directory / n for n in ADAPTER_WEIGHTS if (directory / n).is_file()), None)
     if weights is None:
         raise AdapterError(f"{directory}: holds {ADAPTER_CONFIG} but no {' or '.join(ADAPTER_WEIGHTS)}")
+    _refuse_targeting_nothing(config, base)
     header = read_weights_file(weights)
+    conv1d = _conv1d_modules(base)
     factors: dict[str, dict[str, TensorRef]] = {}  # base tensor -> {"A": ..., "B": ...}
     layout: dict[str, tuple[str, bool]] = {}  # base tensor -> (module, transposed)
     saved: dict[str, TensorRef] = {}
@@ -194,8 +341,15 @@ def open_adapter(path: str | Path, base: Checkpoint, base_given: str) -> Checkpo
             suffix, which, transposed = factor
             module = rest[: -len(suffix)]
             name = _base_name(module + ".weight", base, weights, key)
+            if not config.targets(module):
+                raise AdapterError(
+                    f"{weights}: module {module!r} has LoRA factors but {ADAPTER_CONFIG} does not target it "
+                    f"({config.described()}); PEFT would not apply them: correct the config or the adapter file"
+                )
             factors.setdefault(name, {})[which] = TensorRef(weights, entry)
-            layout[name] = (module, config.fan_in_fan_out if transposed is None else transposed)
+            if transposed is None:  # a linear layer: Conv1D or not, as PEFT decides (see the docstring)
+                transposed = config.fan_in_fan_out if conv1d is None else module.rpartition(".")[2] in conv1d
+            layout[name] = (module, transposed)
         elif rest.endswith(_FROZEN_LAYER):
             name = _base_name(rest[: -len(_FROZEN_LAYER)] + ".weight", base, weights, key)
             if base.tensors[name].entry.shape != entry.shape:
@@ -231,6 +385,27 @@ def open_adapter(path: str | Path, base: Checkpoint, base_given: str) -> Checkpo
         deltas=as_task_vectors,
         described_by=(config.path,),
     )
+
+
+def _conv1d_modules(base: Checkpoint) -> frozenset[str] | None:
+    """The names of the base's ``Conv1D`` modules (empty: all linear layers are ``nn.Linear``);
+    None when the base records no ``model_type`` (then ``fan_in_fan_out`` is taken as given)."""
+    model_type = _config_value(base, "model_type")
+    if not isinstance(model_type, str):
+        return None
+    return CONV1D_MODULES.get(model_type, frozenset())
+
+
+def _refuse_targeting_nothing(config: AdapterConfig, base: Checkpoint) -> None:
+    """PEFT refuses to load an adapter whose config targets no module of the base."""
+    modules = [name.removesuffix(".weight") for name in base.tensors if name.endswith(".weight")]
+    if config.target_modules is None or not modules:
+        return
+    if not any(config.targets(m) or config.targets(m.removeprefix("model.")) for m in modules):
+        raise AdapterError(
+            f"{config.path}: targets no module of the base ({config.described()}); PEFT refuses to load it: "
+            "correct the config, or give the base model this adapter was trained on"
+        )
 
 
 def _base_name(name: str, base: Checkpoint, weights: Path, key: str) -> str:
