@@ -83,7 +83,6 @@ def test_the_cli_takes_gradients_and_filters(family: Family, tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("flags", "needles"),
     [
-        (["--lambda", "[0.1, 0.2, 0.3]"], ["lambda", "3 values", "2 layers"]),
         (["--weights", "[{filter: attention, value: 1}, {value: 0}]"], ["weights", "'attention'", "matches no tensor"]),
         (["--lambda", "[{filter: mlp, value: 1}]"], ["lambda", "no value for tensor"]),
     ],
