@@ -1,0 +1,66 @@
+"""What the suite spent compiling Numba kernels, printed after the slowest tests.
+
+Every test process (each xdist worker) listens to Numba's ``numba:compile`` events and sums the
+top-level ones (a kernel with the helpers it compiled on the way); the controller adds up the
+workers' sums. Kernels compiled in child processes (the CLI run as a subprocess) are not counted:
+they compile into the same on-disk cache, so the next test process loads them instead.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+_COMPILED = {"seconds": 0.0, "kernels": 0}
+_KEY = "ramstream_numba_compile"
+_STASH = pytest.StashKey[list[dict[str, float]]]()
+
+
+def _listen() -> None:
+    try:
+        from numba.core import event
+    except ImportError:  # numba absent: nothing compiles
+        return
+    starts: list[float] = []
+
+    class _Timer(event.Listener):  # type: ignore[misc]
+        def on_start(self, ev: Any) -> None:
+            starts.append(time.perf_counter())
+
+        def on_end(self, ev: Any) -> None:
+            spent = time.perf_counter() - starts.pop()
+            if not starts:  # a top-level compile: its nested ones are inside it
+                _COMPILED["seconds"] += spent
+                _COMPILED["kernels"] += 1
+
+    event.register("numba:compile", _Timer())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _listen()
+    config.stash[_STASH] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: hand the sum to the controller
+        workeroutput[_KEY] = dict(_COMPILED)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent without xdist
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    found = getattr(node, "workeroutput", {}).get(_KEY)
+    if found is not None:
+        node.config.stash[_STASH].append(found)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    parts = config.stash[_STASH] or [_COMPILED]
+    seconds = sum(p["seconds"] for p in parts)
+    kernels = sum(p["kernels"] for p in parts)
+    terminalreporter.write_line(
+        f"numba: {kernels} kernel compiles took {seconds:.1f} s in all "
+        f"(summed over {len(parts)} test process(es); subprocesses not counted)"
+    )
