@@ -50,11 +50,11 @@ def moe_shapes(layers: int, experts: int, rows: int = 8, hidden: int = 16) -> di
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory: pytest.TempPathFactory) -> Family:
-    """2 layers x 40 experts (249 tensors of 16 to 1024 elements), in 2 shards; an agent equal
+    """2 layers x 16 experts (105 tensors of 16 to 1024 elements), in 2 shards; an agent equal
     to the base (c = 0 only) and one with no unique element, so c = 0, 1 and >= 2 all occur."""
     root = tmp_path_factory.mktemp("moe")
     return build_family(
-        root, shapes=moe_shapes(2, 40), shards=2, identical_agent=True, subset_agent=True, int_tensor=True, seed=11
+        root, shapes=moe_shapes(2, 16), shards=2, identical_agent=True, subset_agent=True, int_tensor=True, seed=11
     )
 
 
@@ -88,11 +88,11 @@ def test_ram_plus_on_experts_matches_the_dense_reference(moe: Family, tmp_path: 
 
 
 def test_a_batch_packs_many_expert_tensors(moe: Family, tmp_path: Path) -> None:
-    """The probe of 249 tensors under 65536-element blocks is one batch: one chunk per array."""
+    """The probe of 105 tensors under 65536-element blocks is one batch: one chunk per array."""
     index = tmp_path / "index.zarr"
     probe(moe.base, [str(a) for a in moe.agents], index=index, options=_options(tmp_path, 1 << 16))
     store = open_index_store(index, read_only=True)
-    assert len(store.plan.blocks) > 240 and len(store.plan.batches) == 1
+    assert len(store.plan.blocks) > 100 and len(store.plan.batches) == 1
     assert store.done().tolist() == [True]
 
 
