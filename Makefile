@@ -47,24 +47,39 @@ TEST_ENV := NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/$(KERNELS_DIGEST)
 # own tmp_path.
 WORKERS := -n 4 --dist loadfile
 
+# The tests write their checkpoints, indexes and outputs under pytest's base temp: on a tmpfs
+# (/dev/shm) where there is one with room, since a sync there costs nothing (every journal mark of a
+# merge is synced, and the tests' tiny blocks make thousands of marks: a third of the suite's time on
+# a disk), else under /tmp as pytest chooses. Removed afterwards: a tmpfs holds it in memory.
+TEST_TMP := $(shell $(PY) -c "import os, shutil; d = '/dev/shm'; ok = os.path.isdir(d) and os.access(d, os.W_OK) and shutil.disk_usage(d).free >= 4 << 30; print(f'{d}/ramstream-tests-{os.getuid()}' if ok else '')")
+pytest_in_tmp = $(if $(TEST_TMP),$(1) --basetemp=$(TEST_TMP)-$(2); status=$$?; rm -rf $(TEST_TMP)-$(2); exit $$status,$(1))
+
 test: $(STAMP)  ## install, then run the whole test suite (slow tests too: the mergekit parity)
-	$(TEST_ENV) $(BIN)/python -m pytest -q $(WORKERS) --durations=25
+	$(call pytest_in_tmp,$(TEST_ENV) $(BIN)/python -m pytest -q $(WORKERS) --durations=25,test)
 
 test-fast: $(STAMP)  ## everything but the tests marked slow
-	$(TEST_ENV) $(BIN)/python -m pytest -q $(WORKERS) -m "not slow"
+	$(call pytest_in_tmp,$(TEST_ENV) $(BIN)/python -m pytest -q $(WORKERS) -m "not slow",fast)
 
 # The floors of pyproject.toml's dependencies are versions that pass: a fresh venv gets exactly
 # those (tools/lowest_constraints.py turns each `name>=x` into `name==x`; wheels only), with the
-# test extra's tools at their newest, and runs the fast tests (torch and mergekit are left out:
-# their tests skip). Its own numba cache: another numba, other binaries.
+# test extra's tools at their newest (torch and mergekit are left out: their tests skip). It runs
+# the tests of what each floor is for, not the whole suite again: every kernel against its slow
+# twin and every method once (numpy, numba), the index on every read path (zarr), the CLI (click),
+# configs (pyyaml), hub ids (huggingface_hub). Its own numba cache: another numba, other binaries.
 LOWEST := .venv-lowest
-test-lowest:  ## the fast tests against the lowest versions of the direct dependencies (CI runs it)
+LOWEST_TESTS := \
+	tests/test_kernels.py tests/test_kernels_gta.py tests/test_vector_sums.py tests/test_backends.py \
+	tests/test_damaged_index.py tests/test_durability.py tests/test_status.py tests/test_inspect_cli.py \
+	tests/test_cli.py \
+	tests/test_mergekit_config.py tests/test_hostile_configs.py \
+	tests/test_hub.py tests/test_hub_cache.py
+test-lowest:  ## the floors' own tests against the lowest versions of the direct dependencies (CI runs it)
 	rm -rf $(LOWEST)
 	$(PY) -m venv $(LOWEST)
 	$(LOWEST)/bin/pip install -q --upgrade pip
 	$(PY) tools/lowest_constraints.py > $(LOWEST)/constraints.txt
 	$(LOWEST)/bin/pip install -q --only-binary=:all: -c $(LOWEST)/constraints.txt -e '.[test]'
-	NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/lowest-$(KERNELS_DIGEST) $(LOWEST)/bin/python -m pytest -q $(WORKERS) -m "not slow" --durations=25
+	$(call pytest_in_tmp,NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/lowest-$(KERNELS_DIGEST) $(LOWEST)/bin/python -m pytest -q $(WORKERS) -m "not slow" --durations=25 $(LOWEST_TESTS),lowest)
 
 lint: $(STAMP)
 	$(BIN)/ruff check ramstream tests tools
@@ -85,4 +100,4 @@ bench-mergekit: $(STAMP)  ## ramstream vs mergekit 0.1.5 on the same family (tas
 	$(BIN)/python tools/bench_vs_mergekit.py --data bench-data
 
 clean:
-	rm -rf $(VENV) $(LOWEST) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis .numba-cache
+	rm -rf $(VENV) $(LOWEST) build *.egg-info .pytest_cache .pytest-disk .mypy_cache .ruff_cache .hypothesis .numba-cache

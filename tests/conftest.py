@@ -1,4 +1,5 @@
-"""What the suite spent compiling Numba kernels, printed after the slowest tests.
+"""What the suite spent compiling Numba kernels, printed after the slowest tests; a real disk for
+the tests that need one.
 
 Every test process (each xdist worker) listens to Numba's ``numba:compile`` events and sums the
 top-level ones (a kernel with the helpers it compiled on the way); the controller adds up the
@@ -8,7 +9,11 @@ they compile into the same on-disk cache, so the next test process loads them in
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,3 +69,20 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         f"numba: {kernels} kernel compiles took {seconds:.1f} s in all "
         f"(summed over {len(parts)} test process(es); subprocesses not counted)"
     )
+
+
+@pytest.fixture
+def tmp_path(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """pytest's ``tmp_path``, but on a real disk for a test marked ``disk``: ``make test`` puts the
+    base temp on a tmpfs, which has no O_DIRECT and no page cache to ask about. The disk one lies
+    under the repository's ``.pytest-disk/`` and is removed after the test."""
+    if request.node.get_closest_marker("disk") is None:
+        yield tmp_path
+        return
+    root = request.config.rootpath / ".pytest-disk"
+    root.mkdir(exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=request.node.name[:40] + "-", dir=root))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

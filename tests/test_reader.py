@@ -18,6 +18,8 @@ from ramstream.io import os_hints
 from ramstream.io.reader import InputFiles
 from tests.families import write_safetensors
 
+pytestmark = pytest.mark.disk  # O_DIRECT and the page cache: not on a tmpfs
+
 
 def _checkpoint(tmp_path: Path, n: int = 1 << 16):  # type: ignore[no-untyped-def]
     values = np.arange(n, dtype=np.float32)

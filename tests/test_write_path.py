@@ -24,6 +24,8 @@ from ramstream.index.local_store import DROP_AT, open_group
 from ramstream.io.writer import DIRECT_MIN, ShardWriter
 from ramstream.output.shards import plan_shards
 
+pytestmark = pytest.mark.disk  # O_DIRECT and the page cache: not on a tmpfs
+
 
 def test_write_behind_runs_items_in_order_on_one_thread() -> None:
     seen: list[tuple[int, str]] = []
