@@ -37,7 +37,7 @@ CODE = [REPO]  # the checkout whose ramstream the children run (``--code``)
 METHODS: dict[str, dict[str, object]] = {
     "ram+": {},
     "task_arithmetic": {"lambda": 0.7},
-    "linear": {"weights": [0.5, 1.0, 2.0, 1.5]},
+    "linear": {"weights": [1.0, 2.0, 1.5]},
     "ties": {"density": 0.3},
     "ties-model": {"density": 0.3, "trim_scope": "model", "rescale": "l1"},
     "breadcrumbs": {"density": 0.5, "gamma": 0.05},
@@ -45,8 +45,10 @@ METHODS: dict[str, dict[str, object]] = {
     "della": {"density": 0.5, "epsilon": 0.1, "seed": 1},
     "model_stock": {},
     "sce": {},
-    "multislerp": {},
+    "multislerp": {"weights": [1.0]},
     "nuslerp": {"weights": [0.5, 0.5], "agents": 2},
+    "slerp": {"t": 0.5, "agents": 1},
+    "karcher": {},
     "nearswap": {"t": 0.5, "agents": 1},
     "arcee_fusion": {"agents": 1},
 }
