@@ -175,3 +175,47 @@ def test_a_sweep_config_reads_through_the_same_loader(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'merge_method' is given twice in one mapping \\(lines 3 and 4\\)"):
         sweep_config.load(path)
     assert safe_yaml.load_all("a: 1\n---\nb: [1, 2]\n", "x") == [{"a": 1}, {"b": [1, 2]}]
+
+
+def flow_laughs(levels: int = 9) -> str:
+    """``laughs`` in YAML flow syntax, as a flag's value: 9**9 strings once expanded."""
+    items = ["&a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for k in range(1, levels):
+        items.append(f"&a{k} [" + ", ".join([f"*a{k - 1}"] * 9) + "]")
+    return "[" + ", ".join(items) + "]"
+
+
+def test_a_flag_value_is_read_with_the_configs_bounds(family: Family, tmp_path: Path) -> None:
+    """Flags take YAML flow syntax too (gradients, filters): an alias bomb there is refused before
+    it is expanded, a key given twice is refused by name; both as click's usage errors (exit 2),
+    quoting an excerpt of the value."""
+    members = (family.base, *family.agents)
+    value = flow_laughs()
+    started = time.monotonic()
+    bomb = in_process("merge", *members, "--out", tmp_path / "a", "--method", "task_arithmetic", "--lambda", value)
+    assert time.monotonic() - started < 10
+    assert bomb.code == 2 and not bomb.crashed and "expand to more" in bomb.err and value not in bomb.err
+    twice = "[{filter: mlp, filter: attn, value: 1}, {value: 0.5}]"
+    repeated = in_process("merge", *members, "--out", tmp_path / "b", "--method", "task_arithmetic", "--lambda", twice)
+    assert repeated.code == 2 and not repeated.crashed and "'filter' is given twice" in repeated.err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_number_with_an_exponent_is_a_number(family: Family, tmp_path: Path) -> None:
+    """YAML 1.1 reads ``1e-1`` as text; a flag means the number."""
+    from ramstream.cli.types import SettingList, SettingValue
+
+    assert SettingValue().convert("1e-1", None, None) == 0.1
+    assert SettingValue().convert("[1E2, -2.5e-3, {filter: mlp, value: 3e0}]", None, None) == [
+        100.0,
+        -0.0025,
+        {"filter": "mlp", "value": 3.0},
+    ]
+    assert SettingList().convert("[1e0, 2e0], 5e-1", None, None) == [[1.0, 2.0], 0.5]
+    members = (family.base, *family.agents)
+    common = ("--method", "task_arithmetic", "--quiet", "--cache-dir", tmp_path / "cache")
+    for out, lam in (("a", "1e-1"), ("b", "0.1")):
+        done = in_process("merge", *members, "--out", tmp_path / out, *common, "--lambda", lam)
+        assert done.code == 0, done.err
+    files = sorted(p.name for p in (tmp_path / "a").glob("*.safetensors"))
+    assert files and all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
 
 from ramstream.config import parse_size
-from ramstream.errors import RamstreamError
+from ramstream.errors import RamstreamError, excerpt
 
 
 class MethodName(click.ParamType):
@@ -44,13 +45,32 @@ class FloatList(click.ParamType):
             self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
 
 
+# A number with an exponent but no dot (``1e8``): YAML 1.1 reads it as text, the user means a number.
+_EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _yaml_flow(text: str) -> Any:
-    import yaml
+    """``text`` read as YAML with the configs' own bounds (aliases, nesting and size checked before
+    anything is built, keys given twice refused); numbers such as ``1e8`` read as numbers."""
+    from ramstream.errors import ConfigError
+    from ramstream.mergekit_config.safe_yaml import load
 
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(" ".join(str(exc).split())) from None
+        parsed = load(text, "the value")
+    except ConfigError as exc:
+        raise ValueError(str(exc).removeprefix("the value: ")) from None
+    return _numbers(parsed)
+
+
+def _numbers(value: Any) -> Any:
+    """``value`` with every text that is a number in exponent form (``1e8``) made a float."""
+    if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+        return float(value)
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
+    return value
 
 
 class SettingValue(click.ParamType):
@@ -65,9 +85,11 @@ class SettingValue(click.ParamType):
         try:
             parsed = _yaml_flow(value)
         except ValueError as exc:
-            self.fail(f"{value!r} is not a number, a gradient [a, b, ...] or filters in YAML flow ({exc})", param, ctx)
+            self.fail(
+                f"{excerpt(value)} is not a number, a gradient [a, b, ...] or filters in YAML flow ({exc})", param, ctx
+            )
         if parsed is None or isinstance(parsed, bool) or not isinstance(parsed, (int, float, str, list, dict)):
-            self.fail(f"{value!r} is not a number, a gradient [a, b, ...] or filters in YAML flow", param, ctx)
+            self.fail(f"{excerpt(value)} is not a number, a gradient [a, b, ...] or filters in YAML flow", param, ctx)
         return parsed
 
 
@@ -81,7 +103,7 @@ class SettingList(FloatList):
         try:
             parsed = _yaml_flow(f"[{value}]")
         except ValueError as exc:
-            self.fail(f"{value!r} is not a comma-separated list of values ({exc})", param, ctx)
+            self.fail(f"{excerpt(value)} is not a comma-separated list of values ({exc})", param, ctx)
         return list(parsed)
 
 
