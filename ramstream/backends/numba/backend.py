@@ -9,8 +9,7 @@ Per-thread partial rows are allocated and reduced here, so callers never see wor
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import numba
 import numpy as np
@@ -100,13 +99,12 @@ class NumbaBackend:
     def device(self) -> str:
         return "cpu"
 
-    @contextmanager
-    def _scoped(self, size: int) -> Iterator[int]:
+    def _workers(self, size: int) -> int:
         """This backend's thread count, or one thread for a block of fewer than ``SERIAL_BELOW``
         elements (an MoE's expert tensors: handing them to threads cost ten times the work): the
         parts a kernel runs and the partial rows it fills. Partials are combined exactly, so the
         thread count never changes a result."""
-        yield 1 if size < SERIAL_BELOW else self.threads
+        return 1 if size < SERIAL_BELOW else self.threads
 
     def _inputs(self, sources: BlockSources) -> tuple[np.ndarray, np.ndarray]:
         """``(fds, offsets)`` as the tile-reading kernels take them: an input held in memory (a
@@ -134,12 +132,12 @@ class NumbaBackend:
         sources = arrays.sources
         n_agents = len(sources.files) - 1
         fds, offsets = self._inputs(sources)
-        with self._scoped(sources.size) as workers:
-            overlap = np.zeros((workers, n_agents, n_agents), np.int64)
-            coverage = np.zeros((workers, n_agents + 1), np.int64)
-            bad = np.full(workers, -1, np.int64)
-            failed = np.full(workers, -1, np.int64)
-            probe.probe_block(fds, offsets, sources.codes, sources.size, eps, masks, overlap, coverage, bad, failed)
+        workers = self._workers(sources.size)
+        overlap = np.zeros((workers, n_agents, n_agents), np.int64)
+        coverage = np.zeros((workers, n_agents + 1), np.int64)
+        bad = np.full(workers, -1, np.int64)
+        failed = np.full(workers, -1, np.int64)
+        probe.probe_block(fds, offsets, sources.codes, sources.size, eps, masks, overlap, coverage, bad, failed)
         self._check_reads(sources, failed)
         return ProbeCounts(overlap.sum(axis=0), coverage.sum(axis=0), _first(bad))
 
@@ -150,12 +148,12 @@ class NumbaBackend:
         fds, offsets = self._inputs(sources)
         addresses = _addresses(outs, sources.size * int(ITEMSIZES[out_code]))
         lams = np.ascontiguousarray(np.reshape(lambdas, (len(outs), -1)), np.float32)
-        with self._scoped(sources.size) as workers:
-            failed = np.full(workers, -1, np.int64)
-            bad = np.full(workers, -1, np.int64)
-            merge_ram.merge_ram_block(
-                fds, offsets, sources.codes, sources.size, eps, lams, addresses, out_code, failed, bad
-            )
+        workers = self._workers(sources.size)
+        failed = np.full(workers, -1, np.int64)
+        bad = np.full(workers, -1, np.int64)
+        merge_ram.merge_ram_block(
+            fds, offsets, sources.codes, sources.size, eps, lams, addresses, out_code, failed, bad
+        )
         self._check_reads(sources, failed)
         return _first(bad)
 
@@ -184,30 +182,30 @@ class NumbaBackend:
             cut_range = np.ascontiguousarray(keep.cuts.range, np.int64)
         else:
             mode, keep_array, keys, density, start = self._keep_args(keep)
-        with self._scoped(arrays.size) as workers:
-            return int(
-                gta.gta_merge_block(
-                    arrays.base,
-                    arrays.base_code,
-                    _agents(arrays),
-                    arrays.agent_codes,
-                    params.weights,
-                    params.scale,
-                    mode,
-                    keep_array,
-                    keys,
-                    density,
-                    start,
-                    cut_value,
-                    cut_range,
-                    CONSENSUS[params.consensus],
-                    params.normalize,
-                    lams,
-                    addresses,
-                    out_code,
-                    workers,
-                )
+        workers = self._workers(arrays.size)
+        return int(
+            gta.gta_merge_block(
+                arrays.base,
+                arrays.base_code,
+                _agents(arrays),
+                arrays.agent_codes,
+                params.weights,
+                params.scale,
+                mode,
+                keep_array,
+                keys,
+                density,
+                start,
+                cut_value,
+                cut_range,
+                CONSENSUS[params.consensus],
+                params.normalize,
+                lams,
+                addresses,
+                out_code,
+                workers,
             )
+        )
 
     def _merge_della(
         self,
@@ -218,83 +216,83 @@ class NumbaBackend:
         addresses: np.ndarray,
         out_code: int,
     ) -> int:
-        with self._scoped(arrays.size) as workers:
-            return int(
-                della.della_merge_block(
-                    arrays.base,
-                    arrays.base_code,
-                    _agents(arrays),
-                    arrays.agent_codes,
-                    prune.start,
-                    prune.slice_size,
-                    prune.rows,
-                    prune.keys,
-                    prune.mode,
-                    prune.lo,
-                    prune.width,
-                    prune.inverse,
-                    params.weights,
-                    params.scale,
-                    CONSENSUS[params.consensus],
-                    params.normalize,
-                    lams,
-                    addresses,
-                    out_code,
-                    workers,
-                )
+        workers = self._workers(arrays.size)
+        return int(
+            della.della_merge_block(
+                arrays.base,
+                arrays.base_code,
+                _agents(arrays),
+                arrays.agent_codes,
+                prune.start,
+                prune.slice_size,
+                prune.rows,
+                prune.keys,
+                prune.mode,
+                prune.lo,
+                prune.width,
+                prune.inverse,
+                params.weights,
+                params.scale,
+                CONSENSUS[params.consensus],
+                params.normalize,
+                lams,
+                addresses,
+                out_code,
+                workers,
             )
+        )
 
     def has_nonfinite(self, out: np.ndarray, out_code: int) -> bool:
         carrier, mask = EXPONENT[out_code]
         values = out.view(carrier)
-        with self._scoped(values.size) as workers:
-            return bool(nonfinite.count_exponent(values, carrier(mask), workers) > 0)
+        workers = self._workers(values.size)
+        return bool(nonfinite.count_exponent(values, carrier(mask), workers) > 0)
 
     def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> int:
-        with self._scoped(arrays.size) as workers:
-            return int(
-                linear.merge_linear_block(
-                    arrays.base,
-                    arrays.base_code,
-                    params.base_weight,
-                    _agents(arrays),
-                    arrays.agent_codes,
-                    params.weights,
-                    params.normalize,
-                    out,
-                    out_code,
-                    workers,
-                )
+        workers = self._workers(arrays.size)
+        return int(
+            linear.merge_linear_block(
+                arrays.base,
+                arrays.base_code,
+                params.base_weight,
+                _agents(arrays),
+                arrays.agent_codes,
+                params.weights,
+                params.normalize,
+                out,
+                out_code,
+                workers,
             )
+        )
 
     def merge_nearswap(self, arrays: BlockArrays, t: np.float32, out: np.ndarray, out_code: int) -> int:
-        with self._scoped(arrays.size) as workers:
-            return int(
-                nearswap.merge_nearswap_block(
-                    arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, t, out, out_code, workers
-                )
+        workers = self._workers(arrays.size)
+        return int(
+            nearswap.merge_nearswap_block(
+                arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, t, out, out_code, workers
             )
+        )
 
     def merge_fusion(
         self, arrays: BlockArrays, rows: RowScale, threshold: np.float32, out: np.ndarray, out_code: int
     ) -> int:
         scale = np.ascontiguousarray(rows.scale, np.float32)
-        with self._scoped(arrays.size) as workers:
-            return int(
-                fusion.merge_fusion_block(
-                    arrays.base,
-                    arrays.base_code,
-                    _agents(arrays),
-                    arrays.agent_codes,
-                    scale,
-                    rows.row_len,
-                    rows.offset,
-                    np.float32(threshold),
-                    out,
-                    out_code,
-                    workers,
-                )
+        workers = self._workers(arrays.size)
+        return int(
+            fusion.merge_fusion_block(
+                arrays.base,
+                arrays.base_code,
+                _agents(arrays),
+                arrays.agent_codes,
+                scale,
+                rows.row_len,
+                rows.offset,
+                np.float32(threshold),
+                out,
+                out_code,
+                workers,
             )
+        )
 
     def importance_high_histogram(self, arrays: BlockArrays, rows: RowScale) -> np.ndarray:
         return self._importance_histograms(arrays, rows, None)[0]
@@ -308,160 +306,154 @@ class NumbaBackend:
         """(high (HIGH_BINS,), low (C, LOW_BINS)): the high histogram without ``targets``, else the low one."""
         scale = np.ascontiguousarray(rows.scale, np.float32)
         aims = np.full(0, -1, np.int32) if targets is None else targets
-        with self._scoped(arrays.size) as workers:
-            high = np.zeros((workers, HIGH_BINS if targets is None else 0), np.int32)
-            low = np.zeros((workers, len(aims), LOW_BINS), np.int32)
-            if targets is None or aims.max(initial=-1) >= 0:
-                fusion.importance_histograms(
-                    arrays.base,
-                    arrays.base_code,
-                    arrays.agents[0],
-                    int(arrays.agent_codes[0]),
-                    scale,
-                    rows.row_len,
-                    rows.offset,
-                    aims,
-                    high,
-                    low,
-                )
+        workers = self._workers(arrays.size)
+        high = np.zeros((workers, HIGH_BINS if targets is None else 0), np.int32)
+        low = np.zeros((workers, len(aims), LOW_BINS), np.int32)
+        if targets is None or aims.max(initial=-1) >= 0:
+            fusion.importance_histograms(
+                arrays.base,
+                arrays.base_code,
+                arrays.agents[0],
+                int(arrays.agent_codes[0]),
+                scale,
+                rows.row_len,
+                rows.offset,
+                aims,
+                high,
+                low,
+            )
         return _reduce_counts(high), _reduce_counts(low)
 
     def merge_sce(self, arrays: BlockArrays, params: SceParams, out: np.ndarray, out_code: int) -> int:
         cut_value = np.ascontiguousarray(params.cuts.value[0], np.uint32)
         cut_range = np.ascontiguousarray(params.cuts.range[0], np.int64)
         weights = np.ascontiguousarray(params.weights, np.float32)
-        with self._scoped(arrays.size) as workers:
-            return int(
-                sce.merge_sce_block(
-                    arrays.base,
-                    arrays.base_code,
-                    _agents(arrays),
-                    arrays.agent_codes,
-                    weights,
-                    cut_value,
-                    cut_range,
-                    out,
-                    out_code,
-                    workers,
-                )
-            )
-
-    def variance(self, arrays: BlockArrays) -> np.ndarray:
-        out = np.empty(arrays.size, np.float32)
-        with self._scoped(arrays.size) as workers:
-            sce.variance_block(arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, out, workers)
-        return out
-
-    def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
-        with self._scoped(arrays.size) as workers:
-            counts = np.zeros((workers, arrays.n_agents, HIGH_BINS), np.int32)
-            magnitude.high_histogram(arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, counts)
-        return _reduce_counts(counts)
-
-    def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
-        targets = np.ascontiguousarray(targets, np.int32)
-        with self._scoped(arrays.size) as workers:
-            counts = np.zeros((workers, *targets.shape, LOW_BINS), np.int32)
-            if targets.max(initial=-1) >= 0:
-                magnitude.low_histogram(
-                    arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, targets, counts
-                )
-        return _reduce_counts(counts)
-
-    def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
-        keep = np.empty((arrays.n_agents, arrays.size), np.uint8)
-        with self._scoped(arrays.size) as workers:
-            magnitude.cut_keep(
-                arrays.base,
-                arrays.base_code,
-                _agents(arrays),
-                arrays.agent_codes,
-                cuts.value,
-                cuts.range,
-                keep,
-                workers,
-            )
-        return keep
-
-    def find_tie(self, arrays: BlockArrays, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
-        with self._scoped(arrays.size) as workers:
-            return magnitude.find_tie(
-                arrays.base,
-                arrays.base_code,
-                arrays.agents[agent],
-                int(arrays.agent_codes[agent]),
-                value,
-                begin,
-                need,
-                workers,
-            )
-
-    def abs_sums(self, arrays: BlockArrays, keep: Keep, squares: bool = False) -> ExactSums:
-        mode, keep_array, keys, density, start = self._keep_args(keep)
-        n_agents = arrays.n_agents
-        with self._scoped(arrays.size) as workers:
-            acc = np.zeros((workers, n_agents, 2, BINS + 1), np.int64)
-            bad = np.empty(workers, np.int64)
-            exact_stats.abs_sums_block(
-                arrays.base,
-                arrays.base_code,
-                _agents(arrays),
-                arrays.agent_codes,
-                mode,
-                keys,
-                density,
-                start,
-                keep_array,
-                squares,
-                acc,
-                bad,
-            )
-            total = np.asarray(exact_stats.reduce_workers(acc)).reshape(n_agents, 2, BINS + 1)
-        return ExactSums(total, _first(bad))
-
-    def gram(self, arrays: BlockArrays, weights: bool = False) -> ExactSums:
-        n_vectors = arrays.n_agents + (1 if weights else 0)
-        n_pairs = n_vectors * (n_vectors + 1) // 2
-        with self._scoped(arrays.size) as workers:
-            acc = np.zeros((workers, n_pairs, BINS + 1), np.int64)
-            bad = np.empty(workers, np.int64)
-            exact_stats.gram_block(
-                arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, weights, acc, bad
-            )
-            total = np.asarray(exact_stats.reduce_workers(acc))
-        return ExactSums(total, _first(bad))
-
-    def vector_gram(self, arrays: BlockArrays, layout: VectorLayout, weights: bool = False) -> ExactSums:
-        n_vectors = arrays.n_agents + (1 if weights else 0)
-        n_pairs = n_vectors * (n_vectors + 1) // 2
-        with self._scoped(arrays.size) as workers:
-            acc = np.zeros((workers, layout.count, n_pairs, DIGITS), np.int64)
-            bad = np.empty(workers, np.int64)
-            vectors.vector_gram_block(
+        workers = self._workers(arrays.size)
+        return int(
+            sce.merge_sce_block(
                 arrays.base,
                 arrays.base_code,
                 _agents(arrays),
                 arrays.agent_codes,
                 weights,
-                layout.start,
-                layout.div,
-                layout.mod,
-                acc,
-                bad,
+                cut_value,
+                cut_range,
+                out,
+                out_code,
+                workers,
             )
-            total = np.asarray(vectors.reduce_normalised(acc))
+        )
+
+    def variance(self, arrays: BlockArrays) -> np.ndarray:
+        out = np.empty(arrays.size, np.float32)
+        workers = self._workers(arrays.size)
+        sce.variance_block(arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, out, workers)
+        return out
+
+    def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
+        workers = self._workers(arrays.size)
+        counts = np.zeros((workers, arrays.n_agents, HIGH_BINS), np.int32)
+        magnitude.high_histogram(arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, counts)
+        return _reduce_counts(counts)
+
+    def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
+        targets = np.ascontiguousarray(targets, np.int32)
+        workers = self._workers(arrays.size)
+        counts = np.zeros((workers, *targets.shape, LOW_BINS), np.int32)
+        if targets.max(initial=-1) >= 0:
+            magnitude.low_histogram(arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, targets, counts)
+        return _reduce_counts(counts)
+
+    def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
+        keep = np.empty((arrays.n_agents, arrays.size), np.uint8)
+        workers = self._workers(arrays.size)
+        magnitude.cut_keep(
+            arrays.base,
+            arrays.base_code,
+            _agents(arrays),
+            arrays.agent_codes,
+            cuts.value,
+            cuts.range,
+            keep,
+            workers,
+        )
+        return keep
+
+    def find_tie(self, arrays: BlockArrays, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
+        workers = self._workers(arrays.size)
+        return magnitude.find_tie(
+            arrays.base,
+            arrays.base_code,
+            arrays.agents[agent],
+            int(arrays.agent_codes[agent]),
+            value,
+            begin,
+            need,
+            workers,
+        )
+
+    def abs_sums(self, arrays: BlockArrays, keep: Keep, squares: bool = False) -> ExactSums:
+        mode, keep_array, keys, density, start = self._keep_args(keep)
+        n_agents = arrays.n_agents
+        workers = self._workers(arrays.size)
+        acc = np.zeros((workers, n_agents, 2, BINS + 1), np.int64)
+        bad = np.empty(workers, np.int64)
+        exact_stats.abs_sums_block(
+            arrays.base,
+            arrays.base_code,
+            _agents(arrays),
+            arrays.agent_codes,
+            mode,
+            keys,
+            density,
+            start,
+            keep_array,
+            squares,
+            acc,
+            bad,
+        )
+        total = np.asarray(exact_stats.reduce_workers(acc)).reshape(n_agents, 2, BINS + 1)
+        return ExactSums(total, _first(bad))
+
+    def gram(self, arrays: BlockArrays, weights: bool = False) -> ExactSums:
+        n_vectors = arrays.n_agents + (1 if weights else 0)
+        n_pairs = n_vectors * (n_vectors + 1) // 2
+        workers = self._workers(arrays.size)
+        acc = np.zeros((workers, n_pairs, BINS + 1), np.int64)
+        bad = np.empty(workers, np.int64)
+        exact_stats.gram_block(arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, weights, acc, bad)
+        total = np.asarray(exact_stats.reduce_workers(acc))
+        return ExactSums(total, _first(bad))
+
+    def vector_gram(self, arrays: BlockArrays, layout: VectorLayout, weights: bool = False) -> ExactSums:
+        n_vectors = arrays.n_agents + (1 if weights else 0)
+        n_pairs = n_vectors * (n_vectors + 1) // 2
+        workers = self._workers(arrays.size)
+        acc = np.zeros((workers, layout.count, n_pairs, DIGITS), np.int64)
+        bad = np.empty(workers, np.int64)
+        vectors.vector_gram_block(
+            arrays.base,
+            arrays.base_code,
+            _agents(arrays),
+            arrays.agent_codes,
+            weights,
+            layout.start,
+            layout.div,
+            layout.mod,
+            acc,
+            bad,
+        )
+        total = np.asarray(vectors.reduce_normalised(acc))
         return ExactSums(total.reshape(layout.count, n_pairs, DIGITS), _first(bad))
 
     def agreement(self, arrays: BlockArrays, eps: float) -> AgreementSums:
         n_agents = arrays.n_agents
         n_pairs = len(agent_pairs(n_agents))
-        with self._scoped(arrays.size) as workers:
-            counts = np.zeros((workers, n_pairs, 2), np.int64)
-            acc = np.zeros((workers, sum_rows(n_agents), DIGITS), np.int64)
-            agreement.agreement_block(
-                arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, eps, counts, acc
-            )
-            total = np.asarray(vectors.reduce_normalised(acc))
+        workers = self._workers(arrays.size)
+        counts = np.zeros((workers, n_pairs, 2), np.int64)
+        acc = np.zeros((workers, sum_rows(n_agents), DIGITS), np.int64)
+        agreement.agreement_block(arrays.base, arrays.base_code, _agents(arrays), arrays.agent_codes, eps, counts, acc)
+        total = np.asarray(vectors.reduce_normalised(acc))
         return AgreementSums(counts.sum(axis=0), total.reshape(sum_rows(n_agents), DIGITS))
 
     def merge_vectors(
@@ -474,48 +466,48 @@ class NumbaBackend:
         out_code: int,
     ) -> int:
         coefs = np.ascontiguousarray(coefs, np.float32)
-        with self._scoped(arrays.size) as workers:
-            return int(
-                vectors.merge_vectors_block(
-                    arrays.base,
-                    arrays.base_code,
-                    _agents(arrays),
-                    arrays.agent_codes,
-                    weights,
-                    layout.start,
-                    layout.div,
-                    layout.mod,
-                    coefs,
-                    out,
-                    out_code,
-                    workers,
-                )
-            )
-
-    def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:
-        keep = np.empty((arrays.n_agents, arrays.size), np.float32)
-        with self._scoped(arrays.size) as workers:
-            della.della_keep(
+        workers = self._workers(arrays.size)
+        return int(
+            vectors.merge_vectors_block(
                 arrays.base,
                 arrays.base_code,
                 _agents(arrays),
                 arrays.agent_codes,
-                params.start,
-                params.slice_size,
-                params.rows,
-                params.keys,
-                params.mode,
-                params.lo,
-                params.width,
-                params.inverse,
-                keep,
+                weights,
+                layout.start,
+                layout.div,
+                layout.mod,
+                coefs,
+                out,
+                out_code,
                 workers,
             )
+        )
+
+    def magprune_keep(self, arrays: BlockArrays, params: MagpruneParams) -> np.ndarray:
+        keep = np.empty((arrays.n_agents, arrays.size), np.float32)
+        workers = self._workers(arrays.size)
+        della.della_keep(
+            arrays.base,
+            arrays.base_code,
+            _agents(arrays),
+            arrays.agent_codes,
+            params.start,
+            params.slice_size,
+            params.rows,
+            params.keys,
+            params.mode,
+            params.lo,
+            params.width,
+            params.inverse,
+            keep,
+            workers,
+        )
         return keep
 
     def lora_product(self, left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
-        with self._scoped(out.size) as workers:
-            lora.lora_product(left, right, scale, out, workers)
+        workers = self._workers(out.size)
+        lora.lora_product(left, right, scale, out, workers)
 
     def close(self) -> None:
         self._files.close()
