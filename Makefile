@@ -70,7 +70,7 @@ LOWEST := .venv-lowest
 LOWEST_TESTS := \
 	tests/test_kernels.py tests/test_kernels_gta.py tests/test_vector_sums.py tests/test_backends.py \
 	tests/test_damaged_index.py tests/test_durability.py tests/test_status.py tests/test_inspect_cli.py \
-	tests/test_cli.py \
+	tests/test_cli.py tests/test_prewarm.py \
 	tests/test_mergekit_config.py tests/test_hostile_configs.py \
 	tests/test_hub.py tests/test_hub_cache.py
 test-lowest:  ## the floors' own tests against the lowest versions of the direct dependencies (CI runs it)

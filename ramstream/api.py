@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ramstream.backends.registry import backend_for, load_backend
+from ramstream.backends.registry import backend_for, load_backend, prepare_backend
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
 from ramstream.errors import RamstreamError
 from ramstream.execution.executor import Executor
@@ -68,6 +68,14 @@ def preload(backend: str = "numba") -> None:
     """Import everything a probe or merge on ``backend`` runs (for a program that wants its
     imports done up front, like the CLI before it freezes them out of the garbage collector)."""
     load_backend(backend)
+
+
+def prepare(method: str, backend: str = "numba") -> Callable[[], None]:
+    """Ahead of a merge with ``method`` on ``backend``, start what can run beside it: the Numba
+    backend compiles the kernels the merge calls after its first in child processes while the
+    merge compiles its first (only a first run after installing compiles). Returns what stops
+    them; call it when the merge has ended. The CLI does this."""
+    return prepare_backend(backend, method)
 
 
 def probe(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 from ramstream.backends.base import Backend
 from ramstream.backends.settings import BackendSettings
@@ -25,10 +26,21 @@ class BackendSpec:
     module: str  # imported on first use: its library may be an optional extra
     factory: str  # the name in ``module`` that makes the backend: factory(settings)
     extra: str | None = None  # the optional library (and the ramstream extra installing it)
+    # the name in ``module`` that prepares a run of a method (prepare(method) -> stop), if any
+    prepare: str | None = None
 
     def load(self) -> Callable[[BackendSettings], Backend]:
+        return getattr(self._module(), self.factory)  # type: ignore[no-any-return]
+
+    def prepared(self, method: str) -> Callable[[], None]:
+        """Start what the backend does ahead of a run of ``method``; returns what stops it."""
+        if self.prepare is None:
+            return _nothing
+        return getattr(self._module(), self.prepare)(method)  # type: ignore[no-any-return]
+
+    def _module(self) -> ModuleType:
         try:
-            module = importlib.import_module(self.module)
+            return importlib.import_module(self.module)
         except ModuleNotFoundError as exc:
             if self.extra is None or (exc.name or "").split(".")[0] != self.extra:
                 raise
@@ -36,12 +48,17 @@ class BackendSpec:
                 f"--backend {self.name} needs {self.extra}, which is not installed: "
                 f"pip install 'ramstream[{self.extra}]'"
             ) from None
-        return getattr(module, self.factory)  # type: ignore[no-any-return]
+
+
+def _nothing() -> None:
+    pass
 
 
 def _builtin_backends() -> list[BackendSpec]:
     return [
-        BackendSpec("numba", "Numba-parallel kernels on the CPU", "ramstream.backends.numba.backend", "make"),
+        BackendSpec(
+            "numba", "Numba-parallel kernels on the CPU", "ramstream.backends.numba.backend", "make", prepare="prepare"
+        ),
         BackendSpec(
             "torch",
             "torch on a CUDA GPU (pinned, streamed tiles) or on the CPU",
@@ -62,6 +79,12 @@ def backend_names() -> list[str]:
 def load_backend(name: str) -> None:
     """Import a backend's code (and its library) without making one."""
     _REGISTRY.get(name).load()
+
+
+def prepare_backend(name: str, method: str) -> Callable[[], None]:
+    """Start what backend ``name`` does ahead of a merge with ``method`` (the Numba backend:
+    compile the kernels the merge calls later in child processes); returns what stops it."""
+    return _REGISTRY.get(name).prepared(method)
 
 
 def make_backend(

@@ -49,6 +49,11 @@ def demo(ctx: click.Context, directory: Path | None, synthetic: bool, method: st
 
         run_sweep_demo(directory, run_options_of(**run), click.echo)
         return
+    from ramstream import api
     from ramstream.demo.run import run_demo
 
-    run_demo(directory, run_options_of(**run), click.echo, synthetic=synthetic, method=method)
+    stop = api.prepare(method, run["backend"])
+    try:
+        run_demo(directory, run_options_of(**run), click.echo, synthetic=synthetic, method=method)
+    finally:
+        stop()

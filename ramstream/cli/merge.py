@@ -186,16 +186,21 @@ def merge(
         base, agents, settings = loaded.base, loaded.agents, mergekit_config.combine(loaded, settings)
     if base is None or not agents:
         raise click.UsageError("give BASE and at least one AGENT (or --config FILE)")
-    result = api.merge(
-        base,
-        [str(a) for a in agents],
-        out=out,
-        **mergekit_config.api_arguments(settings),
-        index=index,
-        shard_size=shard_size,
-        force=force,
-        allow_nonfinite=allow_nonfinite,
-        options=run_options_of(**run),
-    )
+    arguments = mergekit_config.api_arguments(settings)
+    stop = api.prepare(arguments.get("method", "ram+"), run["backend"])
+    try:
+        result = api.merge(
+            base,
+            [str(a) for a in agents],
+            out=out,
+            **arguments,
+            index=index,
+            shard_size=shard_size,
+            force=force,
+            allow_nonfinite=allow_nonfinite,
+            options=run_options_of(**run),
+        )
+    finally:
+        stop()
     state = "already merged" if result.resumed_finished else "merged"
     click.echo(f"{state}: {result.out} ({summary(result.method, result.per_agent)})")

@@ -9,7 +9,7 @@ Per-thread partial rows are allocated and reduced here, so callers never see wor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numba
 import numpy as np
@@ -76,6 +76,14 @@ CONSENSUS = {"none": gta.CONSENSUS_NONE, "sum": gta.CONSENSUS_SUM}
 
 def available_threads() -> int:
     return int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+
+
+def prepare(method: str) -> Callable[[], None]:
+    """Ahead of a merge with ``method``: compile the kernels it calls later in child processes
+    (``prewarm``); returns what stops them."""
+    from ramstream.backends.numba import prewarm
+
+    return prewarm.start(method)
 
 
 def make(settings: BackendSettings) -> NumbaBackend:

@@ -19,6 +19,16 @@ from typing import Any
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
+# Called with (part, args) before every kernel call while set: ``prewarm`` waits there for a child
+# compiling that kernel, ``tools/record_kernels.py`` records the kernels a method calls.
+_before_call: Callable[[Callable[..., Any], tuple[Any, ...]], None] | None = None
+
+
+def before_call(hook: Callable[[Callable[..., Any], tuple[Any, ...]], None] | None) -> None:
+    """Set (None: clear) what runs before each kernel call, with the kernel and its arguments
+    (``w`` and ``workers`` excepted)."""
+    global _before_call
+    _before_call = hook
 
 
 def _threads(count: int) -> ThreadPoolExecutor:
@@ -48,6 +58,8 @@ def run_parts(part: Callable[..., Any], workers: int, *args: Any) -> list[Any]:
 
     Every part has finished when this returns or raises (none is left writing into the caller's
     arrays)."""
+    if _before_call is not None:
+        _before_call(part, args)
     if workers <= 1:
         return [part(*args, 0, 1)]
     pool = _threads(workers - 1)

@@ -1,0 +1,226 @@
+"""Compile the kernels a merge calls later in child processes, while this process works.
+
+A first merge after installing spends most of its time compiling kernels (seconds each; Numba's
+on-disk cache keeps them for every later run). Compiling is single-threaded, and a merge calls
+its kernels one after the other: a RAM+ merge the probe's kernel, then the merge's; a TIES merge
+the histograms', then the merge's. So ``start(method)`` hands the kernels the method calls after
+its first to child processes (``python -m ramstream.backends.numba.prewarm``, one per spare core,
+at most ``MAX_CHILDREN``), which compile them into the same cache, the last-called first, while
+this process compiles its first kernels and reads. Before its first call of a kernel
+(``workers.run_parts`` asks ``_Pending.wait_for``) this process waits for a child that has begun
+that kernel until the child says it is done, then Numba loads it from the cache; one no child
+has begun yet it compiles itself, as without children.
+
+Which kernels, with which argument types, is ``kernel_table.KERNELS``, recorded from each
+method's merge of a small family by ``tools/record_kernels.py`` (a test checks it is current).
+What is computed never changes: a call whose argument types differ from the recorded ones does
+not wait and compiles here, a kernel already in the cache is not handed out, and a child that
+fails or hangs costs at most ``WAIT_SECONDS`` of waiting. ``RAMSTREAM_PREWARM=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from numba import typeof, types
+
+from ramstream.backends.numba import workers
+from ramstream.backends.numba.kernel_table import KERNELS
+
+WAIT_SECONDS = 300.0  # the longest this process waits for a child's kernel
+MAX_CHILDREN = 4
+
+_ARRAY = re.compile(r"(readonly )?array\((\w+), (\d)d, ([CFA])\)")
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])  # the directory holding ``ramstream``
+
+
+def numba_type(text: str) -> types.Type:
+    """The Numba type a recorded name stands for (``str`` of the type: 'int64',
+    'readonly array(float32, 1d, C)'); ``ValueError`` for a kind the table never holds."""
+    found = _ARRAY.fullmatch(text)
+    if found:
+        readonly, dtype, ndim, layout = found.groups()
+        return types.Array(numba_type(dtype), int(ndim), layout, readonly=readonly is not None)  # type: ignore[arg-type]
+    kind = types.boolean if text == "bool" else getattr(types, text, None)
+    if not isinstance(kind, types.Type):
+        raise ValueError(f"not a recorded argument type: {text!r}")
+    return kind
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One recorded kernel: its dispatcher and the argument types it was called with (``w`` and
+    ``workers``, which ``run_parts`` adds, included)."""
+
+    dispatcher: Any
+    signature: tuple[types.Type, ...]
+
+    @classmethod
+    def of(cls, module: str, name: str, argument_types: Sequence[str]) -> Kernel:
+        dispatcher = getattr(import_module(f"ramstream.backends.numba.{module}"), name)
+        return cls(dispatcher, tuple(numba_type(t) for t in argument_types))
+
+    def cached(self) -> bool:
+        """Whether Numba's cache holds this kernel already (a run that compiled it before)."""
+        cache = getattr(self.dispatcher, "_cache", None)
+        try:
+            return cache is not None and cache.load_overload(self.signature, self.dispatcher.targetctx) is not None
+        except Exception:  # a cache entry Numba cannot read is a kernel to compile
+            return False
+
+    def compile(self) -> None:
+        self.dispatcher.compile(self.signature)
+
+
+def kernels(method: str) -> list[Kernel]:
+    """The kernels a merge with ``method`` calls, in the order it first calls them."""
+    return [Kernel.of(*entry) for entry in KERNELS.get(method, ())]
+
+
+@dataclass
+class _Child:
+    """A child compiling kernels; it writes ``start N`` and ``done N`` lines as it goes."""
+
+    proc: subprocess.Popen[bytes]
+    started: set[int] = field(default_factory=set)
+    done: set[int] = field(default_factory=set)
+    buffer: bytes = b""
+    ended: bool = False
+
+    def read(self, timeout: float) -> None:
+        """Take in what the child reported, waiting up to ``timeout`` seconds for a first line."""
+        stdout = self.proc.stdout
+        if self.ended or stdout is None or not select.select([stdout], [], [], max(timeout, 0.0))[0]:
+            return
+        data = os.read(stdout.fileno(), 4096)
+        if not data:
+            self.ended = True
+            return
+        self.buffer += data
+        *lines, self.buffer = self.buffer.split(b"\n")
+        for line in lines:
+            what, _, position = line.decode("ascii", "replace").partition(" ")
+            if position.isdigit():
+                (self.started if what == "start" else self.done).add(int(position))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+class _Pending:
+    """The kernels children are compiling, by dispatcher: (its types, its position, its child)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.kernels: dict[Any, tuple[tuple[types.Type, ...], int, _Child]] = {}
+        self.children: list[_Child] = []
+
+    def wait_for(self, part: Any, args: Sequence[Any]) -> None:
+        """Before ``part``'s call with ``args``: wait for the child compiling it, if one is and
+        the types are the recorded ones."""
+        with self.lock:
+            entry = self.kernels.get(part)
+            if entry is None:
+                return
+            signature, position, child = entry
+            if tuple(typeof(a) for a in args) != signature[:-2]:
+                return  # another specialisation: compiled here, as without a child
+            del self.kernels[part]
+            until = time.monotonic() + WAIT_SECONDS
+            child.read(0.0)
+            while position not in child.done and not child.ended and time.monotonic() < until:
+                if position not in child.started:
+                    child.read(0.0)
+                    if position not in child.started:
+                        return  # not begun yet: compiled here rather than waited for
+                child.read(until - time.monotonic())
+
+    def stop(self) -> None:
+        with self.lock:
+            for child in self.children:
+                child.stop()
+            self.kernels.clear()
+            self.children.clear()
+        workers.before_call(None)
+
+
+_pending = _Pending()
+
+
+def start(method: str) -> Callable[[], None]:
+    """Hand the kernels a merge with ``method`` calls after its first, those not cached yet, to
+    child processes; returns what stops them (a child still compiling is of no use once the run
+    ended)."""
+    if os.environ.get("RAMSTREAM_PREWARM", "1") == "0" or _pending.children:
+        return _pending.stop
+    recorded = kernels(method)
+    later = [(position, k) for position, k in enumerate(recorded) if position > 0 and not k.cached()]
+    if not later:
+        return _pending.stop
+    count = max(1, min(len(later), (os.cpu_count() or 1) - 1, MAX_CHILDREN))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
+    with _pending.lock:
+        for c in range(count):
+            share = later[::-1][c::count]  # last first: the first ones are needed soonest
+            argv = [sys.executable, "-P", "-m", __name__, method, *(str(position) for position, _ in share)]
+            try:
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL)  # fmt: skip
+            except OSError:
+                break  # no child: this process compiles everything, as without one
+            child = _Child(proc)
+            _pending.children.append(child)
+            for position, kernel in share:
+                _pending.kernels[kernel.dispatcher] = (kernel.signature, position, child)
+    if _pending.children:
+        workers.before_call(_pending.wait_for)
+    return _pending.stop
+
+
+def wait(timeout: float = WAIT_SECONDS) -> int:
+    """Wait until the children have ended (for a caller with nothing else to do first, and the
+    tests); how many there were."""
+    with _pending.lock:
+        for child in _pending.children:
+            child.proc.wait(timeout)
+        return len(_pending.children)
+
+
+def _forget() -> None:
+    """A forked process has none of its parent's children to wait for."""
+    global _pending
+    _pending = _Pending()
+    workers.before_call(None)
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
+def main(argv: Sequence[str]) -> None:
+    """The child: compile the method's kernels at the given positions, in that order, saying when
+    each one starts and is done."""
+    method, positions = argv[0], [int(p) for p in argv[1:]]
+    recorded = kernels(method)
+    for position in positions:
+        print(f"start {position}", flush=True)
+        recorded[position].compile()
+        print(f"done {position}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
