@@ -1,19 +1,29 @@
 """One sweep candidate's failure is that candidate's: a refusal that depends on the values (a
 merged value beyond f16, weights that give no direction) names the candidate, is recorded as its
 failure in sweep.json, and the other candidates still finish, with the bytes their own merges
-write. A single merge refuses the same values in one line, as before.
+write. A single merge refuses the same values in one line, as before. The same holds when the
+candidates are merged on a Dask cluster (two worker processes on loopback, started and stopped
+inside the test).
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
+from ramstream.api import SweepResult, sweep
+from ramstream.config import RunOptions
+from ramstream.sweep.grid import parse_grids
 from tests.families import Family, build_family
-from tests.test_cli import assert_nothing_finished, in_process, ok, one_line_error
+from tests.test_cli import as_process, assert_nothing_finished, in_process, ok, one_line_error
 from tests.test_sweep import tree
+
+T = TypeVar("T")
 
 OVERFLOWS = "task_arithmetic-lambda=100000000.0"  # 1e8 x a task vector of ~0.01: beyond f16's 65504
 
@@ -54,6 +64,72 @@ def test_an_overflowing_candidate_fails_alone_and_the_others_finish(family: Fami
     again = in_process(*args)
     one_line_error(again, "1 of 3 candidates failed")
     assert "already merged" in again.out and f"failed: {out / OVERFLOWS}" in again.out
+
+
+def within(seconds: float, call: Callable[[], T]) -> T:
+    """``call()`` on a daemon thread, failing the test if it takes longer than ``seconds``."""
+    got: list[Any] = []
+
+    def run() -> None:
+        try:
+            got.append(("value", call()))
+        except BaseException as exc:  # re-raised on the test's thread
+            got.append(("error", exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert got, f"still running after {seconds} s"
+    kind, value = got[0]
+    if kind == "error":
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def test_an_overflowing_candidate_fails_alone_on_a_dask_cluster_too(family: Family, tmp_path: Path) -> None:
+    """Workers compute the blocks: the worker that refuses a candidate's block stops writing that
+    candidate and reports it with its batches; the driver records it before marking them."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+        memory_limit=0,
+        silence_logs=50,
+    )
+    try:
+        grids = ["task_arithmetic:lambda=0.5,1e8", "linear"]
+        candidates = parse_grids(grids)
+        # Blocks of 64 elements: tens of tasks, on both workers, several after the refusal.
+        on_cluster = RunOptions(block_elems=64, quiet=True, scheduler=cluster.scheduler_address)
+        out = tmp_path / "cluster"
+
+        def swept(into: Path, options: RunOptions) -> SweepResult:
+            agents = [str(a) for a in family.agents]
+            return sweep(family.base, agents, out=into, candidates=candidates, out_dtype="f16", options=options)
+
+        result = within(120, lambda: swept(out, on_cluster))
+        done = {c.name: c.status for c in result.candidates}
+        assert done == {"task_arithmetic-lambda=0.5": "merged", OVERFLOWS: "failed", "linear": "merged"}
+        failed = statuses(out)[OVERFLOWS]
+        assert failed["status"] == "failed" and "beyond the range of f16" in str(failed["error"])
+        assert_nothing_finished(out / OVERFLOWS)
+        # The others hold the bytes of the same sweep run here.
+        local = tmp_path / "local"
+        within(120, lambda: swept(local, RunOptions(block_elems=64, quiet=True)))
+        for name in ("task_arithmetic-lambda=0.5", "linear"):
+            assert tree(out / name) == tree(local / name), name
+        # On the command line: the same one line as a local sweep (a process, bounded by its timeout).
+        flags = ("--grid", grids[0], "--grid", grids[1], "--out-dtype", "f16", "--quiet")
+        cli = tmp_path / "cli"
+        run = as_process("sweep", *members(family), "--out", cli, *flags, "--scheduler", cluster.scheduler_address)
+        one_line_error(run, "1 of 3 candidates failed", f"candidate {OVERFLOWS}", "f16")
+        assert (cli / "linear" / "ramstream_merge.json").is_file()
+    finally:
+        cluster.close(timeout=60)
 
 
 def test_weights_that_give_no_direction_fail_their_candidate_only(family: Family, tmp_path: Path) -> None:

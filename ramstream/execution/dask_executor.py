@@ -7,7 +7,9 @@ the batches' data where a local run would (partial shards at precomputed offsets
 durably, then report. Only then does the driver mark the task's batches in the journal, which
 therefore stays the one a local run keeps: a pass started on a cluster resumes locally and the
 other way round. A worker that dies mid-task has its task rerun elsewhere by the scheduler (the
-writes are idempotent); a driver that dies leaves the journal to the rerun.
+writes are idempotent); a driver that dies leaves the journal to the rerun. A part of the work
+that failed on its own on a worker (a sweep's output) comes back with the task's outcome and is
+recorded in the driver's work before the task's batches are marked.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ramstream.errors import ClusterError
 from ramstream.execution import dask_worker
 from ramstream.execution.dask_cluster import Cluster, connect, import_distributed, start_local
 from ramstream.execution.progress import Progress
-from ramstream.execution.work import BlockWork
+from ramstream.execution.work import BlockWork, PartsFailAlone
 from ramstream.format.family import Family, with_absolute_paths
 from ramstream.plan import Batch, Plan
 
@@ -134,6 +136,8 @@ class DaskExecutor:
                 ) from None
             if outcome.error is not None:
                 raise outcome.error
+            if outcome.failed and isinstance(work, PartsFailAlone):  # recorded before the marks
+                work.failed_elsewhere(outcome.failed)
             for index in outcome.batches:
                 batch = by_index[index]
                 progress.advance(plan.batch_bytes(batch))

@@ -7,7 +7,9 @@ opens the work (stores, partial shards) and a backend the first time a pass reac
 both until the driver says the pass ended (``forget``); tasks of one pass run one at a time per
 worker process (the backend parallelises inside a block), through the same block loop as a local
 run. A user error (a NaN, a truncated file, a full disk) is returned, not raised, so the driver
-reports it as one line and the scheduler does not retry it elsewhere.
+reports it as one line and the scheduler does not retry it elsewhere. So are the failures of a
+work's parts that fail on their own (a sweep's outputs, ``PartsFailAlone``): the worker's work
+stops writing that part and the outcome reports it with the batches, for the driver to record.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ramstream.backends.base import Backend
@@ -25,7 +27,7 @@ from ramstream.blocks import BlockArrays
 from ramstream.errors import RamstreamError
 from ramstream.execution.local import LocalExecutor
 from ramstream.execution.progress import Done, Progress
-from ramstream.execution.work import BlockTasks, RemoteWork
+from ramstream.execution.work import BlockTasks, PartsFailAlone, RemoteWork
 from ramstream.format.family import Family
 from ramstream.plan import Batch, Plan
 
@@ -44,6 +46,7 @@ class TaskOutcome:
     batches: tuple[int, ...]  # written durably, in this order
     seconds: float
     error: RamstreamError | None = None
+    failed: dict[int, RamstreamError] = field(default_factory=dict)  # parts stopped on their own, so far
 
 
 class _Unmarked:
@@ -68,6 +71,9 @@ class _Unmarked:
 
     def close(self) -> None:
         self.tasks.close()
+
+    def failures(self) -> dict[int, RamstreamError]:
+        return self.tasks.failures() if isinstance(self.tasks, PartsFailAlone) else {}
 
     def remote(self) -> RemoteWork[Any]:
         raise NotImplementedError("a worker's tasks are not sent further")
@@ -110,7 +116,7 @@ def run_task(payload: TaskPayload, batch_ids: list[tuple[int, int, int]]) -> Tas
             executor.run(entry.tasks, payload.family, payload.plan, batches, Progress("worker", 0, enabled=False))
     except RamstreamError as exc:
         return TaskOutcome((), time.monotonic() - started, exc)
-    return TaskOutcome(tuple(b.index for b in batches), time.monotonic() - started)
+    return TaskOutcome(tuple(b.index for b in batches), time.monotonic() - started, None, entry.tasks.failures())
 
 
 def forget(key: str) -> None:

@@ -14,15 +14,21 @@ worker after the first died, writes the same bytes at the same places.
 
 ``remote`` describes the work for another process: a picklable record (paths, parameters, the
 plan) whose ``open`` rebuilds ``compute`` and ``write`` there, opening files and stores by path.
+
+A work of several parts (a sweep's outputs) may let a part fail on its own (``PartsFailAlone``):
+the part stops, the others go on. Whatever computes the blocks records the failure; an executor
+whose blocks are computed elsewhere hands the failures reported there to the driver's work before
+it marks the batches they came with, so the journal never marks a failed part's missing bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
 
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
+from ramstream.errors import RamstreamError
 from ramstream.execution.progress import Done
 from ramstream.plan import Batch
 
@@ -71,4 +77,18 @@ class BlockWork(BlockTasks[R], Protocol[R]):
 
     def remote(self) -> RemoteWork[R]:
         """This work as another process rebuilds it (see the module docstring)."""
+        ...
+
+
+@runtime_checkable
+class PartsFailAlone(Protocol):
+    """Work whose parts fail on their own: a value-dependent refusal stops that part only."""
+
+    def failures(self) -> dict[int, RamstreamError]:
+        """The parts that stopped on their own so far, by position, with why (the first reason)."""
+        ...
+
+    def failed_elsewhere(self, failures: Mapping[int, RamstreamError]) -> None:
+        """Record failures found where the blocks were computed (a worker), before their batches
+        are marked; a part's first reason is kept."""
         ...

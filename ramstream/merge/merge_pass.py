@@ -9,13 +9,16 @@ A sweep's outputs are merged together, and one output's failure is its own: a re
 depends on the values (``OUTPUT_FAILURES``: a merged value out of range, a task vector that
 overflows) stops that output only, the others run on (``MergeWork.failed``); the journal then
 stops naming it, so that a rerun starts over rather than resume an output with holes. On a Dask
-cluster (workers compute and write) any failure stops the pass, as for a single merge.
+cluster the same holds: each worker stops writing an output once it refused it, and reports the
+refusal with the batches it wrote; the driver records it (``MergeWork.failed_elsewhere``) before
+it marks those batches. A worker that has not seen the refusal yet may still write that output's
+later batches, which changes nothing: its directory is left unfinished either way.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -215,6 +218,15 @@ class Outputs:
                         self._checked(k, block, block_arrays, backend, out, out_code)
         return [MergedBatch(list(zip(s.runs, s.buffers, strict=True))) for s in staged]
 
+    def failures(self) -> dict[int, RamstreamError]:
+        with self._failing:
+            return dict(self.failed)
+
+    def failed_elsewhere(self, failures: Mapping[int, RamstreamError]) -> None:
+        with self._failing:
+            for k, exc in failures.items():
+                self.failed.setdefault(k, exc)
+
     def _checked(
         self, k: int, block: Block, arrays: BlockArrays, backend: Backend, out: np.ndarray, out_code: int
     ) -> None:
@@ -300,19 +312,22 @@ class MergeWork(Outputs):
     def remote(self) -> RemoteMerge:
         works = tuple(w.resolve() for w in self.works)
         jobs = tuple(replace(p.job, family=with_absolute_paths(p.job.family)) for p in self.parts)
-        return RemoteMerge("merge:" + ":".join(map(str, works)), jobs, works)
+        return RemoteMerge("merge:" + ":".join(map(str, works)), jobs, works, self.isolate)
 
 
 @dataclass(frozen=True)
 class RemoteMerge:
-    """The merge for a cluster's worker: it opens each output's partial shards by path and writes blocks."""
+    """The merge for a cluster's worker: it opens each output's partial shards by path and writes
+    blocks; with ``isolate`` (a sweep), an output's own refusal stops that output only there too."""
 
     key: str
     jobs: tuple[MergeJob, ...]
     works: tuple[Path, ...]
+    isolate: bool = False
 
     def open(self) -> Outputs:
-        return Outputs([MergeBlocks(j, ShardWriter(j.layout, w)) for j, w in zip(self.jobs, self.works, strict=True)])
+        parts = [MergeBlocks(j, ShardWriter(j.layout, w)) for j, w in zip(self.jobs, self.works, strict=True)]
+        return Outputs(parts, self.isolate)
 
 
 def run_merge(job: MergeJob, work: Path, executor: Executor, quiet: bool) -> None:
