@@ -1,7 +1,8 @@
 """Evaluators are child processes the sweep owns.
 
 Real evaluator scripts, written by the tests: one that hangs (and ignores SIGTERM), one that
-leaves a child holding its stdout, one that reads stdin, one that prints megabytes, ones that
+leaves a child holding its stdout, one that double-forks a ``setsid`` daemon (out of its process
+group, holding its stdout), one that reads stdin, one that prints megabytes, ones that
 print hostile metrics, one that rewrites the weights it was given; a sweep killed by SIGTERM or
 Ctrl-C in the middle of an evaluation. Each must end in bounded time with no process of the
 evaluator left, and be recorded as the evaluation's own success or failure, never the sweep's.
@@ -95,7 +96,18 @@ sys.stdout.write("9" * (1024 * 1024))
 """
 
 
-def test_a_hanging_evaluator_is_stopped_at_the_timeout(tmp_path: Path) -> None:
+@pytest.fixture(params=["supervised", "group-only"])
+def owned_as(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each way the sweep owns an evaluator: under the supervisor (Linux), and its process group
+    alone (where there is no supervisor: what runs on other systems)."""
+    if request.param == "supervised" and not child.supervised():
+        pytest.skip("the supervisor needs Linux (prctl)")
+    if request.param == "group-only":
+        monkeypatch.setattr(child, "supervised", lambda: False)
+    return str(request.param)
+
+
+def test_a_hanging_evaluator_is_stopped_at_the_timeout(tmp_path: Path, owned_as: str) -> None:
     started = time.monotonic()
     log = tmp_path / "pids"
     result = evaluate(command(write(tmp_path, HANGS), str(log)), "m", tmp_path, timeout=2)
@@ -104,13 +116,55 @@ def test_a_hanging_evaluator_is_stopped_at_the_timeout(tmp_path: Path) -> None:
     assert pids(log) and not any(alive(p) for p in pids(log))
 
 
-def test_what_an_evaluator_leaves_running_is_killed_when_it_exits(tmp_path: Path) -> None:
+def test_what_an_evaluator_leaves_running_is_killed_when_it_exits(tmp_path: Path, owned_as: str) -> None:
     started = time.monotonic()
     log = tmp_path / "pids"
     result = evaluate(command(write(tmp_path, LEAVES_A_CHILD), str(log)), "m", tmp_path, timeout=60)
     assert result.metrics == {"score": 1.0} and result.error is None
     assert time.monotonic() - started < 10  # not the 600 s its child would hold the pipe
     wait_for(lambda: not any(alive(p) for p in pids(log)), 5)
+
+
+# A daemon made as daemons are: fork, setsid (a session and group of its own), fork again, the
+# middle process exits so the daemon is an orphan; it keeps the evaluator's stdout and sleeps.
+ESCAPES = """
+import os, sys, time
+log, mode = sys.argv[2], sys.argv[3]
+middle = os.fork()
+if middle == 0:
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()} ")
+    time.sleep(600)
+    os._exit(0)
+os.waitpid(middle, 0)
+with open(log, "a") as f:
+    f.write(f"{os.getpid()} ")
+if mode == "hang":
+    time.sleep(600)
+print('{"score": 1}')
+"""
+
+needs_supervisor = pytest.mark.skipif(not child.supervised(), reason="the supervisor needs Linux (prctl)")
+
+
+@needs_supervisor
+@pytest.mark.parametrize("mode", ["exits", "hang"])
+def test_a_daemon_that_left_the_evaluator_s_group_is_killed_too(tmp_path: Path, mode: str) -> None:
+    """After the candidate is scored (the evaluator exits), and after the timeout."""
+    started = time.monotonic()
+    log = tmp_path / "pids"
+    result = evaluate(command(write(tmp_path, ESCAPES), str(log), mode), "m", tmp_path, timeout=3)
+    if mode == "exits":
+        assert result.metrics == {"score": 1.0} and result.error is None, result.error
+        assert time.monotonic() - started < 3  # read at once, not AFTER_EXIT later
+    else:
+        assert "did not finish within 3 s" in (result.error or "")
+        assert time.monotonic() - started < 3 + child.KILL_AFTER + 3
+    assert len(pids(log)) == 2  # the evaluator and its daemon
+    assert not any(alive(p) for p in pids(log))  # gone when evaluate returns, not later
 
 
 def test_an_evaluator_reading_stdin_gets_end_of_file(tmp_path: Path) -> None:
@@ -289,3 +343,29 @@ def test_a_candidate_whose_files_changed_is_merged_again(family: Family, tmp_pat
     assert scores["metrics"] == {"score": 3.0}  # evaluated again, as merged again
     code, printed, err = sweep(family, out)
     assert code == 0 and err == "" and "already merged" in printed
+
+
+@needs_supervisor
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["sigterm", "ctrl-c", "sigkill"])
+def test_a_sweep_stopped_mid_evaluation_leaves_no_daemon_of_the_evaluator(
+    family: Family, swept: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The daemon left the evaluator's group; it is still the supervisor's to end, even when the
+    sweep itself is SIGKILLed (the supervisor gets SIGTERM when its parent dies)."""
+    log = tmp_path / "pids"
+    argv = [sys.executable, "-m", "ramstream.cli", "sweep", *members(family), "--out", str(swept)]
+    argv += ["--grid", CANDIDATE, "--quiet", "--eval", command(write(tmp_path, ESCAPES), str(log), "hang")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(pids(log)) == 2, 60)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if sig != signal.SIGKILL:
+        assert proc.returncode == 130, err
+        assert "interrupted" in err and "Traceback" not in err, err
+        assert not any(alive(p) for p in pids(log))  # ended before the sweep exited
+    wait_for(lambda: not any(alive(p) for p in pids(log)), 5)

@@ -2,16 +2,21 @@
 outlive it, or cost it unbounded memory.
 
 - its stdin is closed (``/dev/null``): one that reads it gets end-of-file at once;
-- it runs in a process group of its own (``start_new_session``), and that group, with everything
-  the evaluator started in it, is killed when the evaluator exits (a background child holding its
-  stdout would otherwise keep the sweep reading forever), when it runs past ``timeout`` seconds
-  (SIGTERM, then SIGKILL ``KILL_AFTER`` seconds later), and when the sweep is interrupted
-  (Ctrl-C, or SIGTERM, which is turned into ``KeyboardInterrupt`` while the child runs);
+- on Linux it runs under a supervisor (``supervise.py``), a small process that makes itself a
+  child subreaper: whatever the evaluator starts stays its descendant even after a double fork
+  and ``setsid`` (a daemon), and all of it is killed when the evaluator exits (a background
+  child holding its stdout would otherwise keep the sweep reading forever), when it runs past
+  ``timeout`` seconds (SIGTERM, then SIGKILL ``KILL_AFTER`` seconds later), when the sweep is
+  interrupted (Ctrl-C, or SIGTERM, which is turned into ``KeyboardInterrupt`` while the child
+  runs) and when the sweep dies (the supervisor asks the kernel for SIGTERM then);
+- the evaluator runs in a process group of its own (``setsid``), and elsewhere (no supervisor)
+  that group, with everything the evaluator started in it, is what is killed in those cases;
 - its stdout and stderr are read as they come, and only their last non-empty line is kept, at
   most ``LINE_BYTES`` of it (what counts of an evaluator's output is its last line).
 
-A process that leaves the group on purpose (``setsid``, as a daemon does) is outside its reach:
-the sweep stops reading ``AFTER_EXIT`` seconds after the evaluator itself exited.
+Without the supervisor, a process that leaves the group on purpose (``setsid``, as a daemon
+does) is outside the sweep's reach: the sweep stops reading ``AFTER_EXIT`` seconds after the
+evaluator itself exited. ``supervised()`` says which of the two this machine gets.
 """
 
 from __future__ import annotations
@@ -20,17 +25,21 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 LINE_BYTES = 64 * 1024  # the longest last line kept
 READ_BYTES = 64 * 1024
 KILL_AFTER = 1.0  # seconds between SIGTERM and SIGKILL of a group that overran
 AFTER_EXIT = 1.0  # seconds the output is still read after the evaluator exited
+SUPERVISOR = Path(__file__).with_name("supervise.py")
+SUPERVISOR_GRACE = 5.0  # seconds the supervisor has, beyond KILL_AFTER, to end the evaluator's tree
 
 
 class Terminated(KeyboardInterrupt):
@@ -96,26 +105,111 @@ class LastLine:
         self.overlong = False
 
 
-def run(argv: Sequence[str], timeout: float) -> Finished:
-    """Run ``argv`` as an owned child (see the module's docstring) and say how it ended; raises
-    ``OSError`` when it cannot be started."""
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        list(argv),
+def supervised() -> bool:
+    """Whether evaluators run under the supervisor here (Linux, with a Python to run it)."""
+    return sys.platform.startswith("linux") and bool(sys.executable) and SUPERVISOR.is_file()
+
+
+class Status:
+    """What the supervisor said on its status pipe (nothing to read without a supervisor)."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self.supervised = fd is not None
+        self.text = b""
+
+    def read(self) -> None:
+        """What the pipe holds now, without waiting."""
+        if self.fd is None:
+            return
+        while True:
+            try:
+                data = os.read(self.fd, 4096)
+            except BlockingIOError:
+                return
+            if not data:
+                return
+            self.text += data
+
+    def close(self) -> None:
+        self.read()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def said(self, word: str) -> int | None:
+        """The number on the last line ``word N``, if there is one."""
+        found = None
+        for line in self.lines():
+            head, _, value = line.partition(" ")
+            if head == word and value.lstrip("-").isdigit():
+                found = int(value)
+        return found
+
+    def finished(self) -> bool:
+        """The supervisor said it ended the evaluator's tree (its exit, or a stop)."""
+        return any(line == "stopped" or line.startswith("exit ") for line in self.lines())
+
+    def lines(self) -> list[str]:
+        return self.text.decode("ascii", errors="replace").splitlines()
+
+
+def _start(argv: Sequence[str]) -> tuple[subprocess.Popen[bytes], Status]:
+    """The evaluator, under its supervisor where there is one; raises ``OSError`` when it cannot
+    be started without one (with one, ``run`` raises it once the supervisor reported it)."""
+    if not supervised():
+        return _popen(list(argv)), Status(None)
+    read, write = os.pipe()
+    try:
+        os.set_blocking(read, False)
+        command = [sys.executable, "-I", "-S", str(SUPERVISOR), str(write), repr(KILL_AFTER), str(os.getpid())]
+        proc = _popen([*command, "--", *argv], write)
+    except BaseException:
+        os.close(read)
+        raise
+    finally:
+        os.close(write)
+    return proc, Status(read)
+
+
+def _popen(argv: list[str], *keep: int) -> subprocess.Popen[bytes]:
+    """``argv`` with stdin closed, its output piped here, in a session (and group) of its own."""
+    return subprocess.Popen(
+        argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        pass_fds=keep,
     )
+
+
+def run(argv: Sequence[str], timeout: float) -> Finished:
+    """Run ``argv`` as an owned child (see the module's docstring) and say how it ended; raises
+    ``OSError`` when it cannot be started."""
+    started = time.monotonic()
+    proc, status = _start(argv)
     deadline = started + timeout
-    with _owned(proc):
-        lines = _read(proc, deadline)
-        try:  # its streams ended (or stopped being read): it exits, or runs out its time
-            proc.wait(max(deadline - time.monotonic(), 0))
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-    returncode = None if timed_out else proc.returncode
+    try:
+        with _owned(proc, status):
+            lines = _read(proc, deadline)
+            try:  # its streams ended (or stopped being read): it exits, or runs out its time
+                proc.wait(max(deadline - time.monotonic(), 0))
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+    finally:
+        status.close()
+    error = status.said("error")
+    if error is not None:
+        raise OSError(error, os.strerror(error), argv[0])
+    if timed_out:
+        returncode = None
+    elif not status.supervised:
+        returncode = proc.returncode  # the evaluator's own
+    else:  # the evaluator's, as its supervisor reported it (a supervisor that failed: its own)
+        code = status.said("exit")
+        returncode = code if code is not None else (proc.returncode or 1)
     return Finished(returncode, *lines, seconds=time.monotonic() - started)
 
 
@@ -130,7 +224,7 @@ def _read(proc: subprocess.Popen[bytes], deadline: float) -> tuple[str | None, s
         stop = deadline
         while selector.get_map():
             if proc.poll() is not None and stop == deadline:
-                _kill_group(proc, signal.SIGKILL)  # what it started and left behind
+                _kill_group(proc.pid, signal.SIGKILL)  # what it started and left behind
                 stop = min(deadline, time.monotonic() + AFTER_EXIT)
             left = stop - time.monotonic()
             if left <= 0:
@@ -145,22 +239,17 @@ def _read(proc: subprocess.Popen[bytes], deadline: float) -> tuple[str | None, s
 
 
 @contextmanager
-def _owned(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+def _owned(proc: subprocess.Popen[bytes], status: Status) -> Iterator[None]:
     """While the child runs: SIGTERM to the sweep raises ``Terminated``; however the block ends,
-    the child's group is stopped (SIGTERM, SIGKILL after ``KILL_AFTER``) and the child reaped."""
+    the child is stopped and reaped. A supervisor is sent SIGTERM and given ``KILL_AFTER`` +
+    ``SUPERVISOR_GRACE`` seconds to end the evaluator's tree, then SIGKILLed with the evaluator's
+    group; without one, the evaluator's group gets SIGTERM, then SIGKILL ``KILL_AFTER`` later."""
     restore = _catch_sigterm()
     try:
         yield
     finally:
         try:
-            if proc.poll() is None:
-                _kill_group(proc, signal.SIGTERM)
-                try:
-                    proc.wait(KILL_AFTER)
-                except subprocess.TimeoutExpired:
-                    pass
-            _kill_group(proc, signal.SIGKILL)
-            proc.wait()
+            _stop(proc, status)
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
@@ -168,9 +257,28 @@ def _owned(proc: subprocess.Popen[bytes]) -> Iterator[None]:
             restore()
 
 
-def _kill_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+def _stop(proc: subprocess.Popen[bytes], status: Status) -> None:
+    supervisor = status.supervised
+    if proc.poll() is None:
+        if supervisor:
+            proc.send_signal(signal.SIGTERM)
+        else:
+            _kill_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(KILL_AFTER + (SUPERVISOR_GRACE if supervisor else 0))
+        except subprocess.TimeoutExpired:
+            pass
+    _kill_group(proc.pid, signal.SIGKILL)  # the group's id is the child's pid (start_new_session)
+    proc.wait()
+    status.read()
+    evaluator = status.said("started")
+    if supervisor and evaluator is not None and not status.finished():
+        _kill_group(evaluator, signal.SIGKILL)  # a supervisor that could not finish: its group at least
+
+
+def _kill_group(group: int, sig: signal.Signals) -> None:
     try:
-        os.killpg(proc.pid, sig)  # the group's id is the child's pid (start_new_session)
+        os.killpg(group, sig)
     except (ProcessLookupError, PermissionError):
         pass  # nothing left in it
 

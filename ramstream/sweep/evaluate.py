@@ -9,8 +9,9 @@ that is not a finite float64 (NaN, infinite, a 400-digit integer) is recorded as
 its reason, never fatal: the other candidates are still scored. Evaluations run after the
 merges, one at a time, in the candidates' order: an evaluator usually wants the machine (and the
 memory the merge was promised) to itself. The evaluator is a child the sweep owns (``child``):
-stdin closed, its process group killed when it exits, overruns or the sweep is interrupted, its
-output read in bounded memory. Text taken from its output is quoted escaped (``errors.shown``).
+stdin closed, all it started killed when it exits, overruns or the sweep is interrupted (on
+Linux through a supervisor that is a child subreaper, so a daemon it started too), its output
+read in bounded memory. Text taken from its output is quoted escaped (``errors.shown``).
 """
 
 from __future__ import annotations
