@@ -4,11 +4,17 @@ candidates named like the sweep's own files.
 A 570-byte YAML of nested aliases used to take 33 s and 1.66 GB and end in a ``MemoryError``
 traceback whose message quoted the expanded value. Every config here is a real file read by
 ``merge --config`` and ``sweep --config`` (in process), and by the loader under ``tracemalloc``:
-each is one line, at once, in a few MiB.
+each is one line, at once, in a few MiB. The alias bomb is also read by the real CLI in a process
+whose address space the system limits (``RLIMIT_AS``) to what the CLI needs plus a margin: far
+less than the expansion would take, so a parser that expanded it would fail there.
 """
 
 from __future__ import annotations
 
+import os
+import resource
+import subprocess
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -90,6 +96,64 @@ def test_an_alias_bomb_is_refused_before_it_is_expanded(family: Family, tmp_path
     finally:
         tracemalloc.stop()
     assert peak < 8 * 1024**2, f"{peak / 1024**2:.1f} MiB"
+
+
+# Run as ``python -c``: the CLI as ``python -m ramstream.cli`` runs it, then its peak address
+# space (VmPeak) written to the file named first.
+MEASURED_CLI = """
+import atexit, runpy, sys
+def peak(path=sys.argv.pop(1)):
+    lines = open("/proc/self/status").read().splitlines()
+    open(path, "w").write(next(line.split()[1] for line in lines if line.startswith("VmPeak:")))
+atexit.register(peak)
+sys.argv[0] = "ramstream"
+runpy.run_module("ramstream.cli", run_name="__main__", alter_sys=True)
+"""
+AS_MARGIN = 128 * 1024**2  # above the measured peak of an ordinary refusal
+
+
+def cli_under_limit(args: list[str], limit: int | None) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``args`` run by the CLI in a process whose address space is limited to ``limit`` bytes;
+    one BLAS and Numba thread, so that the imports' own reservations do not scale with cores."""
+
+    def limited() -> None:
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    started = time.monotonic()
+    done = subprocess.run(args, capture_output=True, text=True, env=env, preexec_fn=limited, timeout=120)
+    return done, time.monotonic() - started
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmPeak and RLIMIT_AS as Linux keeps them")
+@pytest.mark.parametrize("command", ["merge", "sweep"])
+def test_an_alias_bomb_is_refused_under_an_address_space_limit(family: Family, tmp_path: Path, command: str) -> None:
+    """The limit: the peak address space of the same command refusing an ordinary config (measured
+    here, in a process like the bomb's) plus ``AS_MARGIN``. The bomb's 9**9 values, expanded, would
+    take 9**9 references of 8 bytes: 2.9 GiB, beyond it."""
+    ordinary = tmp_path / "ordinary.yml"
+    ordinary.write_text(head(family))  # refused after it is read: base_model needs a weight for linear
+    peak_file = tmp_path / "peak"
+    argv = [command, "--config", str(ordinary), "--out", str(tmp_path / "ordinary"), "--quiet"]
+    measured, _ = cli_under_limit([sys.executable, "-c", MEASURED_CLI, str(peak_file), *argv], None)
+    assert measured.returncode == 1 and measured.stderr.startswith("error: "), measured.stderr
+    limit = int(peak_file.read_text()) * 1024 + AS_MARGIN
+    assert 9**9 * 8 > 2 * limit, f"a limit of {limit / 1024**2:.0f} MiB would not stop an expansion"
+    enforced, _ = cli_under_limit([sys.executable, "-c", f"bytearray({limit})"], limit)
+    assert enforced.returncode != 0 and "MemoryError" in enforced.stderr, "the system does not enforce RLIMIT_AS"
+
+    bomb = tmp_path / "bomb.yml"
+    bomb.write_text(head(family) + laughs())
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "ramstream.cli", command, "--config", str(bomb), "--out", str(out), "--quiet"]
+    done, seconds = cli_under_limit(argv, limit)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and "MemoryError" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {bomb}: ") and "expand to more than" in lines[0], lines
+    assert seconds < 30, f"{seconds:.1f} s"
+    assert not out.exists()
 
 
 def test_ordinary_aliases_and_merge_keys_still_read(family: Family, tmp_path: Path) -> None:
