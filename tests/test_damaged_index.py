@@ -4,11 +4,15 @@ Zarr reads a chunk that is not there as the array's fill value, so a deleted sta
 used to be read as zeros (RAM+ merged with lambda = 1, ``inspect`` showed agents with nothing
 active). Here real chunk files of a real index are deleted, truncated and bit-flipped; each
 command that reads them must stop in one line naming the array and saying what to do, and leave
-nothing that looks finished.
+nothing that looks finished. An index written by an earlier ramstream, which left chunks of
+zeros out, is told apart by its metadata: a chunk missing there is refused saying so, with the
+commands that probe it again.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -134,6 +138,7 @@ def test_a_damaged_chunk_of_any_index_array_is_refused_by_name(
     assert f"'{name}'" in message, message
     assert ("lacks its chunk" if how == "delete" else "damaged") in message, message
     assert "run the command again" in message, message
+    assert "earlier ramstream" not in message, message  # this index says it writes every chunk
     assert len(message) < 400, message  # an excerpt of the codec's complaint, not the bytes
 
 
@@ -185,3 +190,61 @@ def test_chunks_of_zeros_are_written_so_that_a_missing_one_means_damage(tmp_path
     view = api.open_index(index)  # and they are read back as the zeros they are, not refused
     assert not view.model.active.any()
     assert not view.pairs.model.both.any()
+
+
+def as_an_earlier_ramstream_wrote_it(index: Path, zero_chunks: list[Path]) -> None:
+    """The index as ramstream wrote it before every chunk was written: the same schema (3) and
+    header, its group metadata without ``every_chunk_written``, and its chunks of zeros absent
+    (zarr skipped them)."""
+    meta = json.loads((index / "zarr.json").read_text())
+    assert meta["attributes"].pop("every_chunk_written") is True
+    (index / "zarr.json").write_text(json.dumps(meta))
+    for chunk in zero_chunks:
+        if chunk.is_dir():
+            shutil.rmtree(chunk)
+        else:
+            chunk.unlink()
+
+
+def test_an_index_of_an_earlier_writer_lacking_a_chunk_of_zeros_says_so_and_how_to_probe_again(tmp_path: Path) -> None:
+    """Agents equal to their base: the roll-up's overlap and the agreement are zeros, the chunks
+    an earlier ramstream did not write. The refusal says which writer and gives the commands;
+    running them gives an index that reads."""
+    family = build_family(tmp_path / "family", shapes=SHAPES, densities=(0.0, 0.0))
+    members = [str(family.base), *map(str, family.agents)]
+    index = tmp_path / "index.zarr"
+    made = in_process("probe", *members, "--index", index, "--agreement", "--memory", "16MiB", "--quiet")
+    assert made.code == 0, made.err
+    agreement = array_dir(index, "stats/agreement")
+    zeros = [index / "stats" / "tensor_overlap" / "c", *(p for p in agreement.iterdir() if p.name != "zarr.json")]
+    as_an_earlier_ramstream_wrote_it(index, zeros)
+    out = tmp_path / "out"
+    for args in (
+        ("inspect", index),
+        ("inspect", index, "--pairs"),
+        ("merge", *members, "--out", out, "--index", index, "--method", "ram+", "--quiet"),
+    ):
+        message = one_line_error(in_process(*args), str(index), "written by an earlier ramstream", "probe again")
+        assert "lacks its chunk" in message and "lost by the disk" not in message, message
+        assert_nothing_finished(out)
+    commands = message.split("probe again into a new index (", 1)[1].rsplit("), then run the command again", 1)[0]
+    remove, probe = commands.split(" && ")
+    assert shlex.split(remove) == ["rm", "-r", str(index)]
+    words = shlex.split(probe)
+    assert words == ["ramstream", "probe", *members, "--index", str(index), "--agreement"], words
+    shutil.rmtree(index)
+    assert in_process(*words[1:], "--quiet").code == 0
+    assert in_process("inspect", index, "--pairs").code == 0
+    assert json.loads((index / "zarr.json").read_text())["attributes"]["every_chunk_written"] is True
+
+
+def test_an_index_of_an_earlier_writer_with_every_chunk_still_reads(probed: Probed, tmp_path: Path) -> None:
+    """Its agents changed their weights, so no chunk was all zeros: nothing is missing."""
+    index = copy_of(probed, tmp_path)
+    as_an_earlier_ramstream_wrote_it(index, [])
+    for args in (("inspect", index), ("inspect", index, "--pairs"), ("status", index)):
+        done = in_process(*args)
+        assert done.code == 0 and done.err == "", done.err
+    out = tmp_path / "out"
+    merged = in_process("merge", *probed.members(), "--out", out, "--index", index, "--method", "ram+", "--quiet")
+    assert merged.code == 0, merged.err

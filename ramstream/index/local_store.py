@@ -16,7 +16,9 @@ Zarr reads a chunk that is not there as the array's fill value. The index's data
 and statistics) are read only where their journal says a chunk was written, so there a missing
 chunk is damage (a file deleted, or lost by a disk), never zeros: :class:`IndexLocalStore`
 refuses it, naming the array, on every read path. Journals stay lenient: an unmarked item has
-no chunk.
+no chunk. An index written by an earlier ramstream (``probe_again`` set: it lacks the attribute
+that says every chunk is written) may lack chunks of zeros that zarr skipped; there the refusal
+says so and gives the commands that probe it again, rather than calling the index damaged.
 """
 
 from __future__ import annotations
@@ -117,6 +119,9 @@ class IndexLocalStore(DurableLocalStore):
     there is refused (:class:`StoreCorruptError`, naming the array), never read as fill values."""
 
     REQUIRED = re.compile(r"masks|stats/[^/]+")
+    # Set on opening an index written by an earlier ramstream, which skipped chunks of zeros: the
+    # commands that probe it again.
+    probe_again: str | None = None
 
     async def get(
         self, key: str, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
@@ -138,12 +143,19 @@ class IndexLocalStore(DurableLocalStore):
 
     def _refuse_missing(self, key: str) -> None:
         chunk = _CHUNK_KEY.fullmatch(key)
-        if chunk is not None and self.REQUIRED.fullmatch(chunk["array"]):
+        if chunk is None or not self.REQUIRED.fullmatch(chunk["array"]):
+            return
+        lacks = f"{self.root}: the index array {chunk['array']!r} lacks its chunk {key[len(chunk['array']) + 1 :]!r}"
+        if self.probe_again is not None:
             raise StoreCorruptError(
-                f"{self.root}: the index array {chunk['array']!r} lacks its chunk {key[len(chunk['array']) + 1 :]!r}, "
-                "which the index records as written (deleted, or lost by the disk); delete the index and run the "
-                "command again"
+                f"{lacks}; this index was written by an earlier ramstream, which left out chunks whose values are "
+                f"all zero, so the missing chunk cannot be told from a lost one: probe again into a new index "
+                f"({self.probe_again}), then run the command again"
             )
+        raise StoreCorruptError(
+            f"{lacks}, which the index records as written (deleted, or lost by the disk); delete the index and run "
+            "the command again"
+        )
 
 
 def open_group(path: Path, mode: str, *, index: bool = False, **kwargs: object) -> zarr.Group:

@@ -17,12 +17,15 @@ where agent t is active and exactly k agents are; ``coverage[k]`` elements where
 
 Every chunk a journal marks is written, even when all its values are zero (``write_empty_chunks``),
 and read only where its journal marks it: a chunk that is missing there (``IndexLocalStore``) or
-fails its checksum is refused naming the array, never read as zeros.
+fails its checksum is refused naming the array, never read as zeros. The group attribute
+``every_chunk_written`` says so; an index without it was written by an earlier ramstream, which
+left chunks of zeros out, and a missing chunk there is refused saying that (probe again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import shlex
 import shutil
 import time
 from collections.abc import Callable, Coroutine
@@ -35,11 +38,12 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.sync import sync
 
+from ramstream.config import DEFAULT_EPS
 from ramstream.errors import IndexMismatchError, StoreCorruptError
 from ramstream.index.guard import store_io
 from ramstream.index.header import IndexHeader
 from ramstream.index.journal import FLAT_KEYS, Journal
-from ramstream.index.local_store import open_group
+from ramstream.index.local_store import IndexLocalStore, open_group
 from ramstream.plan import (
     Batch,
     Plan,
@@ -53,6 +57,10 @@ from ramstream.plan import (
 SCHEMA_VERSION = 3  # 3: one chunk per batch of blocks (2: per block, masks per tensor)
 ATTR = "ramstream_index"
 UNCHECKED_ATTR = "nonfinite_unchecked"  # set by a probe run with allow_nonfinite (never cleared)
+# Set at creation by a writer that writes every chunk, zeros included; absent in indexes written by
+# earlier ramstreams (which skipped chunks of zeros: there a missing chunk may be one of those).
+EVERY_CHUNK_ATTR = "every_chunk_written"
+AGREEMENT_PREFIX = "agreement_"  # the keys of ``probe --agreement``'s statistics (statistics/agreement.py)
 # Every chunk carries a CRC32C of its stored bytes, so a truncated or altered chunk is detected.
 COMPRESSED = (ZstdCodec(level=1), Crc32cCodec())
 CHECKED = (Crc32cCodec(),)
@@ -411,7 +419,7 @@ def _create(path: Path, header: IndexHeader, plan: Plan) -> IndexStore:
     )
     progress = group.create_group("progress")
     Journal.create(progress, "probe", len(plan.batches))
-    group.attrs[ATTR] = header.to_dict()
+    group.attrs.update({ATTR: header.to_dict(), EVERY_CHUNK_ATTR: True})
     group.attrs["state"] = "ready"
     return IndexStore(path, group, header, plan)
 
@@ -426,7 +434,22 @@ def open_index_store(path: Path, read_only: bool = False) -> IndexStore:
         header = IndexHeader.from_dict(dict(doc))
     except IndexMismatchError as exc:
         raise IndexMismatchError(f"{path}: {exc}; delete it and probe again") from exc
+    store = group.store
+    if isinstance(store, IndexLocalStore) and group.attrs.get(EVERY_CHUNK_ATTR) is not True:
+        store.probe_again = probe_again(path, header, group)  # a missing chunk: the earlier writer's gap
     return IndexStore(path, group, header, _plan_of(header))
+
+
+def probe_again(path: Path, header: IndexHeader, group: zarr.Group) -> str:
+    """The commands that replace the index at ``path`` by a new probe of the same inputs (ε, and
+    the agreement statistics when it holds them); a merge recomputes its method's own."""
+    words = ["ramstream", "probe", *(str(i["path"]) for i in header.inputs), "--index", str(path)]
+    if header.eps != DEFAULT_EPS:
+        words += ["--eps", repr(header.eps)]
+    statistics = group.attrs.get("statistics")
+    if isinstance(statistics, dict) and any(str(k).startswith(AGREEMENT_PREFIX) for k in statistics):
+        words.append("--agreement")
+    return f"rm -r {shlex.quote(str(path))} && {shlex.join(words)}"
 
 
 def _open_group(path: Path, read_only: bool) -> zarr.Group:
@@ -483,7 +506,7 @@ def is_unfinished_creation(path: Path) -> bool:
     except Exception:
         return False
     attrs = dict(group.attrs)
-    return attrs.get("state") == "creating" and set(attrs) <= {"state", ATTR}  # what ``_create`` writes
+    return attrs.get("state") == "creating" and set(attrs) <= {"state", ATTR, EVERY_CHUNK_ATTR}  # what _create writes
 
 
 # What an index directory holds (``_create``), and zarr's temporary files of a write in flight.
