@@ -90,6 +90,14 @@ for _ in range(8 * 1024):  # 8 MiB, then the result
 print('{"score": 2}')
 """
 
+PRINTS_400_MIB = """
+import sys
+lines = ("x" * 1023 + "\\n") * 1024  # 1 MiB of lines
+for _ in range(400):
+    sys.stdout.write(lines)
+print('{"score": 4}')
+"""
+
 LAST_LINE_TOO_LONG = """
 import sys
 sys.stdout.write("9" * (1024 * 1024))
@@ -183,6 +191,20 @@ def test_megabytes_of_output_are_read_in_bounded_memory(tmp_path: Path) -> None:
     assert peak < 1024**2, f"{peak / 1024**2:.1f} MiB held for 8 MiB of output"
     too_long = evaluate(command(write(tmp_path, LAST_LINE_TOO_LONG)), "m", tmp_path, timeout=60)
     assert too_long.error == f"its last line of output is longer than {child.LINE_BYTES} bytes"
+
+
+def test_400_mib_of_output_cost_the_sweep_no_more(tmp_path: Path) -> None:
+    """400 MiB cost a 1.39 GB peak before the output was read as it comes; now under 1 MiB, in bounded time."""
+    started = time.monotonic()
+    tracemalloc.start()
+    try:
+        result = evaluate(command(write(tmp_path, PRINTS_400_MIB)), "m", tmp_path, timeout=120)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.metrics == {"score": 4.0}, result.error
+    assert peak < 1024**2, f"{peak / 1024**2:.1f} MiB held for 400 MiB of output"
+    assert time.monotonic() - started < 60
 
 
 def test_the_last_line_is_found_across_reads() -> None:

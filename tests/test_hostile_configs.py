@@ -221,16 +221,35 @@ def test_excerpt_is_short_and_one_line_whatever_the_value() -> None:
 
 @pytest.mark.parametrize("name", ["sweep.json", "SWEEP.JSON"])
 def test_a_candidate_named_like_the_sweep_s_own_file_is_refused(family: Family, tmp_path: Path, name: str) -> None:
-    path = tmp_path / "sweep.yml"
-    models = ", ".join(f"{{model: {a}, parameters: {{weight: 1.0}}}}" for a in family.agents)
-    method = f"merge_method: task_arithmetic, base_model: {family.base}"
-    path.write_text(f"- {{name: {name}, {method}, models: [{models}]}}\n")
     out = tmp_path / "out"
-    one_line_error(run_config(path, out, "sweep"), name, "sweep's own file", "another name")
+    one_line_error(
+        run_config(named_config(family, tmp_path, name), out, "sweep"), name, "sweep's own file", "another name"
+    )
     assert not out.exists()
     grid = in_process("sweep", family.base, *family.agents, "--out", out, "--grid", name, "--quiet")
     one_line_error(grid, name, "sweep's own file")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name", [".ramstream", ".ramstream.lock", ".hidden"])
+def test_a_candidate_named_like_the_sweep_s_work_area_or_lock_is_refused(
+    family: Family, tmp_path: Path, name: str
+) -> None:
+    """The sweep's work area and lock start with a dot: no candidate name may."""
+    out = tmp_path / "out"
+    one_line_error(
+        run_config(named_config(family, tmp_path, f"'{name}'"), out, "sweep"), name, "starts with a dot", "another name"
+    )
+    assert not out.exists()
+
+
+def named_config(family: Family, tmp_path: Path, name: str) -> Path:
+    """A sweep config of one task arithmetic candidate named ``name`` (as YAML text)."""
+    path = tmp_path / "sweep.yml"
+    models = ", ".join(f"{{model: {a}, parameters: {{weight: 1.0}}}}" for a in family.agents)
+    method = f"merge_method: task_arithmetic, base_model: {family.base}"
+    path.write_text(f"- {{name: {name}, {method}, models: [{models}]}}\n")
+    return path
 
 
 def test_a_sweep_config_reads_through_the_same_loader(tmp_path: Path) -> None:

@@ -111,7 +111,7 @@ def bad_configs(family: Family) -> list[tuple[Any, str]]:
         ({**ta, "sweep": "lambda"}, "sweep: must map parameters"),
         ({**ta, "name": "x", "sweep": {"lambda": [1.0]}}, "name: names one candidate"),
         ([{**ta, "name": "a/b"}], "is not a directory name"),
-        ([{**ta, "name": ".hidden"}], "is not a directory name"),
+        ([{**ta, "name": ".hidden"}], "starts with a dot"),
         ([ta, ta], "both named"),
         ({**ta, "sweep": {"merge_method": ["nonsense"]}}, "merge_method 'nonsense' is not supported"),
         ({**ta, "sweep": {"density": [0.5]}}, "density"),

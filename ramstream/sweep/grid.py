@@ -125,7 +125,12 @@ def refuse_reserved(name: str, where: str) -> None:
 def check_label(label: Any, where: str) -> str:
     """A user-chosen candidate name: a word of letters, digits and ``.,+=_-`` (a directory name
     on every file system), not starting with a dot (the sweep's own files do)."""
-    if not isinstance(label, str) or not label or label.startswith(".") or _NAME_PART.search(label):
+    if isinstance(label, str) and label.startswith("."):
+        raise ConfigError(
+            f"{where}: name {excerpt(label)} starts with a dot, as the sweep's own entries (its work area and lock) "
+            "do; give it another name"
+        )
+    if not isinstance(label, str) or not label or _NAME_PART.search(label):
         raise ConfigError(
             f"{where}: name {excerpt(label)} is not a directory name; use letters, digits and . , + = _ -"
         )
