@@ -167,7 +167,7 @@ def test_a_daemon_that_left_the_evaluator_s_group_is_killed_too(tmp_path: Path, 
     result = evaluate(command(write(tmp_path, ESCAPES), str(log), mode), "m", tmp_path, timeout=3)
     if mode == "exits":
         assert result.metrics == {"score": 1.0} and result.error is None, result.error
-        assert time.monotonic() - started < 3  # read at once, not AFTER_EXIT later
+        assert time.monotonic() - started < 10  # not the 600 s its daemon would hold the pipe
     else:
         assert "did not finish within 3 s" in (result.error or "")
         assert time.monotonic() - started < 3 + child.KILL_AFTER + 3

@@ -39,7 +39,9 @@ READ_BYTES = 64 * 1024
 KILL_AFTER = 1.0  # seconds between SIGTERM and SIGKILL of a group that overran
 AFTER_EXIT = 1.0  # seconds the output is still read after the evaluator exited
 SUPERVISOR = Path(__file__).with_name("supervise.py")
-SUPERVISOR_GRACE = 5.0  # seconds the supervisor has, beyond KILL_AFTER, to end the evaluator's tree
+# Seconds the supervisor has, beyond KILL_AFTER, to end the evaluator's tree (it gives up after
+# supervise.KILL_ROUNDS_FOR); it takes milliseconds unless a process cannot die.
+SUPERVISOR_GRACE = 8.0
 
 
 class Terminated(KeyboardInterrupt):

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 WAITED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-KILL_ROUNDS_FOR = 10.0  # seconds of killing a tree that keeps forking before giving up
+KILL_ROUNDS_FOR = 5.0  # seconds of killing a tree that keeps forking (or cannot die) before giving up
 POLL = 0.02  # seconds between rounds while a tree dies
 
 
