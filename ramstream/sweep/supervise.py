@@ -69,9 +69,14 @@ class Tree:
                 self.code = os.waitstatus_to_exitcode(status)
 
     def living(self) -> list[int]:
-        """The descendants that are not zombies (a zombie child is reaped by ``reap``)."""
+        """The descendants that are not zombies (a zombie child is reaped by ``reap``); none where
+        ``/proc`` cannot be read (then the evaluator's group is all that is signalled)."""
         parents: dict[int, list[tuple[int, bool]]] = {}
-        for name in os.listdir("/proc"):
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            return []
+        for name in names:
             if not name.isdigit():
                 continue
             try:
