@@ -1,6 +1,7 @@
 """Kernels compiled ahead in child processes (``backends.numba.prewarm``): the recorded table is
 current and parses, a child's kernels are loaded from the cache rather than compiled again, the
-bytes are those of a merge without children, and nothing is handed out that is cached already."""
+bytes are those of a merge without children, a run starts children only when it compiles (not
+when it has nothing to do, nor for cached kernels)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from tests.families import build_family
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Run in a fresh process with an empty Numba cache: start the children for ram+, let them finish,
-# then merge and say which kernels this process compiled itself.
+# Run in a fresh process with an empty Numba cache: start the children for ram+ at once, let them
+# finish, then merge and say which kernels this process compiled itself.
 _CHILD = """
 import json, sys
 from pathlib import Path
@@ -38,7 +39,7 @@ from ramstream import api
 from ramstream.backends.numba import prewarm
 from ramstream.config import RunOptions
 base, agents, out, cache = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4]
-stop = api.prepare("ram+")
+stop = prewarm.start("ram+", now=True)
 children = prewarm.wait()
 api.merge(base, agents, out=out, options=RunOptions(cache_dir=Path(cache), quiet=True))
 stop()
@@ -103,11 +104,56 @@ def test_a_childs_kernels_are_loaded_not_compiled_and_the_bytes_agree(tmp_path: 
     assert _digest(tmp_path / "out") == _digest(tmp_path / "plain")
 
 
+# A CLI-like run: armed before the merge, the children start at its first kernel call.
+_ARMED = """
+import json, sys
+from pathlib import Path
+from ramstream import api
+from ramstream.backends.numba import prewarm
+from ramstream.config import RunOptions
+base, agents, out, cache = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4]
+counts = []
+for _ in range(2):  # the second run has nothing to do: already merged
+    stop = api.prepare("ram+")
+    api.merge(base, agents, out=out, options=RunOptions(cache_dir=Path(cache), quiet=True))
+    counts.append(prewarm.wait())
+    stop()
+print(json.dumps(counts))
+"""
+
+
+def test_children_start_at_the_first_kernel_call_and_only_then(tmp_path: Path) -> None:
+    fam = build_family(tmp_path / "fam")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-c", _ARMED, str(fam.base), ",".join(map(str, fam.agents)), str(tmp_path / "out"),
+         str(tmp_path / "index")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, already_merged = json.loads(done.stdout.strip().splitlines()[-1])
+    assert first >= 1
+    assert already_merged == 0
+
+
 def test_cached_kernels_are_not_handed_out(tmp_path: Path) -> None:
     fam = build_family(tmp_path / "fam")
     api.merge(fam.base, fam.agents, out=tmp_path / "out", options=RunOptions(cache_dir=tmp_path / "i", quiet=True))
-    stop = prewarm.start("ram+")  # this process compiled (or loaded) every ram+ kernel just now
+    stop = prewarm.start("ram+", now=True)  # this process compiled (or loaded) every ram+ kernel just now
     try:
+        assert prewarm.wait() == 0
+    finally:
+        stop()
+    stop = api.prepare("ram+")  # armed: its first call finds the later kernels cached
+    try:
+        api.merge(
+            fam.base, fam.agents, out=tmp_path / "again", options=RunOptions(cache_dir=tmp_path / "i", quiet=True)
+        )
         assert prewarm.wait() == 0
     finally:
         stop()
@@ -115,7 +161,7 @@ def test_cached_kernels_are_not_handed_out(tmp_path: Path) -> None:
 
 def test_turned_off_or_unknown_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAMSTREAM_PREWARM", "0")
-    stop = prewarm.start("ties")
+    stop = prewarm.start("ties", now=True)
     assert prewarm.wait() == 0
     stop()
     monkeypatch.delenv("RAMSTREAM_PREWARM")

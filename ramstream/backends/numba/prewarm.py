@@ -3,19 +3,21 @@
 A first merge after installing spends most of its time compiling kernels (seconds each; Numba's
 on-disk cache keeps them for every later run). Compiling is single-threaded, and a merge calls
 its kernels one after the other: a RAM+ merge the probe's kernel, then the merge's; a TIES merge
-the histograms', then the merge's. So ``start(method)`` hands the kernels the method calls after
-its first to child processes (``python -m ramstream.backends.numba.prewarm``, one per spare core,
-at most ``MAX_CHILDREN``), which compile them into the same cache, the last-called first, while
-this process compiles its first kernels and reads. Before its first call of a kernel
-(``workers.run_parts`` asks ``_Pending.wait_for``) this process waits for a child that has begun
-that kernel until the child says it is done, then Numba loads it from the cache; one no child
-has begun yet it compiles itself, as without children.
+the histograms', then the merge's. So ``start(method)`` arms the run: at its first kernel call
+(a run with nothing to do, "already merged", starts nothing), the kernels the method calls after
+that one and not cached yet go to child processes (``python -m ramstream.backends.numba.prewarm``,
+one per spare core, at most ``MAX_CHILDREN``), which compile them into the same cache, the
+last-called first, while this process compiles the one it called. Before its first call of a
+later kernel (``workers.run_parts`` asks ``_Pending.wait_for``) this process waits for a child
+that has begun that kernel until the child says it is done, then Numba loads it from the cache;
+one no child has begun yet it compiles itself, as without children.
 
 Which kernels, with which argument types, is ``kernel_table.KERNELS``, recorded from each
 method's merge of a small family by ``tools/record_kernels.py`` (a test checks it is current).
-What is computed never changes: a call whose argument types differ from the recorded ones does
-not wait and compiles here, a kernel already in the cache is not handed out, and a child that
-fails or hangs costs at most ``WAIT_SECONDS`` of waiting. ``RAMSTREAM_PREWARM=0`` turns it off.
+What is computed never changes: a run whose first call has other argument types than the
+recorded ones (another dtype) starts no child, a call of other types does not wait, and a child
+that fails or hangs costs at most ``WAIT_SECONDS`` of waiting. ``RAMSTREAM_PREWARM=0`` turns it
+off.
 """
 
 from __future__ import annotations
@@ -129,10 +131,13 @@ class _Pending:
         self.lock = threading.Lock()
         self.kernels: dict[Any, tuple[tuple[types.Type, ...], int, _Child]] = {}
         self.children: list[_Child] = []
+        self.method: str | None = None  # armed: the children start at the run's first kernel call
 
     def wait_for(self, part: Any, args: Sequence[Any]) -> None:
         """Before ``part``'s call with ``args``: wait for the child compiling it, if one is and
         the types are the recorded ones."""
+        if part not in self.kernels:
+            return
         with self.lock:
             entry = self.kernels.get(part)
             if entry is None:
@@ -141,6 +146,8 @@ class _Pending:
             if tuple(typeof(a) for a in args) != signature[:-2]:
                 return  # another specialisation: compiled here, as without a child
             del self.kernels[part]
+            if not self.kernels:
+                workers.before_call(None)  # nothing left to wait for: calls go straight on
             until = time.monotonic() + WAIT_SECONDS
             child.read(0.0)
             while position not in child.done and not child.ended and time.monotonic() < until:
@@ -150,45 +157,72 @@ class _Pending:
                         return  # not begun yet: compiled here rather than waited for
                 child.read(until - time.monotonic())
 
+    def first_call(self, part: Any, args: Sequence[Any]) -> None:
+        """The run's first kernel call: it computes after all (not "already merged"). Hand the
+        kernels recorded after this one, those not cached, to children; nothing when this call is
+        not the recorded one (another specialisation: the later ones would likely differ too)."""
+        with self.lock:
+            method, self.method = self.method, None
+            if method is None:
+                return
+            recorded = kernels(method)
+            called = tuple(typeof(a) for a in args)
+            now = [p for p, k in enumerate(recorded) if k.dispatcher is part and k.signature[:-2] == called]
+            later = [(p, k) for p, k in enumerate(recorded) if now and p > now[0] and not k.cached()]
+            self.spawn(method, later)
+            workers.before_call(self.wait_for if self.kernels else None)
+
+    def spawn(self, method: str, later: list[tuple[int, Kernel]]) -> None:
+        """Start children for ``later`` (positions in the method's table, and kernels), the
+        last-called first: the first ones are needed soonest, and this process compiles one no
+        child has begun."""
+        if not later:
+            return
+        count = max(1, min(len(later), (os.cpu_count() or 1) - 1, MAX_CHILDREN))
+        paths = [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+        for c in range(count):
+            share = later[::-1][c::count]
+            argv = [sys.executable, "-P", "-m", __name__, method, *(str(position) for position, _ in share)]
+            try:
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL)  # fmt: skip
+            except OSError:
+                return  # no child: this process compiles the rest, as without one
+            child = _Child(proc)
+            self.children.append(child)
+            for position, kernel in share:
+                self.kernels[kernel.dispatcher] = (kernel.signature, position, child)
+
     def stop(self) -> None:
         with self.lock:
             for child in self.children:
                 child.stop()
             self.kernels.clear()
             self.children.clear()
+            self.method = None
         workers.before_call(None)
 
 
 _pending = _Pending()
 
 
-def start(method: str) -> Callable[[], None]:
-    """Hand the kernels a merge with ``method`` calls after its first, those not cached yet, to
-    child processes; returns what stops them (a child still compiling is of no use once the run
-    ended)."""
-    if os.environ.get("RAMSTREAM_PREWARM", "1") == "0" or _pending.children:
+def start(method: str, *, now: bool = False) -> Callable[[], None]:
+    """Prepare a merge with ``method``: at its first kernel call (so not for a run with nothing
+    to do), the kernels recorded after that one and not cached yet go to child processes; with
+    ``now``, those after the method's first go at once. Returns what stops the children (one
+    still compiling is of no use to this run once it ended)."""
+    if os.environ.get("RAMSTREAM_PREWARM", "1") == "0" or _pending.children or method not in KERNELS:
         return _pending.stop
-    recorded = kernels(method)
-    later = [(position, k) for position, k in enumerate(recorded) if position > 0 and not k.cached()]
-    if not later:
-        return _pending.stop
-    count = max(1, min(len(later), (os.cpu_count() or 1) - 1, MAX_CHILDREN))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
     with _pending.lock:
-        for c in range(count):
-            share = later[::-1][c::count]  # last first: the first ones are needed soonest
-            argv = [sys.executable, "-P", "-m", __name__, method, *(str(position) for position, _ in share)]
-            try:
-                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL)  # fmt: skip
-            except OSError:
-                break  # no child: this process compiles everything, as without one
-            child = _Child(proc)
-            _pending.children.append(child)
-            for position, kernel in share:
-                _pending.kernels[kernel.dispatcher] = (kernel.signature, position, child)
-    if _pending.children:
-        workers.before_call(_pending.wait_for)
+        if now:
+            recorded = kernels(method)
+            _pending.spawn(method, [(p, k) for p, k in enumerate(recorded) if p > 0 and not k.cached()])
+            if _pending.kernels:
+                workers.before_call(_pending.wait_for)
+        else:
+            _pending.method = method
+            workers.before_call(_pending.first_call)
     return _pending.stop
 
 
