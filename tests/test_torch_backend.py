@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -391,11 +392,13 @@ def test_every_method_on_cuda_waits_only_on_events(
     a Python number, a boolean index) anywhere in the backend raises. Every wait is on an event."""
     expected = _merge(odd_family, tmp_path / "numba" / "out", method, given, "numba")
     monkeypatch.setattr(torch_tiles, "TILE_CAP", 64)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        got = _cuda_merge(odd_family, tmp_path / "cuda" / "out", method, given, tmp_path / "cache")
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    with warnings.catch_warnings():  # torch says, once per process, that this mode is a prototype
+        warnings.filterwarnings("ignore", message=r".*debug mode is a prototype feature")
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = _cuda_merge(odd_family, tmp_path / "cuda" / "out", method, given, tmp_path / "cache")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     assert got == expected
 
 
