@@ -8,6 +8,11 @@ STAMP := $(VENV)/.installed
 # tools/bench_vs_mergekit.py, which find this torch already there; peft (it needs torch too) for the
 # LoRA agent tests, which write their adapters with it (tests/test_lora.py; they skip without it).
 TORCH := torch==2.13.0
+# triton: the torch backend's fused CUDA kernels (backends/torch/fused). torch's CUDA builds ship
+# it; the CPU build does not, so it is installed for the tests, pinned to the version they were
+# written against: tests/test_fused_kernels.py runs the kernels under its interpreter on the CPU
+# and compiles them for sm_90 (it skips without triton). Not a dependency of ramstream.
+TRITON := triton==3.6.0
 MERGEKIT := mergekit==0.1.5
 PEFT := peft==0.21.2
 
@@ -16,7 +21,7 @@ PEFT := peft==0.21.2
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q '$(TORCH)'
+	$(BIN)/pip install -q '$(TORCH)' '$(TRITON)'
 	$(BIN)/pip install -q -e '.[test]' '$(MERGEKIT)' '$(PEFT)'
 	touch $(STAMP) $(DEMO_STAMP)
 

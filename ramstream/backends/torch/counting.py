@@ -48,6 +48,8 @@ class CountOps(TileBackend):
         sources = arrays.sources
         n_agents = len(sources.files) - 1
         codes = [int(c) for c in sources.codes]
+        if self._fused(codes):
+            return self._probe_fused(arrays, eps, masks)
         with self._scoped():
             eps32 = self._f32(eps)
             overlap, coverage = self._zeros(self.workers, n_agents, n_agents), self._zeros(self.workers, n_agents + 1)
@@ -65,6 +67,32 @@ class CountOps(TileBackend):
 
             self._run(self._source_parts(sources), sources.size, tile)
             return ProbeCounts(self._host(overlap.sum(0)), self._host(coverage.sum(0)), self._found(first))
+
+    def _probe_fused(self, arrays: BlockArrays, eps: float, masks: np.ndarray) -> ProbeCounts:
+        """``probe`` in one fused kernel per tile (``fused/probe.py``); the counts and the first
+        non-finite position in one accumulator per worker, read back once."""
+        from ramstream.backends.torch.fused.probe import probe_tile_launch
+
+        sources = arrays.sources
+        n_agents = len(sources.files) - 1
+        codes = (int(sources.codes[0]), int(sources.codes[1]))
+        with self._scoped():
+            eps32 = float(np.float32(eps))
+            state = self._state(1 + n_agents * n_agents + n_agents + 1)  # first, overlap, coverage
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                packed = torch.empty((n_agents, -(-m // 8)), dtype=torch.uint8, device=self._device)
+                row = state[w]
+                overlap, coverage = row[1 : 1 + n_agents * n_agents], row[1 + n_agents * n_agents :]
+                probe_tile_launch(raw, m, lo, eps32, packed, overlap, coverage, row, codes)
+                outputs.put(packed, self._sink(masks, lo // 8, lo // 8 + packed.shape[1]))
+
+            self._run(self._source_parts(sources), sources.size, tile)
+            total = self._host(state)
+        first = int(total[:, 0].min())
+        counts = total[:, 1:].sum(0)
+        overlap = counts[: n_agents * n_agents].reshape(n_agents, n_agents)
+        return ProbeCounts(overlap, counts[n_agents * n_agents :], first if first < probe.NOWHERE else -1)
 
     # -- arcee_fusion's importance ---------------------------------------------------------------
     def importance_high_histogram(self, arrays: BlockArrays, rows: RowScale) -> np.ndarray:

@@ -23,6 +23,7 @@ from ramstream.backends.base import (
 from ramstream.backends.torch import (
     codecs,
     della,
+    fused,
     fusion,
     magnitude,
     merges,
@@ -34,7 +35,7 @@ from ramstream.backends.torch.rng import uniform
 from ramstream.backends.torch.staging import OutputRing, array_part
 from ramstream.backends.torch.tiles import GROUP, TileBackend, _torch_dtype
 from ramstream.backends.vector_sums import VectorLayout
-from ramstream.blocks import BlockArrays
+from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.format.dtypes import TAU32
 
 
@@ -49,6 +50,8 @@ class MergeOps(TileBackend):
         codes = [int(c) for c in sources.codes]
         raw_outs = [out.view(np.uint8) for out in outs]
         size = int(outs[0].dtype.itemsize) if outs else 1
+        if outs and self._fused(codes):
+            return self._merge_ram_fused(sources, codes, eps, lambdas, outs, out_code)
         with self._scoped():
             eps32 = self._f32(eps)
             lams = [self._f32(row) for row in np.reshape(lambdas, (len(outs), -1))]
@@ -65,6 +68,41 @@ class MergeOps(TileBackend):
 
             self._run(self._source_parts(sources), sources.size, tile)
             return self._found(first)
+
+    def _merge_ram_fused(
+        self,
+        sources: BlockSources,
+        codes: list[int],
+        eps: float,
+        lambdas: np.ndarray,
+        outs: Sequence[np.ndarray],
+        out_code: int,
+    ) -> int:
+        """``merge_ram`` in one fused kernel per tile (``fused/ram.py``): the outputs' NaN/Inf
+        flags come back with the first non-finite input position, in one read-back, and answer
+        ``has_nonfinite`` for these outputs until the next operation."""
+        from ramstream.backends.torch.fused import ram
+
+        k_outputs = len(outs)
+        raw_outs = [out.view(np.uint8) for out in outs]
+        size = int(outs[0].dtype.itemsize)
+        carrier = fused.CARRIERS[out_code]
+        with self._scoped():
+            lams = self._f32(np.reshape(lambdas, (k_outputs, -1)))
+            eps32 = float(np.float32(eps))
+            state = self._state(1 + k_outputs)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                out = torch.empty((k_outputs, m), dtype=carrier, device=self._device)
+                ram.merge_tile(raw, m, lo, eps32, lams, out, state[w], (codes[0], codes[1], out_code))
+                for k, raw_out in enumerate(raw_outs):
+                    outputs.put(out[k], self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(self._source_parts(sources), sources.size, tile, inputs=k_outputs + 4)
+            found = self._host(state)
+        first = int(found[:, 0].min())
+        self._flags = {fused.key(out, out_code): bool(found[:, 1 + k].max() > 0) for k, out in enumerate(outs)}
+        return first if first < probe.NOWHERE else -1
 
     # -- the GTA family ---------------------------------------------------------------------------
     def merge_gta(
@@ -150,6 +188,9 @@ class MergeOps(TileBackend):
         return lambda t, lo, m, agent, under: torch.ones(m, dtype=torch.bool, device=self._device)
 
     def has_nonfinite(self, out: np.ndarray, out_code: int) -> bool:
+        flag = self._flags.pop(fused.key(out, out_code), None)  # found by a fused kernel
+        if flag is not None:
+            return flag
         return nonfinite.has_nonfinite(out, out_code)  # the block is in host memory already
 
     def merge_linear(self, arrays: BlockArrays, params: LinearParams, out: np.ndarray, out_code: int) -> int:

@@ -24,6 +24,7 @@ from ramstream.backends.settings import BackendSettings
 from ramstream.backends.torch import (
     codecs,
     device,
+    fused,
     magnitude,
     probe,
 )
@@ -87,6 +88,9 @@ class TileBackend:
             raise
         self._workers_pool: ThreadPoolExecutor | None = None
         self._files = InputFiles()
+        self._use_fused = fused.available(self._device, self.workers)
+        # output buffer -> whether it holds NaN/Inf, as the last fused merge found (``fused.key``)
+        self._flags: dict[tuple[int, int, int], bool] = {}
 
     @property
     def device(self) -> str:
@@ -171,6 +175,7 @@ class TileBackend:
         thread drives the streams while the pool reads; on the CPU each of the ``workers``
         threads takes one balanced range of tiles with its own rings (torch ops release the
         GIL), and its own partial results."""
+        self._flags = {}  # a later operation may write into the buffers a fused merge flagged
         step = self._tile_elems(parts, inputs or len(parts), align, fixed)
         starts = list(range(0, n, step))
         if self.workers == 1:
@@ -269,6 +274,17 @@ class TileBackend:
             np.copyto(target, data.view(out.dtype).reshape(target.shape))
 
         return sink
+
+    def _fused(self, codes: Sequence[int]) -> bool:
+        """Whether an operation over inputs of ``codes`` (the base first) runs as fused kernels."""
+        return self._use_fused and fused.uniform_agents(codes)
+
+    def _state(self, width: int) -> torch.Tensor:
+        """Per worker, a fused kernel's side results: [0] the first non-finite position
+        (``probe.NOWHERE``: none), then ``width - 1`` flags or counts from 0."""
+        state = torch.zeros((self.workers, width), dtype=torch.int64, device=self._device)
+        state[:, 0] = probe.NOWHERE
+        return state
 
     def _first(self) -> torch.Tensor:
         """Per worker, the first non-finite position found (``probe.NOWHERE``: none)."""

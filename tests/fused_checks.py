@@ -1,0 +1,285 @@
+"""Checks of the fused Triton kernels run under triton's interpreter, on CPU tensors: each is one
+command of ``python -m tests.fused_checks NAME``, which ``tests/test_fused_kernels.py`` runs in a
+fresh process (the interpreter is chosen when a kernel is defined, so it is switched on here,
+before anything imports triton, and never in the test process itself). A failed check raises.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ramstream.backends.numba.codecs import decode_array, encode_array
+from ramstream.backends.torch.fused import codecs as fused_codecs
+from ramstream.backends.torch.fused import probe as fused_probe
+from ramstream.backends.torch.fused import ram as fused_ram
+from ramstream.backends.torch.probe import NOWHERE
+from ramstream.format.dtypes import TAU32, FloatCode
+
+CODES = (FloatCode.BF16, FloatCode.F16, FloatCode.F32, FloatCode.F64)
+CARRIER = {FloatCode.BF16: np.uint16, FloatCode.F16: np.uint16, FloatCode.F32: np.float32, FloatCode.F64: np.float64}
+TORCH_CARRIER = {
+    FloatCode.BF16: torch.int16, FloatCode.F16: torch.int16, FloatCode.F32: torch.float32, FloatCode.F64: torch.float64
+}  # fmt: skip
+
+
+@triton.jit
+def _codec_kernel(src, values, out, n, CODE: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    v = fused_codecs.decode(src, offsets, mask, CODE)
+    tl.store(values + offsets, v, mask=mask)
+    tl.store(out + offsets, fused_codecs.encode(v, OUT), mask=mask)
+
+
+def _codec(raw: np.ndarray, code: int, out_code: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fused codecs' decode of ``raw`` (format ``code``) and its encode to ``out_code``."""
+    n = raw.shape[0]
+    values = torch.empty(n, dtype=torch.float32)
+    out = torch.empty(n, dtype=TORCH_CARRIER[FloatCode(out_code)])
+    _codec_kernel[(triton.cdiv(n, 4096),)](
+        torch.from_numpy(raw.view(np.uint8).copy()), values, out, n, CODE=code, OUT=out_code, BLOCK=4096
+    )
+    return values.numpy(), out.numpy().view(CARRIER[FloatCode(out_code)])
+
+
+def hard_floats() -> np.ndarray:
+    """float32 patterns: random ones (NaNs, Infs, subnormals), every BF16 and F16 rounding tie
+    and its neighbours, the F16 subnormal range and its edges."""
+    rng = np.random.default_rng(0)
+    every16 = np.arange(1 << 16, dtype=np.uint32)
+    bits = np.concatenate(
+        [
+            rng.integers(0, 1 << 32, 100_000, dtype=np.uint64).astype(np.uint32),
+            np.arange(0x33000000, 0x39000000, 997, dtype=np.uint32),
+            np.arange(0, 0x00800000, 4099, dtype=np.uint32),
+            (every16 << 16) | 0x8000,
+            (every16 << 16) | 0x7FFF,
+            (every16 << 13) | 0x1000,
+            np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x477FF000, 0x477FEFFF, 0x7FC00000, 0x7F800001]),
+        ]
+    ).astype(np.uint32)
+    return bits.view(np.float32)
+
+
+def codecs() -> None:
+    """Every BF16/F16 pattern decoded (and encoded back) as the Numba codecs do; float32 patterns
+    (ties, subnormals, NaN payloads) encoded to BF16/F16/F32 as they do."""
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    for code in (FloatCode.BF16, FloatCode.F16):
+        values, back = _codec(every, code, code)
+        expected = decode_array(every, code)
+        assert np.array_equal(values.view(np.uint32), expected.view(np.uint32)), f"decode {code.name}"
+        again = np.empty(every.shape[0], np.uint16)
+        encode_array(expected, code, again)
+        assert np.array_equal(back, again), f"encode {code.name} of its own values"
+    hard = hard_floats()
+    for out_code in (FloatCode.BF16, FloatCode.F16, FloatCode.F32):
+        values, got = _codec(hard, FloatCode.F32, out_code)
+        assert np.array_equal(values.view(np.uint32), hard.view(np.uint32)), "decode F32"
+        expected = np.empty(hard.shape[0], CARRIER[out_code])
+        encode_array(hard, out_code, expected)
+        assert np.array_equal(got.view(np.uint8), expected.view(np.uint8)), f"encode {out_code.name}"
+    finite = hard[np.isfinite(hard)].astype(np.float64)
+    values, got = _codec(finite, FloatCode.F64, FloatCode.F64)
+    assert np.array_equal(values.view(np.uint32), decode_array(finite, FloatCode.F64).view(np.uint32)), "F64"
+    assert np.array_equal(got, values.astype(np.float64)), "encode F64"
+
+
+# -- one tile against a naive twin of the Numba kernels (numpy float32: one rounding per op) ------
+def _family(code: int, n: int, agents: int, seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Raw base and agents in format ``code`` with sparse task vectors of a few densities, and
+    the values that test the edges: NaN, +-Inf, -0.0, subnormals, |tau| exactly eps, overflowing tau."""
+    rng = np.random.default_rng(seed)
+    base = rng.normal(0, 0.02, n).astype(np.float32)
+    base[:8] = [np.nan, np.inf, -0.0, 1e-40, 3e38, -3e38, 1.0, 0.5]
+    out = []
+    for t in range(agents):
+        agent = base.copy()
+        on = rng.random(n) < (0.05, 0.4, 0.6, 0.3)[t % 4]
+        agent[on] += rng.normal(0, 0.01, int(on.sum())).astype(np.float32)
+        agent[8 + t] = np.float32(1.0) + np.float32(1e-5) if t == 0 else agent[8 + t]  # close to eps
+        if t == 1:
+            agent[4], agent[5] = -3e38, 3e38  # tau overflows to Inf: inactive
+            agent[n // 2] = np.nan if n > 64 else agent[n // 2]
+        out.append(agent)
+    return _raw(base, code), [_raw(a, code) for a in out]
+
+
+def _raw(values: np.ndarray, code: int) -> np.ndarray:
+    if code in (FloatCode.F32, TAU32):
+        return values.copy()
+    if code == FloatCode.F64:
+        return values.astype(np.float64)
+    carrier = np.empty(values.shape[0], np.uint16)
+    encode_array(values, code, carrier)
+    return carrier
+
+
+def _staged(base: np.ndarray, agents: list[np.ndarray]) -> list[torch.Tensor]:
+    """The inputs as the input ring stages them: one uint8 buffer, each part 64-byte aligned."""
+    sizes = [-(-a.nbytes // 64) * 64 for a in [base, *agents]]
+    slot = torch.zeros(sum(sizes) + 64, dtype=torch.uint8)
+    parts, at = [], 0
+    for array, size in zip([base, *agents], sizes, strict=True):
+        part = slot[at : at + array.nbytes]
+        part.copy_(torch.from_numpy(array.view(np.uint8).copy()))
+        parts.append(part)
+        at += size
+    return parts
+
+
+def _naive_ram(
+    base: np.ndarray, agents: list[np.ndarray], codes: tuple[int, int], eps: np.float32, lambdas: np.ndarray
+) -> tuple[list[np.ndarray], int]:
+    b = decode_array(base, codes[0])
+    zero, one = np.float32(0), np.float32(1)
+    total, count = np.zeros_like(b), np.zeros_like(b)
+    scaled = np.zeros((lambdas.shape[0], b.shape[0]), np.float32)
+    bad = ~np.isfinite(b)
+    with np.errstate(all="ignore"):
+        for t, raw in enumerate(agents):
+            a = decode_array(raw, codes[1])
+            bad |= ~np.isfinite(a)
+            tau = a if codes[1] == TAU32 else a - b
+            on = (np.abs(tau) > eps) & (np.abs(tau) < np.inf)
+            total = total + np.where(on, tau, zero)
+            count = count + np.where(on, one, zero)
+            for k in range(lambdas.shape[0]):
+                scaled[k] = scaled[k] + np.where(on, lambdas[k, t] * tau, zero)
+        mean = total / np.maximum(count, one)
+        merged = [b + np.where(count == one, scaled[k], np.where(count >= 2, mean, zero)) for k in range(len(scaled))]
+    first = int(np.argmax(bad)) if bad.any() else -1
+    return merged, first
+
+
+def _encoded(values: np.ndarray, code: int) -> np.ndarray:
+    out = np.empty(values.shape[0], CARRIER[FloatCode(code)])
+    encode_array(values, code, out)
+    return out
+
+
+def ram_tiles() -> None:
+    """``fused/ram.py`` on tiles of a base and 3 agents (BF16, F16, F32, F64, task vectors), two
+    outputs with their own lambdas, a tile not a multiple of the program size, at a block offset:
+    the naive twin's bytes, first non-finite input position and the outputs' NaN/Inf flags."""
+    eps = np.float32(1e-5)
+    lambdas = np.array([[1.1, 1.0, 1.2], [1.0, 1.0, 1.0]], np.float32)
+    cases = [(c, c, o) for c in CODES for o in CODES if o != FloatCode.F64 or c == FloatCode.F64]
+    cases += [(FloatCode.BF16, TAU32, FloatCode.BF16)]
+    for base_code, agent_code, out_code in cases:
+        for start in (0, 8):  # with NaN/Inf in the base and outputs, and without
+            _ram_tile(base_code, agent_code, out_code, start, eps, lambdas)
+
+
+def _ram_tile(base_code: int, agent_code: int, out_code: int, start: int, eps: np.float32, lambdas: np.ndarray) -> None:
+    base, agents = _family(base_code, 2500, 3, seed=base_code)
+    base, agents = base[start:].copy(), [a[start:].copy() for a in agents]
+    if agent_code == TAU32:
+        b = decode_array(base, base_code)
+        with np.errstate(all="ignore"):
+            agents = [(decode_array(a, base_code) - b).astype(np.float32) for a in agents]
+    lo = 4096
+    expected, first = _naive_ram(base, agents, (base_code, agent_code), eps, lambdas)
+    out = torch.empty((2, base.shape[0]), dtype=TORCH_CARRIER[FloatCode(out_code)])
+    state = torch.zeros(3, dtype=torch.int64)
+    state[0] = NOWHERE
+    raw = _staged(base, agents)
+    fused_ram.merge_tile(raw, base.shape[0], lo, float(eps), torch.from_numpy(lambdas), out, state,
+                         (base_code, agent_code, out_code))  # fmt: skip
+    what = f"ram {base_code}/{agent_code} -> {out_code} from {start}"
+    for k in range(2):
+        want = _encoded(expected[k], out_code)
+        got = out[k].numpy().view(want.dtype)
+        if out_code == FloatCode.F64:  # NaN payloads through the hardware: NaN where NaN
+            assert np.array_equal(np.isnan(got), np.isnan(want)), what
+            got, want = got[~np.isnan(got)], want[~np.isnan(want)]
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), f"{what}: output {k}"
+        flag = not np.isfinite(decode_array(want, out_code)).all()
+        assert bool(state[1 + k] > 0) == flag, f"{what}: flag {k}"
+    assert int(state[0]) == (lo + first if first >= 0 else NOWHERE), f"{what}: first"
+
+
+def probe_tiles() -> None:
+    """``fused/probe.py`` on tiles of a base and 3 agents: the naive masks (numpy's little bit
+    order), coverage and overlap counts and first non-finite input, added to what was there."""
+    eps = np.float32(1e-5)
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base, agents = _family(FloatCode.F32 if code == TAU32 else code, m, 3, seed=7 + code)
+        base_code = FloatCode.F32 if code == TAU32 else code
+        b = decode_array(base, base_code)
+        if code == TAU32:
+            with np.errstate(all="ignore"):
+                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        with np.errstate(all="ignore"):
+            taus = [decode_array(a, code) if code == TAU32 else decode_array(a, code) - b for a in agents]
+        on = np.array([(np.abs(t) > eps) & (np.abs(t) < np.inf) for t in taus])
+        bad = ~np.isfinite(b) | np.any([~np.isfinite(decode_array(a, code)) for a in agents], axis=0)
+        count = on.sum(0)
+        masks = torch.full((3, -(-m // 8)), 0xAA, dtype=torch.uint8)
+        overlap = torch.full((3, 3), 5, dtype=torch.int64)
+        coverage = torch.full((4,), 7, dtype=torch.int64)
+        first = torch.tensor([NOWHERE], dtype=torch.int64)
+        fused_probe.probe_tile_launch(
+            _staged(base, agents), m, 64, float(eps), masks, overlap.view(-1), coverage, first, (base_code, code)
+        )
+        what = f"probe {code}"
+        assert np.array_equal(masks.numpy(), np.packbits(on, axis=1, bitorder="little")), what
+        assert np.array_equal(coverage.numpy(), 7 + np.array([(count == k).sum() for k in range(4)])), what
+        want = np.array([[(on[t] & (count == k)).sum() for k in range(1, 4)] for t in range(3)])
+        assert np.array_equal(overlap.numpy(), 5 + want), what
+        assert int(first[0]) == (64 + int(np.argmax(bad)) if bad.any() else NOWHERE), what
+
+
+# -- the torch backend through the API, against the Numba backend ---------------------------------
+def merges(scratch: Path) -> None:
+    """RAM and RAM+ merges (the probe pass included) with the torch backend on the CPU, its fused
+    kernels interpreted, on BF16, F16 and F32 families: the Numba bytes, every tile fused."""
+    from tests.families import build_family
+    from tests.test_backends import _merge
+
+    calls = {"ram": 0, "probe": 0}
+    _count(fused_ram, "merge_tile", calls, "ram")
+    _count(fused_probe, "probe_tile_launch", calls, "probe")
+    shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
+    for dtype, single in (("BF16", False), ("F16", True), ("F32", False)):
+        (scratch / dtype).mkdir(parents=True)
+        family = build_family(scratch / dtype, dtype=dtype, shapes=shapes, single_file=single, identical_agent=True)
+        for method, given in (("ram", {}), ("ram+", {}), ("ram+", {"rho_scope": "tensor"})):
+            name = f"{dtype}-{method}-{len(given)}"
+            expected = _merge(family, scratch / "numba" / name / "out", method, given, "numba")
+            got = _merge(family, scratch / "torch" / name / "out", method, given, "torch", device="cpu", threads=1)
+            assert got == expected, f"{name}: not the Numba bytes"
+    assert calls["ram"] > 0 and calls["probe"] > 0, calls
+
+
+def _count(module: object, name: str, calls: dict[str, int], key: str) -> None:
+    launch = getattr(module, name)
+
+    def counted(*args: object, **kwargs: object) -> None:
+        calls[key] += 1
+        launch(*args, **kwargs)
+
+    setattr(module, name, counted)
+
+
+CHECKS: dict[str, Callable[[], None]] = {"codecs": codecs, "ram_tiles": ram_tiles, "probe_tiles": probe_tiles}
+
+if __name__ == "__main__":
+    if sys.argv[1] == "merges":
+        with tempfile.TemporaryDirectory(dir=sys.argv[2] if len(sys.argv) > 2 else None) as scratch:
+            merges(Path(scratch))
+    else:
+        CHECKS[sys.argv[1]]()
+    print(f"{sys.argv[1]}: ok")

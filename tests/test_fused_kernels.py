@@ -1,0 +1,89 @@
+"""The fused Triton kernels of the torch backend (``backends/torch/fused``), without a GPU.
+
+Their arithmetic runs under triton's interpreter on CPU tensors (``tests/fused_checks.py``, each
+check in a fresh process with ``TRITON_INTERPRET=1``): the codecs on every BF16/F16 pattern and on
+hard float32 patterns, the RAM merge and the probe on tiles of a base and three agents against a
+naive twin of the Numba kernels, and RAM/RAM+ merges through the API with the Numba backend's
+bytes. Every kernel is compiled for sm_90 here too, and its PTX must hold no fused multiply-add,
+no approximate or "full" division and no flushed subnormals: the instructions whose rounding
+would differ from the Numba kernels'. Skipped where triton is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from ramstream.backends.torch.fused import probe, ram  # noqa: E402
+from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CODES = [int(c) for c in FloatCode]
+
+
+@pytest.mark.parametrize("check", ["codecs", "ram_tiles", "probe_tiles", "merges"])
+def test_the_kernels_give_the_numba_bytes_under_the_interpreter(check: str, tmp_path: Path) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-m", "tests.fused_checks", check, str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().endswith(f"{check}: ok")
+
+
+# -- the generated code -----------------------------------------------------------------------
+SM90 = GPUTarget("cuda", 90, 32)
+# what would round differently from one IEEE float32 operation at a time: a fused multiply-add,
+# an approximate or "full" (2 ulp) division or reciprocal, subnormals flushed to zero
+FORBIDDEN = re.compile(r"\b(fma\.\S+|div\.(?:full|approx)\.\S+|rcp\.approx\S*|\S+\.ftz\S*)")
+
+RAM_SIGNATURE = {"base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "eps": "fp32",
+                 "lambdas": "*fp32", "out_stride": "i64", "state": "*i64"}  # fmt: skip
+OUT_POINTER = {FloatCode.BF16: "*i16", FloatCode.F16: "*i16", FloatCode.F32: "*fp32", FloatCode.F64: "*fp64"}
+PROBE_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "eps": "fp32",
+    "masks": "*u8", "mask_stride": "i64", "overlap": "*i64", "coverage": "*i64", "first": "*i64",
+}  # fmt: skip
+
+
+def _ptx(fn: Any, signature: dict[str, str], constexprs: dict[str, int]) -> str:
+    source = ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs)
+    return str(triton.compile(source, target=SM90, options={"enable_fp_fusion": False}).asm["ptx"])
+
+
+RAM_CASES = [(c, c, c) for c in CODES] + [
+    (FloatCode.BF16, TAU32, FloatCode.BF16),
+    (FloatCode.F16, FloatCode.F16, FloatCode.F32),
+]
+
+
+@pytest.mark.parametrize(("base", "agent", "out"), RAM_CASES)
+def test_the_ram_kernel_compiles_for_sm90_without_contraction_or_approximate_division(
+    base: int, agent: int, out: int
+) -> None:
+    signature = {**RAM_SIGNATURE, "out": OUT_POINTER[FloatCode(out)]}
+    constexprs = {"N_AGENTS": 3, "BASE": base, "AGENT": agent, "OUT": out, "BLOCK": ram.BLOCK}
+    ptx = _ptx(ram.ram_tile, signature, constexprs)
+    assert FORBIDDEN.findall(ptx) == []
+    assert "div.rn.f32" in ptx and "mul.rn.f32" in ptx  # the mean's IEEE division, lambda * tau
+
+
+@pytest.mark.parametrize("code", [*CODES, TAU32])
+def test_the_probe_kernel_compiles_for_sm90_without_approximations(code: int) -> None:
+    base = FloatCode.F32 if code == TAU32 else code
+    ptx = _ptx(probe.probe_tile, PROBE_SIGNATURE, {"N_AGENTS": 3, "BASE": base, "AGENT": code, "BLOCK": probe.BLOCK})
+    assert FORBIDDEN.findall(ptx) == []
+    assert "atom.global" in ptx  # the counts and the first position: integer atomics
