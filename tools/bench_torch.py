@@ -5,13 +5,21 @@ cache: the probe pass (``ramstream probe``, a fresh index) and the merge pass (`
 --method ram+`` with that index cached); wall time, input GB/s and peak RSS (from
 ``tools/bench_spine.py``'s measuring wrapper), and the two outputs compared byte for byte.
 
-``--cuda`` (on a machine with a GPU): in this process, the merge pass's input throughput (GB/s
-of input, ``api.merge`` with the index cached) of torch on CUDA and of Numba, and the probe pass's,
-against two floors measured on the same files in the same run: reading every input from the page
-cache into pinned host memory with one thread per core, and the pinned host-to-device copy
-bandwidth. Goal: the merge pass at >= 80 % of the slower floor. The outputs of torch and Numba
-are compared byte for byte. ``--cuda --device cpu`` runs the same steps with torch on the CPU and
-no copy floor (a dry run of this script where there is no GPU).
+``--cuda`` (on a machine with a GPU; one command, about 8 minutes on the 6 GB family): in this
+process, against three floors measured on the same files in the same run (reading every input
+from the page cache into pinned host memory with one thread per core, the pinned host-to-device
+copy, writing an output's bytes synced), every pass on torch/CUDA and on Numba: the probe (also
+with the torch ops instead of the fused kernels), then each merge of ``PASSES`` twice (first with
+the statistics it gathers into the index, then with them cached), written to /dev/shm; torch again
+under ``--gpu-memory 2GiB``; RAM+ also with the torch ops and written to the data's disk. Each as
+GB/s of input and % of the slowest floor; every torch output compared byte for byte with Numba's;
+the kernels a torch pass launches per GB (the profiler's device kernels) and their busy time. The
+warm-up family's merges run first, so no timing includes a compile. ``--cuda --device cpu
+--family quick`` runs the same steps with torch on the CPU (a dry run where there is no GPU).
+
+``--launches`` (any machine): the kernels each tile of a probe and of a RAM+ merge launches on the
+torch-op path and on the fused path (the fused kernels under triton's interpreter on the CPU), from
+the profiler, on the warm-up family.
 
 ``--staging`` measures the streamed path's reads alone, on any machine: every input read through
 the backend's input ring (slots of ``--slot`` bytes, parts cut into pieces on a pool of one thread
@@ -20,6 +28,7 @@ per core, one barrier per tile) against the read floor, in the same run.
     python tools/bench_torch.py --data bench-data            # CPU: numba vs torch, both passes
     python tools/bench_torch.py --data bench-data --cuda     # GPU: floors, torch on cuda, numba
     python tools/bench_torch.py --data bench-data --staging  # the streamed path's reads vs the floor
+    python tools/bench_torch.py --data bench-data --launches # launches per tile, fused and torch ops
 """
 
 from __future__ import annotations
@@ -31,8 +40,12 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_spine  # the family, the measuring wrapper, the CLI command
@@ -142,37 +155,179 @@ def _same_outputs(a: Path, b: Path) -> bool:
     )
 
 
+# The merges of the GPU benchmark, with their settings (the statistics they need are gathered by
+# their first merge on an index: timed apart, as "with statistics").
+PASSES: dict[str, dict[str, object]] = {
+    "ram+": {},
+    "task_arithmetic": {"lambda": 1.0},
+    "ties": {"density": 0.2},
+    "dare_ties": {"density": 0.2, "seed": 1},
+    "della": {"density": 0.2, "epsilon": 0.1, "seed": 1},
+    "model_stock": {},
+    "sce": {},
+    "multislerp": {"weights": [1.0]},
+}
+SHM = Path("/dev/shm")
+
+
+def _launches(run: Callable[[], object], cuda: bool) -> tuple[int, float]:
+    """Kernels launched while ``run`` ran and the seconds they ran (the profiler's device
+    kernels; on the CPU, its top-level ops and no time)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with profile(activities=activities) as prof:
+            run()
+    if cuda:
+        kernels = [
+            e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+        ]
+        return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) / 1e6
+    return sum(1 for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None), 0.0
+
+
+class GpuBench:
+    """The passes of ``--cuda`` on one family: each timed on every engine, outputs compared."""
+
+    def __init__(self, args: argparse.Namespace, base: Path, agents: list[Path], gb: float, runs: Path) -> None:
+        from ramstream.config import RunOptions, parse_size
+
+        self.args, self.base, self.members, self.gb, self.runs = args, base, [str(a) for a in agents], gb, runs
+        self.cuda = args.device.startswith("cuda")
+        torch_on = {"backend": "torch", "device": args.device}
+        memory = parse_size(args.memory)
+        self.engines = {
+            "numba": RunOptions(memory=memory, quiet=True, threads=args.threads, backend="numba"),
+            "torch": RunOptions(memory=memory, quiet=True, threads=args.threads, **torch_on),  # type: ignore[arg-type]
+            "torch 2GiB": RunOptions(
+                memory=memory, quiet=True, threads=args.threads, gpu_memory=2 << 30 if self.cuda else None, **torch_on
+            ),  # type: ignore[arg-type]
+        }
+        self.rows: list[dict[str, object]] = []
+
+    def timed(self, what: str, engine: str, run: Callable[[], object], ops: bool = False) -> float:
+        from ramstream.backends.torch import fused
+
+        before, fused.MODE = fused.MODE, "ops" if ops else fused.MODE
+        try:
+            t0 = time.perf_counter()
+            run()
+            seconds = time.perf_counter() - t0
+        finally:
+            fused.MODE = before
+        name = engine + (" (torch ops)" if ops else "")
+        self.rows.append({"pass": what, "engine": name, "seconds": seconds, "GBps": self.gb / seconds})
+        bench_spine.log(f"{what} on {name}: {seconds:.2f} s ({self.gb / seconds:.2f} GB/s)")
+        return seconds
+
+    def probe(self, engine: str, index: Path) -> Callable[[], object]:
+        from ramstream import api
+
+        return lambda: api.probe(self.base, self.members, index=index, options=self.engines[engine])
+
+    def merge(self, engine: str, method: str, index: Path, out: Path) -> Callable[[], object]:
+        from ramstream import api
+
+        given = PASSES[method]
+        return lambda: api.merge(
+            self.base, self.members, out=out, method=method, method_options=given, index=index,
+            options=self.engines[engine],
+        )  # fmt: skip
+
+    def same(self, what: str, engine: str, out: Path, reference: Path) -> None:
+        same = _same_outputs(out, reference)
+        self.rows.append({"pass": what, "engine": engine, "identical_to_numba": same})
+        shutil.rmtree(out, ignore_errors=True)
+        if not same:
+            bench_spine.log(f"{what} on {engine}: NOT the Numba bytes")
+
+    def launches(self, what: str, run: Callable[[], object], ops: bool = False) -> None:
+        from ramstream.backends.torch import fused
+
+        before, fused.MODE = fused.MODE, "ops" if ops else fused.MODE
+        try:
+            count, busy = _launches(run, self.cuda)
+        finally:
+            fused.MODE = before
+        name = "torch" + (" (torch ops)" if ops else "")
+        self.rows.append(
+            {"pass": what, "engine": name, "launches": count, "launches_per_GB": count / self.gb, "kernel_s": busy}
+        )
+        bench_spine.log(f"{what} on {name}: {count} launches ({count / self.gb:.0f} per GB), kernels {busy:.2f} s")
+
+    def run(self, methods: list[str]) -> None:
+        runs = self.runs
+        index = {e: runs / f"{e.replace(' ', '-')}.zarr" for e in ("numba", "torch")}
+        for engine, path in index.items():
+            self.timed("probe", engine, self.probe(engine, path))
+        self.timed("probe", "torch", self.probe("torch", runs / "ops.zarr"), ops=True)
+        self.launches("probe", self.probe("torch", runs / "launches.zarr"))
+        self.launches("probe", self.probe("torch", runs / "launches-ops.zarr"), ops=True)
+        for method in methods:
+            self.method(method, index)
+
+    def method(self, method: str, index: dict[str, Path]) -> None:
+        """Numba then torch: the first merge (its statistics gathered into the index too), the
+        merge again (statistics cached), into /dev/shm; torch under --gpu-memory 2GiB; RAM+ also
+        with the torch ops and written to the data's disk; the launches of a merge."""
+        scratch = Path(tempfile.mkdtemp(prefix="bench-out-", dir=SHM if SHM.is_dir() else self.runs))
+        reference = scratch / "numba"
+        try:
+            for engine in ("numba", "torch"):
+                out = scratch / engine
+                self.timed(f"{method} with statistics", engine, self.merge(engine, method, index[engine], out))
+                shutil.rmtree(out)
+                self.timed(method, engine, self.merge(engine, method, index[engine], out))
+                if engine != "numba":
+                    self.same(method, engine, out, reference)
+            out = scratch / "small"
+            self.timed(method, "torch 2GiB", self.merge("torch 2GiB", method, index["torch"], out))
+            self.same(method, "torch 2GiB", out, reference)
+            if method == "ram+":
+                self.timed(method, "torch", self.merge("torch", method, index["torch"], out), ops=True)
+                self.same(method, "torch (torch ops)", out, reference)
+                for engine in ("numba", "torch"):
+                    disk = self.runs / f"{engine}-disk"
+                    self.timed(f"{method} written to disk", engine, self.merge(engine, method, index[engine], disk))
+                    self.same(f"{method} written to disk", engine, disk, reference)
+                self.launches(method, self.merge("torch", method, index["torch"], out), ops=True)
+                shutil.rmtree(out, ignore_errors=True)
+            self.launches(method, self.merge("torch", method, index["torch"], out))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
 def gpu(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> None:
     import torch
 
     from ramstream import api
-    from ramstream.config import RunOptions, parse_size
+    from ramstream.config import RunOptions
 
     cuda = args.device.startswith("cuda")
     files = bench_spine.input_files(base, agents)
+    out_bytes = sum(f.stat().st_size for f in sorted(base.glob("*.safetensors")))
     floors = {"read into pinned memory" if cuda else "read into memory": _read_floor(files, cuda)}
     if cuda:
         floors["pinned host-to-device copy"] = _h2d_floor()
+    written = bench_spine.write_once(out_bytes, Path(args.data) / "write-floor.bin")
+    floors["writing the output, synced"] = out_bytes / written["seconds"] / 1e9
+    methods = args.methods.split(",") if args.methods else list(PASSES)
     runs = Path(tempfile.mkdtemp(prefix="bench-torch-", dir=args.data))
-    members = [str(a) for a in agents]
-    rates: dict[str, dict[str, float]] = {}
-    name_torch = f"torch {args.device}"
     try:
-        for name, extra in ((name_torch, {"backend": "torch", "device": args.device}), ("numba", {"backend": "numba"})):
-            options = RunOptions(memory=parse_size(args.memory), quiet=True, threads=args.threads, **extra)
-            key = name.replace(" ", "-").replace(":", "")
-            index = runs / f"{key}.zarr"
-            t0 = time.perf_counter()
-            api.probe(base, members, index=index, options=options)
-            probe = time.perf_counter() - t0
-            api.merge(base, members, out=runs / "warm", index=index, options=options)  # imports, caches
-            shutil.rmtree(runs / "warm")
-            t0 = time.perf_counter()
-            api.merge(base, members, out=runs / f"{key}-out", index=index, options=options)
-            merge = time.perf_counter() - t0
-            rates[name] = {"probe": gb / probe, "merge": gb / merge}
-            bench_spine.log(f"{name}: probe {probe:.2f} s, merge {merge:.2f} s")
-        same = _same_outputs(runs / f"{name_torch.replace(' ', '-').replace(':', '')}-out", runs / "numba-out")
+        small_base, small_agents = bench_spine.ensure_family(Path(args.data) / "warmup", bench_spine.WARMUP)
+        for backend in ("numba", "torch"):  # compiles every kernel (Numba's, Triton's) before the timings
+            device = {"device": args.device} if backend == "torch" else {}
+            options = RunOptions(quiet=True, backend=backend, **device)  # type: ignore[arg-type]
+            members = [str(a) for a in small_agents]
+            for method in methods:
+                api.merge(small_base, members, out=runs / "warm", method=method, method_options=PASSES[method],
+                          index=runs / f"warm-{backend}.zarr", options=options)  # fmt: skip
+                shutil.rmtree(runs / "warm")
+        bench = GpuBench(args, base, agents, gb, runs)
+        bench.run(methods)
     finally:
         shutil.rmtree(runs, ignore_errors=True)
     device = torch.cuda.get_device_name(torch.device(args.device)) if cuda else "cpu"
@@ -180,13 +335,27 @@ def gpu(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> 
         f"machine: {bench_spine.machine()}; {device}; torch {torch.__version__}; commit {bench_spine.git_commit()}; "
         f"inputs {gb:.2f} GB; --memory {args.memory}"
     )
-    slower = min(floors.values())
-    print(json.dumps({"floors_GBps": floors, "passes_GBps": rates, "outputs_identical": same}, indent=2))
-    merge = rates[name_torch]["merge"]
-    print(
-        f"merge pass on {args.device}: {merge:.2f} GB/s of input = {100 * merge / slower:.0f} % "
-        "of the slower floor (goal >= 80 %)"
-    )
+    slowest = min(floors.values())
+    for row in bench.rows:
+        if "GBps" in row:
+            row["percent_of_slowest_floor"] = round(100 * float(row["GBps"]) / slowest)  # type: ignore[arg-type]
+    print(json.dumps({"floors_GBps": floors}))
+    for row in bench.rows:
+        print(json.dumps(row))
+    print(f"slowest floor: {slowest:.2f} GB/s")
+    print("| pass | engine | GB/s of input | % of the slowest floor |")
+    print("|---|---|---:|---:|")
+    for row in bench.rows:
+        if "GBps" in row:
+            print(f"| {row['pass']} | {row['engine']} | {row['GBps']:.2f} | {row['percent_of_slowest_floor']} |")
+    for row in bench.rows:
+        if "launches" in row:
+            print(
+                f"launches: {row['pass']} on {row['engine']}: {row['launches']} ({row['launches_per_GB']:.0f} per GB), "
+                f"kernels busy {row['kernel_s']:.2f} s"
+            )
+    different = [f"{r['pass']} on {r['engine']}" for r in bench.rows if r.get("identical_to_numba") is False]
+    print("outputs identical to Numba's: " + ("all" if not different else "NOT " + ", ".join(different)))
 
 
 def staging(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> None:
@@ -224,6 +393,86 @@ def staging(args: argparse.Namespace, base: Path, agents: list[Path], gb: float)
     )
 
 
+def launches_per_tile(args: argparse.Namespace) -> None:
+    """On the CPU: the kernels each tile of a probe and a RAM+ merge launches, on the torch-op path
+    (torch ops that compute, from the profiler) and on the fused path (Triton launches run by the
+    interpreter, and the torch ops the tile issues around them), on the warm-up family."""
+    os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from ramstream import api
+    from ramstream.backends.torch import fused
+    from ramstream.backends.torch import tiles as torch_tiles
+    from ramstream.backends.torch.fused import probe as fused_probe
+    from ramstream.backends.torch.fused import ram as fused_ram
+    from ramstream.config import RunOptions
+
+    # what a tile's torch op launches nothing for: allocation, views, metadata
+    no_kernel = ("aten::empty", "aten::view", "aten::slice", "aten::select", "aten::as_strided", "aten::reshape",
+                 "aten::alias", "aten::_reshape_alias", "aten::expand", "aten::unsqueeze", "aten::squeeze",
+                 "aten::lift_fresh", "aten::detach", "aten::t", "aten::empty_strided", "aten::resolve_conj",
+                 "aten::resolve_neg", "aten::_unsafe_view")  # fmt: skip
+    for module, name in ((fused_ram, "merge_tile"), (fused_probe, "probe_tile_launch")):
+        launch = getattr(module, name)
+
+        def marked(*a: object, _launch: Callable[..., None] = launch, **k: object) -> None:
+            with record_function("triton launch"):
+                _launch(*a, **k)
+
+        setattr(module, name, marked)
+    tiles = [0]
+    loop = torch_tiles.TileBackend._loop
+
+    def counted(w: int, rings: object, parts: object, starts: list[int], n: int, step: int, tile: Any) -> None:
+        def marked(*a: object) -> None:
+            with record_function("tile"):
+                tile(*a)
+
+        tiles[0] += len(starts)
+        loop(w, rings, parts, starts, n, step, marked)  # type: ignore[arg-type]
+
+    torch_tiles.TileBackend._loop = staticmethod(counted)  # type: ignore[assignment]
+    base, agents = bench_spine.ensure_family(Path(args.data) / "warmup", bench_spine.WARMUP)
+    members = [str(a) for a in agents]
+    runs = Path(tempfile.mkdtemp(prefix="bench-launches-", dir=args.data))
+    options = RunOptions(quiet=True, backend="torch", device="cpu", threads=1, block_elems=1 << 14)
+    torch_tiles.TILE_CAP = 1 << 12
+    try:
+        for mode in ("ops", "auto"):
+            fused.MODE = mode  # type: ignore[assignment]
+            for what in ("probe", "ram+"):
+                index = runs / f"{mode}.zarr"
+                tiles[0] = 0
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    with profile(activities=[ProfilerActivity.CPU]) as prof:
+                        if what == "probe":
+                            api.probe(base, members, index=index, options=options)
+                        else:
+                            api.merge(base, members, out=runs / f"{mode}-out", index=index, options=options)
+                events = prof.events()
+                # what each tile launched: the top-level ops under the tile's marker
+                in_tiles = [e for e in events if e.cpu_parent is not None and e.cpu_parent.name == "tile"]
+                triton = sum(1 for e in in_tiles if e.name == "triton launch")
+                ops = [e.name for e in in_tiles if e.name.startswith("aten::") and e.name not in no_kernel]
+                # and what the calls launched outside their tiles (constants, accumulators, read-backs)
+                outside = [e.name for e in events if e.cpu_parent is None and e.name.startswith("aten::")]
+                outside = [name for name in outside if name not in no_kernel]
+                path = "fused" if mode == "auto" else "torch ops"
+                if args.verbose:
+                    print(f"{what}, {path} path, per tile: {dict(Counter(ops).most_common())}")
+                    print(f"{what}, {path} path, outside the tiles: {dict(Counter(outside).most_common())}")
+                print(
+                    f"{what}, {path} path: {tiles[0]} tiles, {(triton + len(ops)) / max(tiles[0], 1):.1f} launches per "
+                    f"tile ({triton} Triton launches, {len(ops)} computing torch ops), {len(outside)} more outside "
+                    "the tiles"
+                )
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+    del torch
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="bench-data", help="where bench_spine.py writes the family [bench-data]")
@@ -231,11 +480,23 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="--threads of the passes [all cores]")
     parser.add_argument("--cuda", action="store_true", help="the GPU benchmark (floors, torch on cuda, numba)")
     parser.add_argument("--device", default="cuda", help="with --cuda: torch's device (cpu: a dry run) [cuda]")
+    parser.add_argument("--methods", default=None, help=f"with --cuda: these merges only [{','.join(PASSES)}]")
+    parser.add_argument(
+        "--family", choices=["full", "quick"], default="full", help="the 6 GB family, or a small one (dry runs)"
+    )
     parser.add_argument("--staging", action="store_true", help="the streamed path's reads alone, against the floor")
+    parser.add_argument("--verbose", action="store_true", help="with --launches: the torch ops by name")
+    parser.add_argument(
+        "--launches", action="store_true", help="kernel launches per tile, fused and torch-op paths (CPU, interpreter)"
+    )
     parser.add_argument("--slot", default="32MiB", help="with --staging: bytes of a staging slot [32MiB]")
     parser.add_argument("--repeat", type=int, default=3, help="with --staging: runs, the best reported [3]")
     args = parser.parse_args()
-    base, agents = bench_spine.ensure_family(Path(args.data) / "full", bench_spine.FULL)
+    if args.launches:
+        launches_per_tile(args)
+        return 0
+    shape = bench_spine.FULL if args.family == "full" else bench_spine.QUICK
+    base, agents = bench_spine.ensure_family(Path(args.data) / args.family, shape)
     gb = sum(f.stat().st_size for f in bench_spine.input_files(base, agents)) / 1e9
     (staging if args.staging else gpu if args.cuda else cpu)(args, base, agents, gb)
     return 0

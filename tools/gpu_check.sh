@@ -13,13 +13,17 @@
 #       directory on the machine's disk, the family written there once), bench.log
 #       (tools/bench_torch.py --cuda). Each step's exit status lands in LOGS/status.txt; the
 #       script exits non-zero when any step failed.
+#   tools/gpu_check.sh bench shared/wheels LOGS BENCH_DATA
+#       the same install and device.txt, then only the benchmark (bench.log; it compares every
+#       torch output with Numba's byte for byte), for a short lease: 8 minutes is its aim, the
+#       6 GB family written first included (BENCH_METHODS=ram+,ties,... runs fewer merges).
 set -u
 
 # What the image lacks (docs/torch.md, "On a lent GPU machine"): zarr and its dependencies.
 MISSING=(zarr numcodecs donfig crc32c google-crc32c typing_extensions packaging pyyaml)
 
 usage() {
-    sed -n '2,16p' "$0" >&2
+    sed -n '2,20p' "$0" >&2
     exit 2
 }
 
@@ -35,11 +39,13 @@ wheels)
         --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 "${MISSING[@]}"
     ;;
-run)
+run | bench)
     [ $# -ge 3 ] || usage
+    mode=$1
     wheels=$2
     logs=$(mkdir -p "$3" && cd "$3" && pwd)
     data=${4:-}
+    [ "$mode" = run ] || [ -n "$data" ] || usage
     python=${PYTHON:-python3}
     site="$logs/site"
     status="$logs/status.txt"
@@ -65,10 +71,14 @@ if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(torch.cuda.get_device_name(0), p.total_memory // 2**20, 'MiB', p.multi_processor_count, 'SMs')
 "
-    step tests "$logs/tests.log" "$python" -m pytest -q -rs -p no:cacheprovider \
-        tests/test_torch_backend.py tests/test_torch_streamed.py tests/test_cuda_streams.py tests/test_backends.py
+    if [ "$mode" = run ]; then
+        step tests "$logs/tests.log" "$python" -m pytest -q -rs -p no:cacheprovider \
+            tests/test_torch_backend.py tests/test_torch_streamed.py tests/test_cuda_streams.py tests/test_backends.py \
+            tests/test_fused_kernels.py
+    fi
     if [ -n "$data" ]; then
-        step bench "$logs/bench.log" "$python" tools/bench_torch.py --cuda --data "$data"
+        step bench "$logs/bench.log" "$python" tools/bench_torch.py --cuda --data "$data" \
+            ${BENCH_METHODS:+--methods "$BENCH_METHODS"}
     fi
     cat "$status"
     exit $failed
