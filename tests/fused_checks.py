@@ -242,26 +242,126 @@ def probe_tiles() -> None:
         assert int(first[0]) == (64 + int(np.argmax(bad)) if bad.any() else NOWHERE), what
 
 
+def gta_tiles() -> None:
+    """``fused/gta.py`` on tiles of a base and 3 agents: every element or magnitude cuts (with tie
+    ranges), no consensus or the sign election, with and without normalising, two outputs: the
+    bytes of the torch-op twin (``merges.weighted_deltas``, ``mix_gta``, ``magnitude.kept_by_cuts``:
+    the Numba kernel's arithmetic), its first non-finite input and the outputs' NaN/Inf flags."""
+    from ramstream.backends.torch import codecs as torch_codecs
+    from ramstream.backends.torch import magnitude, merges
+    from ramstream.backends.torch.fused import gta
+
+    weights = np.array([0.5, 1.0, 2.0], np.float32)
+    scale = np.array([1.0, 2.0, 0.5], np.float32)
+    lams = np.array([1.0, 0.7], np.float32)
+    lo = 4096
+    for code in (*CODES, TAU32):
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _family(base_code, 2500 if code != FloatCode.F64 else 1100, 3, seed=11 + code)
+        m = base.shape[0]
+        b = decode_array(base, base_code)
+        if code == TAU32:
+            with np.errstate(all="ignore"):
+                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        values = [
+            torch.from_numpy(decode_array(r, c))
+            for r, c in zip([base, *agents], [base_code, code, code, code], strict=True)
+        ]
+        unders = [torch_codecs.minus(values[0], code) for _ in agents]
+        bits = [magnitude.abs_bits(a, u) for a, u in zip(values[1:], unders, strict=True)]
+        sorted_bits = [np.sort(x.numpy().astype(np.int64)) for x in bits]
+        cut_value = np.array([[s[m // 10], s[m * 8 // 10]] for s in sorted_bits], np.int64)
+        cut_range = np.tile(np.array([[lo + 100, lo + 1500], [lo + 300, lo + 2200]], np.int64), (3, 1, 1))
+        positions = torch.arange(lo, lo + m, dtype=torch.int64)
+        for keep in (int(gta.KEEP_ALL), int(gta.KEEP_CUTS)):
+            for consensus in ("none", "sum"):
+                for normalize in (False, True):
+                    deltas = []
+                    for t in range(3):
+                        delta, _ = merges.weighted_deltas(
+                            values[1 + t], unders[t], torch.tensor(weights[t]), torch.tensor(scale[t]), None
+                        )
+                        alive = None
+                        if keep:
+                            alive = magnitude.kept_by_cuts(
+                                bits[t], positions, cut_value[t].tolist(), cut_range[t].tolist()
+                            )
+                        deltas.append((delta, alive))
+                    total = torch.tensor(np.float32(weights.sum()))
+                    mixed = merges.mix_gta(values[0], deltas, torch.from_numpy(weights), consensus, normalize, total)
+                    out = torch.empty((2, m), dtype=TORCH_CARRIER[FloatCode(base_code)])
+                    state = torch.zeros(3, dtype=torch.int64)
+                    state[0] = NOWHERE
+                    constants = tuple(
+                        torch.from_numpy(np.ascontiguousarray(x))
+                        for x in (weights, scale, cut_value, cut_range, np.array([weights.sum()], np.float32), lams)
+                    )
+                    gta.gta_tile_launch(
+                        _staged(base, agents), m, lo, constants, out, state, (base_code, code, base_code), keep,
+                        int(consensus == "sum"), normalize,
+                    )  # fmt: skip
+                    what = f"gta {code} keep {keep} {consensus} normalize {normalize}"
+                    for k in range(2):
+                        merged = values[0] + torch.tensor(lams[k]) * mixed
+                        want = torch_codecs.encode(merged, base_code).numpy()
+                        got = out[k].numpy()
+                        if base_code == FloatCode.F64:
+                            assert np.array_equal(np.isnan(got), np.isnan(want)), what
+                            got, want = got[~np.isnan(got)], want[~np.isnan(want)]
+                        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), f"{what}: output {k}"
+                        flag = not torch.isfinite(torch_codecs.decode(
+                            torch.from_numpy(want.view(np.uint8).copy()), base_code)).all()  # fmt: skip
+                        assert bool(state[1 + k] > 0) == bool(flag), f"{what}: flag {k}"
+                    bad = ~np.isfinite(b) | np.any([~np.isfinite(v.numpy()) for v in values[1:]], axis=0)
+                    assert int(state[0]) == (lo + int(np.argmax(bad)) if bad.any() else NOWHERE), f"{what}: first"
+
+
 # -- the torch backend through the API, against the Numba backend ---------------------------------
 def merges(scratch: Path) -> None:
     """RAM and RAM+ merges (the probe pass included) with the torch backend on the CPU, its fused
     kernels interpreted, on BF16, F16 and F32 families: the Numba bytes, every tile fused."""
-    from tests.families import build_family
-    from tests.test_backends import _merge
-
     calls = {"ram": 0, "probe": 0}
     _count(fused_ram, "merge_tile", calls, "ram")
     _count(fused_probe, "probe_tile_launch", calls, "probe")
+    _merges(scratch, [("ram", {}), ("ram+", {}), ("ram+", {"rho_scope": "tensor"})])
+    assert calls["ram"] > 0 and calls["probe"] > 0, calls
+
+
+def gta_merges(scratch: Path) -> None:
+    """The GTA merges whose selections the fused kernel evaluates (every element, magnitude cuts),
+    as ``merges``; DARE's random draws take the torch ops (its bytes checked all the same)."""
+    from ramstream.backends.torch.fused import gta
+
+    calls = {"gta": 0}
+    _count(gta, "gta_tile_launch", calls, "gta")
+    _merges(
+        scratch,
+        [
+            ("task_arithmetic", {"lambda": 0.7}),
+            ("ties", {"density": 0.3}),
+            ("ties", {"density": 0.3, "trim_scope": "model", "rescale": "l1"}),
+            ("breadcrumbs_ties", {"density": 0.5, "gamma": 0.05}),
+            ("model_stock", {}),
+            ("dare_ties", {"density": 0.5, "seed": 3}),
+        ],
+    )
+    assert calls["gta"] > 0, calls
+
+
+def _merges(scratch: Path, methods: list[tuple[str, dict[str, object]]]) -> None:
+    from tests.families import build_family
+    from tests.test_backends import _merge
+
     shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
     for dtype, single in (("BF16", False), ("F16", True), ("F32", False)):
         (scratch / dtype).mkdir(parents=True)
-        family = build_family(scratch / dtype, dtype=dtype, shapes=shapes, single_file=single, identical_agent=True)
-        for method, given in (("ram", {}), ("ram+", {}), ("ram+", {"rho_scope": "tensor"})):
-            name = f"{dtype}-{method}-{len(given)}"
+        family = build_family(scratch / dtype, dtype=dtype, shapes=shapes, single_file=single, identical_agent=True,
+                              subset_agent=True)  # fmt: skip
+        for number, (method, given) in enumerate(methods):
+            name = f"{dtype}-{method}-{number}"
             expected = _merge(family, scratch / "numba" / name / "out", method, given, "numba")
             got = _merge(family, scratch / "torch" / name / "out", method, given, "torch", device="cpu", threads=1)
             assert got == expected, f"{name}: not the Numba bytes"
-    assert calls["ram"] > 0 and calls["probe"] > 0, calls
 
 
 def _count(module: object, name: str, calls: dict[str, int], key: str) -> None:
@@ -274,12 +374,17 @@ def _count(module: object, name: str, calls: dict[str, int], key: str) -> None:
     setattr(module, name, counted)
 
 
-CHECKS: dict[str, Callable[[], None]] = {"codecs": codecs, "ram_tiles": ram_tiles, "probe_tiles": probe_tiles}
+CHECKS: dict[str, Callable[[], None]] = {
+    "codecs": codecs,
+    "ram_tiles": ram_tiles,
+    "probe_tiles": probe_tiles,
+    "gta_tiles": gta_tiles,
+}
 
 if __name__ == "__main__":
-    if sys.argv[1] == "merges":
+    if sys.argv[1] in ("merges", "gta_merges"):
         with tempfile.TemporaryDirectory(dir=sys.argv[2] if len(sys.argv) > 2 else None) as scratch:
-            merges(Path(scratch))
+            (merges if sys.argv[1] == "merges" else gta_merges)(Path(scratch))
     else:
         CHECKS[sys.argv[1]]()
     print(f"{sys.argv[1]}: ok")

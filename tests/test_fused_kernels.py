@@ -26,14 +26,14 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ramstream.backends.torch.fused import probe, ram  # noqa: E402
+from ramstream.backends.torch.fused import gta, probe, ram  # noqa: E402
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CODES = [int(c) for c in FloatCode]
 
 
-@pytest.mark.parametrize("check", ["codecs", "ram_tiles", "probe_tiles", "merges"])
+@pytest.mark.parametrize("check", ["codecs", "ram_tiles", "probe_tiles", "gta_tiles", "merges", "gta_merges"])
 def test_the_kernels_give_the_numba_bytes_under_the_interpreter(check: str, tmp_path: Path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     done = subprocess.run(
@@ -59,7 +59,7 @@ PROBE_SIGNATURE = {
 }  # fmt: skip
 
 
-def _ptx(fn: Any, signature: dict[str, str], constexprs: dict[str, int]) -> str:
+def _ptx(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> str:
     source = ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs)
     return str(triton.compile(source, target=SM90, options={"enable_fp_fusion": False}).asm["ptx"])
 
@@ -87,3 +87,29 @@ def test_the_probe_kernel_compiles_for_sm90_without_approximations(code: int) ->
     ptx = _ptx(probe.probe_tile, PROBE_SIGNATURE, {"N_AGENTS": 3, "BASE": base, "AGENT": code, "BLOCK": probe.BLOCK})
     assert FORBIDDEN.findall(ptx) == []
     assert "atom.global" in ptx  # the counts and the first position: integer atomics
+
+
+GTA_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "weights": "*fp32",
+    "scale": "*fp32", "cut_value": "*i64", "cut_range": "*i64", "total_weight": "*fp32", "lams": "*fp32",
+    "out_stride": "i64", "state": "*i64",
+}  # fmt: skip
+GTA_CASES = [
+    (FloatCode.BF16, FloatCode.BF16, gta.KEEP_CUTS, 1, True),
+    (FloatCode.BF16, TAU32, gta.KEEP_ALL, 0, False),
+    (FloatCode.F16, FloatCode.F16, gta.KEEP_ALL, 1, True),
+    (FloatCode.F32, FloatCode.F32, gta.KEEP_CUTS, 0, True),
+    (FloatCode.F64, FloatCode.F64, gta.KEEP_CUTS, 1, False),
+]
+
+
+@pytest.mark.parametrize(("base", "agent", "keep", "consensus", "normalize"), GTA_CASES)
+def test_the_gta_kernel_compiles_for_sm90_without_contraction_or_approximate_division(
+    base: int, agent: int, keep: int, consensus: int, normalize: bool
+) -> None:
+    signature = {**GTA_SIGNATURE, "out": OUT_POINTER[FloatCode(base)]}
+    constexprs = {"N_AGENTS": 3, "BASE": base, "AGENT": agent, "OUT": base, "KEEP": int(keep),
+                  "CONSENSUS": consensus, "NORMALIZE": normalize, "BLOCK": gta.BLOCK}  # fmt: skip
+    ptx = _ptx(gta.gta_tile, signature, constexprs)
+    assert FORBIDDEN.findall(ptx) == []
+    assert "mul.rn.f32" in ptx and ("div.rn.f32" in ptx) == normalize

@@ -12,6 +12,7 @@ from ramstream.backends import nonfinite
 from ramstream.backends.base import (
     GtaParams,
     Keep,
+    KeepAll,
     KeepArray,
     KeepCuts,
     KeepMagprune,
@@ -122,6 +123,8 @@ class MergeOps(TileBackend):
             total_weight = np.float32(1.0)
         keep_dtype = _torch_dtype(keep.keep.dtype) if isinstance(keep, KeepArray) else torch.uint8
         align = keep.params.slice_size if isinstance(keep, KeepMagprune) else GROUP
+        if outs and isinstance(keep, KeepAll | KeepCuts) and self._fused(codes):
+            return self._merge_gta_fused(arrays, params, keep, total_weight, outs, out_code)
         with self._scoped():
             weights, scale = self._f32(params.weights), self._f32(params.scale)
             lams, divisor = [self._f32(x) for x in np.asarray(params.lams)], self._f32(total_weight)
@@ -149,6 +152,57 @@ class MergeOps(TileBackend):
 
             self._run(parts, arrays.size, tile, align=align, inputs=2 * n_agents + 4)
             return self._found(first)
+
+    def _merge_gta_fused(
+        self,
+        arrays: BlockArrays,
+        params: GtaParams,
+        keep: KeepAll | KeepCuts,
+        total_weight: np.float32,
+        outs: Sequence[np.ndarray],
+        out_code: int,
+    ) -> int:
+        """``merge_gta`` without a keep array, random draws or MAGPRUNE, in one fused kernel per
+        tile (``fused/gta.py``); the outputs' NaN/Inf flags as in ``_merge_ram_fused``."""
+        from ramstream.backends.torch.fused import gta
+
+        n_agents, k_outputs = len(arrays.agents), len(outs)
+        codes = self._codes(arrays)
+        raw_outs = [out.view(np.uint8) for out in outs]
+        size = int(outs[0].dtype.itemsize)
+        carrier = fused.CARRIERS[out_code]
+        if isinstance(keep, KeepCuts):
+            cut_value = keep.cuts.value.astype(np.int64)
+            cut_range = np.ascontiguousarray(keep.cuts.range, np.int64)
+        else:
+            cut_value, cut_range = np.zeros((n_agents, 2), np.int64), np.zeros((n_agents, 2, 2), np.int64)
+        mode = gta.KEEP_CUTS if isinstance(keep, KeepCuts) else gta.KEEP_ALL
+        consensus = 0 if params.consensus == "none" else 1
+        with self._scoped():
+            constants = (
+                self._f32(params.weights),
+                self._f32(params.scale),
+                self._constant(cut_value),
+                self._constant(cut_range),
+                self._f32(np.reshape(total_weight, (1,))),
+                self._f32(np.asarray(params.lams)),
+            )
+            state = self._state(1 + k_outputs)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                out = torch.empty((k_outputs, m), dtype=carrier, device=self._device)
+                gta.gta_tile_launch(
+                    raw, m, lo, constants, out, state[w], (codes[0], codes[1], out_code), int(mode), consensus,
+                    bool(params.normalize),
+                )  # fmt: skip
+                for k, raw_out in enumerate(raw_outs):
+                    outputs.put(out[k], self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=k_outputs + 4)
+            found = self._host(state)
+        first = int(found[:, 0].min())
+        self._flags = {fused.key(out, out_code): bool(found[:, 1 + k].max() > 0) for k, out in enumerate(outs)}
+        return first if first < probe.NOWHERE else -1
 
     def _selection(
         self, keep: Keep, n_agents: int
