@@ -201,11 +201,11 @@ def _ram_tile(base_code: int, agent_code: int, out_code: int, start: int, eps: n
     for k in range(2):
         want = _encoded(expected[k], out_code)
         got = out[k].numpy().view(want.dtype)
+        flag = not np.isfinite(decode_array(want, out_code)).all()  # before NaNs are set aside
         if out_code == FloatCode.F64:  # NaN payloads through the hardware: NaN where NaN
             assert np.array_equal(np.isnan(got), np.isnan(want)), what
             got, want = got[~np.isnan(got)], want[~np.isnan(want)]
         assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), f"{what}: output {k}"
-        flag = not np.isfinite(decode_array(want, out_code)).all()
         assert bool(state[1 + k] > 0) == flag, f"{what}: flag {k}"
     assert int(state[0]) == (lo + first if first >= 0 else NOWHERE), f"{what}: first"
 
@@ -243,18 +243,22 @@ def probe_tiles() -> None:
 
 
 def gta_tiles() -> None:
-    """``fused/gta.py`` on tiles of a base and 3 agents: every element or magnitude cuts (with tie
-    ranges), no consensus or the sign election, with and without normalising, two outputs: the
-    bytes of the torch-op twin (``merges.weighted_deltas``, ``mix_gta``, ``magnitude.kept_by_cuts``:
-    the Numba kernel's arithmetic), its first non-finite input and the outputs' NaN/Inf flags."""
+    """``fused/gta.py`` on tiles of a base and 3 agents: every element, magnitude cuts (with tie
+    ranges) or random draws (keys past 2^63, indices past 2^32); no consensus or the sign
+    election, with and without normalising; two outputs: the bytes of the torch-op twin
+    (``merges.weighted_deltas``, ``mix_gta``, ``magnitude.kept_by_cuts``, ``rng.uniform``: the
+    Numba kernel's arithmetic), its first non-finite input and the outputs' NaN/Inf flags."""
     from ramstream.backends.torch import codecs as torch_codecs
     from ramstream.backends.torch import magnitude, merges
     from ramstream.backends.torch.fused import gta
+    from ramstream.backends.torch.rng import uniform
 
     weights = np.array([0.5, 1.0, 2.0], np.float32)
     scale = np.array([1.0, 2.0, 0.5], np.float32)
     lams = np.array([1.0, 0.7], np.float32)
-    lo = 4096
+    keys = np.array([2**63 + 12345, 7, 2**40 + 3], np.uint64)
+    density = np.array([0.3, 0.5, 0.9], np.float32)
+    lo, start = 4096, 2**33 + 4096  # the tile's first element in its block, and in its tensor
     for code in (*CODES, TAU32):
         base_code = FloatCode.F32 if code == TAU32 else code
         base, agents = _family(base_code, 2500 if code != FloatCode.F64 else 1100, 3, seed=11 + code)
@@ -273,7 +277,8 @@ def gta_tiles() -> None:
         cut_value = np.array([[s[m // 10], s[m * 8 // 10]] for s in sorted_bits], np.int64)
         cut_range = np.tile(np.array([[lo + 100, lo + 1500], [lo + 300, lo + 2200]], np.int64), (3, 1, 1))
         positions = torch.arange(lo, lo + m, dtype=torch.int64)
-        for keep in (int(gta.KEEP_ALL), int(gta.KEEP_CUTS)):
+        draws = torch.arange(start, start + m, dtype=torch.int64)
+        for keep in (int(gta.KEEP_ALL), int(gta.KEEP_CUTS), int(gta.KEEP_RANDOM)):
             for consensus in ("none", "sum"):
                 for normalize in (False, True):
                     deltas = []
@@ -282,10 +287,12 @@ def gta_tiles() -> None:
                             values[1 + t], unders[t], torch.tensor(weights[t]), torch.tensor(scale[t]), None
                         )
                         alive = None
-                        if keep:
+                        if keep == gta.KEEP_CUTS:
                             alive = magnitude.kept_by_cuts(
                                 bits[t], positions, cut_value[t].tolist(), cut_range[t].tolist()
                             )
+                        elif keep == gta.KEEP_RANDOM:
+                            alive = uniform(int(keys[t]), draws) < torch.tensor(density[t])
                         deltas.append((delta, alive))
                     total = torch.tensor(np.float32(weights.sum()))
                     mixed = merges.mix_gta(values[0], deltas, torch.from_numpy(weights), consensus, normalize, total)
@@ -294,10 +301,11 @@ def gta_tiles() -> None:
                     state[0] = NOWHERE
                     constants = tuple(
                         torch.from_numpy(np.ascontiguousarray(x))
-                        for x in (weights, scale, cut_value, cut_range, np.array([weights.sum()], np.float32), lams)
-                    )
+                        for x in (weights, scale, cut_value, cut_range, keys.view(np.int64), density,
+                                  np.array([weights.sum()], np.float32), lams)
+                    )  # fmt: skip
                     gta.gta_tile_launch(
-                        _staged(base, agents), m, lo, constants, out, state, (base_code, code, base_code), keep,
+                        _staged(base, agents), m, lo, start, constants, out, state, (base_code, code, base_code), keep,
                         int(consensus == "sum"), normalize,
                     )  # fmt: skip
                     what = f"gta {code} keep {keep} {consensus} normalize {normalize}"
@@ -305,13 +313,12 @@ def gta_tiles() -> None:
                         merged = values[0] + torch.tensor(lams[k]) * mixed
                         want = torch_codecs.encode(merged, base_code).numpy()
                         got = out[k].numpy()
+                        flag = not np.isfinite(decode_array(want.view(CARRIER[FloatCode(base_code)]), base_code)).all()
                         if base_code == FloatCode.F64:
                             assert np.array_equal(np.isnan(got), np.isnan(want)), what
                             got, want = got[~np.isnan(got)], want[~np.isnan(want)]
                         assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), f"{what}: output {k}"
-                        flag = not torch.isfinite(torch_codecs.decode(
-                            torch.from_numpy(want.view(np.uint8).copy()), base_code)).all()  # fmt: skip
-                        assert bool(state[1 + k] > 0) == bool(flag), f"{what}: flag {k}"
+                        assert bool(state[1 + k] > 0) == flag, f"{what}: flag {k}"
                     bad = ~np.isfinite(b) | np.any([~np.isfinite(v.numpy()) for v in values[1:]], axis=0)
                     assert int(state[0]) == (lo + int(np.argmax(bad)) if bad.any() else NOWHERE), f"{what}: first"
 
@@ -328,8 +335,8 @@ def merges(scratch: Path) -> None:
 
 
 def gta_merges(scratch: Path) -> None:
-    """The GTA merges whose selections the fused kernel evaluates (every element, magnitude cuts),
-    as ``merges``; DARE's random draws take the torch ops (its bytes checked all the same)."""
+    """The GTA merges whose selections the fused kernel evaluates (every element, magnitude cuts,
+    DARE's draws), as ``merges``; then an overflowing output refused as on the Numba backend."""
     from ramstream.backends.torch.fused import gta
 
     calls = {"gta": 0}
@@ -343,9 +350,34 @@ def gta_merges(scratch: Path) -> None:
             ("breadcrumbs_ties", {"density": 0.5, "gamma": 0.05}),
             ("model_stock", {}),
             ("dare_ties", {"density": 0.5, "seed": 3}),
+            ("dare_linear", {"density": 0.5, "seed": 3}),
         ],
     )
     assert calls["gta"] > 0, calls
+    _overflow_refused(scratch)
+
+
+def _overflow_refused(scratch: Path) -> None:
+    """A merged F16 output that overflows (task_arithmetic, lambda 1e8): the fused kernel's flag
+    makes the merge pass refuse it with the Numba backend's message."""
+    from ramstream.api import merge
+    from ramstream.config import RunOptions
+    from ramstream.errors import NonFiniteOutputError
+    from tests.families import build_family
+
+    family = build_family(scratch / "overflow", shapes={"model.norm.weight": (64,)})
+    messages = []
+    for backend, device, threads in (("numba", None, None), ("torch", "cpu", 1)):
+        options = RunOptions(cache_dir=scratch / backend, quiet=True, backend=backend, device=device, threads=threads)
+        try:
+            agents = [str(a) for a in family.agents]
+            given = {"lambda": 1e8}
+            out = scratch / backend / "out"
+            merge(family.base, agents, out=out, method="task_arithmetic", method_options=given, out_dtype="f16",
+                  options=options)  # fmt: skip
+        except NonFiniteOutputError as error:
+            messages.append(str(error).replace(str(scratch / backend), ""))
+    assert len(messages) == 2 and messages[0] == messages[1] and "f16" in messages[0], messages
 
 
 def _merges(scratch: Path, methods: list[tuple[str, dict[str, object]]]) -> None:

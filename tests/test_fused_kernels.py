@@ -91,13 +91,16 @@ def test_the_probe_kernel_compiles_for_sm90_without_approximations(code: int) ->
 
 GTA_SIGNATURE = {
     "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "weights": "*fp32",
-    "scale": "*fp32", "cut_value": "*i64", "cut_range": "*i64", "total_weight": "*fp32", "lams": "*fp32",
+    "scale": "*fp32", "cut_value": "*i64", "cut_range": "*i64", "keys": "*i64", "density": "*fp32", "start": "i64",
+    "total_weight": "*fp32", "lams": "*fp32",
     "out_stride": "i64", "state": "*i64",
 }  # fmt: skip
 GTA_CASES = [
     (FloatCode.BF16, FloatCode.BF16, gta.KEEP_CUTS, 1, True),
     (FloatCode.BF16, TAU32, gta.KEEP_ALL, 0, False),
     (FloatCode.F16, FloatCode.F16, gta.KEEP_ALL, 1, True),
+    (FloatCode.BF16, FloatCode.BF16, gta.KEEP_RANDOM, 1, False),
+    (FloatCode.F32, FloatCode.F32, gta.KEEP_RANDOM, 0, True),
     (FloatCode.F32, FloatCode.F32, gta.KEEP_CUTS, 0, True),
     (FloatCode.F64, FloatCode.F64, gta.KEEP_CUTS, 1, False),
 ]

@@ -123,7 +123,7 @@ class MergeOps(TileBackend):
             total_weight = np.float32(1.0)
         keep_dtype = _torch_dtype(keep.keep.dtype) if isinstance(keep, KeepArray) else torch.uint8
         align = keep.params.slice_size if isinstance(keep, KeepMagprune) else GROUP
-        if outs and isinstance(keep, KeepAll | KeepCuts) and self._fused(codes):
+        if outs and isinstance(keep, KeepAll | KeepCuts | KeepRandom) and self._fused(codes):
             return self._merge_gta_fused(arrays, params, keep, total_weight, outs, out_code)
         with self._scoped():
             weights, scale = self._f32(params.weights), self._f32(params.scale)
@@ -157,13 +157,13 @@ class MergeOps(TileBackend):
         self,
         arrays: BlockArrays,
         params: GtaParams,
-        keep: KeepAll | KeepCuts,
+        keep: KeepAll | KeepCuts | KeepRandom,
         total_weight: np.float32,
         outs: Sequence[np.ndarray],
         out_code: int,
     ) -> int:
-        """``merge_gta`` without a keep array, random draws or MAGPRUNE, in one fused kernel per
-        tile (``fused/gta.py``); the outputs' NaN/Inf flags as in ``_merge_ram_fused``."""
+        """``merge_gta`` without a keep array or MAGPRUNE, in one fused kernel per tile
+        (``fused/gta.py``); the outputs' NaN/Inf flags as in ``_merge_ram_fused``."""
         from ramstream.backends.torch.fused import gta
 
         n_agents, k_outputs = len(arrays.agents), len(outs)
@@ -176,7 +176,11 @@ class MergeOps(TileBackend):
             cut_range = np.ascontiguousarray(keep.cuts.range, np.int64)
         else:
             cut_value, cut_range = np.zeros((n_agents, 2), np.int64), np.zeros((n_agents, 2, 2), np.int64)
-        mode = gta.KEEP_CUTS if isinstance(keep, KeepCuts) else gta.KEEP_ALL
+        keys, density, start = np.zeros(n_agents, np.int64), np.zeros(n_agents, np.float32), 0
+        if isinstance(keep, KeepRandom):
+            keys = np.ascontiguousarray(keep.keys, np.uint64).view(np.int64)
+            density, start = np.asarray(keep.density, np.float32), int(keep.start)
+        mode = {KeepAll: gta.KEEP_ALL, KeepCuts: gta.KEEP_CUTS, KeepRandom: gta.KEEP_RANDOM}[type(keep)]
         consensus = 0 if params.consensus == "none" else 1
         with self._scoped():
             constants = (
@@ -184,6 +188,8 @@ class MergeOps(TileBackend):
                 self._f32(params.scale),
                 self._constant(cut_value),
                 self._constant(cut_range),
+                self._constant(keys),
+                self._f32(density),
                 self._f32(np.reshape(total_weight, (1,))),
                 self._f32(np.asarray(params.lams)),
             )
@@ -192,8 +198,8 @@ class MergeOps(TileBackend):
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 out = torch.empty((k_outputs, m), dtype=carrier, device=self._device)
                 gta.gta_tile_launch(
-                    raw, m, lo, constants, out, state[w], (codes[0], codes[1], out_code), int(mode), consensus,
-                    bool(params.normalize),
+                    raw, m, lo, start + lo, constants, out, state[w], (codes[0], codes[1], out_code), int(mode),
+                    consensus, bool(params.normalize),
                 )  # fmt: skip
                 for k, raw_out in enumerate(raw_outs):
                     outputs.put(out[k], self._sink(raw_out, lo * size, (lo + m) * size))

@@ -1,7 +1,7 @@
 """Fused Triton kernels for the torch backend: one launch per tile and operation on CUDA.
 
 ``ram.py`` (the RAM / RAM+ merge, K outputs), ``gta.py`` (the GTA merge where every element
-survives or magnitude cuts decide, K outputs) and ``probe.py`` (masks, coverage and overlap
+survives or magnitude cuts or random draws decide, K outputs) and ``probe.py`` (masks, coverage and overlap
 counts) each decode the inputs, compute, encode and reduce their side results (the first NaN/Inf
 input, the outputs' NaN/Inf flags, the counts) in one kernel; ``codecs.py`` holds the element
 functions they share. The torch-op code (``merges.py``, ``probe.py``, ``codecs.py`` one level up)

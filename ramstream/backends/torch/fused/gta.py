@@ -1,7 +1,8 @@
 """The generalized task arithmetic merge of one tile in one Triton launch (task arithmetic, TIES
-and breadcrumbs with their cuts evaluated in the tile), with the bytes of
+and breadcrumbs with their cuts evaluated in the tile, DARE with its draws), with the bytes of
 ``backends/numba/gta.py``: decode, each agent's weighted delta ``w_t * (tau_t * s_t)`` and
-whether it survives (every element, or magnitude cuts on the bits of |tau|), the sign election
+whether it survives (every element, magnitude cuts on the bits of |tau|, or the counter RNG's
+draw below the agent's density), the sign election
 by summed mass (``consensus="sum"``), the divisor, the division with ``normalize`` (IEEE), each
 output's ``base + lambda_k * mixed``, the encode, the first NaN/Inf input and the outputs' NaN/Inf
 flags. Grid: (element ranges, K outputs); the election decodes the agents a second time (from
@@ -26,6 +27,12 @@ from ramstream.backends.torch.fused.ram import NOWHERE, layout, on_device
 BLOCK = 1024
 KEEP_ALL: tl.constexpr = tl.constexpr(0)
 KEEP_CUTS: tl.constexpr = tl.constexpr(1)
+KEEP_RANDOM: tl.constexpr = tl.constexpr(2)
+
+# the counter RNG of ``backends.rng`` (SplitMix64's finaliser), in uint64 arithmetic
+GOLDEN: tl.constexpr = tl.constexpr(0x9E3779B97F4A7C15)
+MIX1: tl.constexpr = tl.constexpr(0xBF58476D1CE4E5B9)
+MIX2: tl.constexpr = tl.constexpr(0x94D049BB133111EB)
 
 
 @triton.jit
@@ -35,8 +42,19 @@ def _in_lower(bits, positions, value, begin, end):
 
 
 @triton.jit
-def _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale, cut_value, cut_range,
-           AGENT: tl.constexpr, KEEP: tl.constexpr):  # fmt: skip
+def uniform(key, index):
+    """float32 k / 2^24 draws of elements ``index`` (int64) of the stream ``key`` (uint64), as
+    ``counter_rng.uniform``: the top 24 bits of mix64(key + (index + 1) * golden gamma)."""
+    z = key + (index.to(tl.uint64) + 1) * GOLDEN
+    z = (z ^ (z >> 30)) * MIX1
+    z = (z ^ (z >> 27)) * MIX2
+    z = z ^ (z >> 31)
+    return (z >> 40).to(tl.float32) * 5.9604644775390625e-08
+
+
+@triton.jit
+def _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale, cut_value, cut_range, keys,
+           density, start, AGENT: tl.constexpr, KEEP: tl.constexpr):  # fmt: skip
     """Agent t's weighted delta, whether it survives, and whether its value is NaN/Inf."""
     a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
     if AGENT == codecs.TAU32:
@@ -52,6 +70,9 @@ def _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scal
         lower = _in_lower(bits, positions, tl.load(cut_value + 2 * t), tl.load(cut_range + 4 * t),
                           tl.load(cut_range + 4 * t + 1))  # fmt: skip
         alive = upper & ~lower
+    elif KEEP == KEEP_RANDOM:
+        key = tl.load(keys + t).to(tl.uint64, bitcast=True)
+        alive = uniform(key, offsets.to(tl.int64) + start) < tl.load(density + t)
     else:
         alive = mask | ~mask
     return d, alive, codecs.nonfinite(a)
@@ -68,6 +89,9 @@ def gta_tile(
     scale,  # float32 (N,)
     cut_value,  # int64 (N, 2)
     cut_range,  # int64 (N, 2, 2)
+    keys,  # int64 (N,): the random streams' keys (uint64 bits)
+    density,  # float32 (N,)
+    start,  # the tile's first element within its tensor (the draws' index)
     total_weight,  # float32 (1,): the divisor without consensus
     lams,  # float32 (K,)
     out,
@@ -91,7 +115,7 @@ def gta_tile(
     if CONSENSUS == 0:
         for t in range(N_AGENTS):
             d, alive, odd = _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale,
-                                   cut_value, cut_range, AGENT, KEEP)  # fmt: skip
+                                   cut_value, cut_range, keys, density, start, AGENT, KEEP)  # fmt: skip
             bad = bad | odd
             mixed = mixed + tl.where(alive, d, 0.0)
         divisor = tl.zeros((BLOCK,), tl.float32) + tl.load(total_weight)
@@ -99,13 +123,13 @@ def gta_tile(
         majority = tl.zeros((BLOCK,), tl.float32)
         for t in range(N_AGENTS):
             d, alive, odd = _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale,
-                                   cut_value, cut_range, AGENT, KEEP)  # fmt: skip
+                                   cut_value, cut_range, keys, density, start, AGENT, KEEP)  # fmt: skip
             bad = bad | odd
             majority = majority + tl.where(alive, d, 0.0)
         divisor = tl.zeros((BLOCK,), tl.float32)
         for t in range(N_AGENTS):
             d, alive, odd = _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale,
-                                   cut_value, cut_range, AGENT, KEEP)  # fmt: skip
+                                   cut_value, cut_range, keys, density, start, AGENT, KEEP)  # fmt: skip
             r = tl.where(alive, d, 0.0)
             kept = ((r > 0.0) & (majority >= 0.0)) | ((r < 0.0) & (majority < 0.0))
             mixed = mixed + tl.where(kept, r, 0.0)
@@ -128,6 +152,7 @@ def gta_tile_launch(
     raw: list[torch.Tensor],
     m: int,
     lo: int,
+    start: int,
     constants: tuple[torch.Tensor, ...],
     out: torch.Tensor,
     state: torch.Tensor,
@@ -137,13 +162,15 @@ def gta_tile_launch(
     normalize: bool,
 ) -> None:
     """Queue the GTA merge of one tile: ``raw`` the staged inputs (base first, then the agents of
-    one format at one stride), ``constants`` the device tensors weights, scale, cut values, cut
-    ranges, total weight and lambdas; ``out`` (K, m) in the output's carrier, ``state`` (1 + K,)."""
+    one format at one stride), ``start`` the tile's first element within its tensor (the random
+    draws' index), ``constants`` the device tensors weights, scale, cut values, cut ranges, random
+    keys, densities, total weight and lambdas; ``out`` (K, m) in the output's carrier, ``state``
+    (1 + K,)."""
     agents_at, stride = layout(raw)
-    weights, scale, cut_value, cut_range, total_weight, lams = constants
+    weights, scale, cut_value, cut_range, keys, density, total_weight, lams = constants
     with on_device(raw[0]):
         gta_tile[(triton.cdiv(m, BLOCK), out.shape[0])](
-            raw[0], agents_at, stride, m, lo, weights, scale, cut_value, cut_range, total_weight, lams, out,
-            out.stride(0), state, N_AGENTS=len(raw) - 1, BASE=codes[0], AGENT=codes[1], OUT=codes[2], KEEP=keep,
-            CONSENSUS=consensus, NORMALIZE=normalize, BLOCK=BLOCK,
+            raw[0], agents_at, stride, m, lo, weights, scale, cut_value, cut_range, keys, density, start,
+            total_weight, lams, out, out.stride(0), state, N_AGENTS=len(raw) - 1, BASE=codes[0], AGENT=codes[1],
+            OUT=codes[2], KEEP=keep, CONSENSUS=consensus, NORMALIZE=normalize, BLOCK=BLOCK,
         )  # fmt: skip
