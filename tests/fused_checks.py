@@ -357,6 +357,41 @@ def gta_merges(scratch: Path) -> None:
     _overflow_refused(scratch)
 
 
+def streamed(scratch: Path) -> None:
+    """The streamed loop (the CUDA path) with the fused kernels: a simulated device whose copies
+    run late on their own threads and whose buffers start as NaN bytes, tiles of 64 elements, the
+    probe pass included: RAM+, TIES and DARE give the Numba bytes, every tile fused; a device whose
+    compute forgets to wait for its upload gives other bytes, or a refusal."""
+    from ramstream.backends.torch.fused import gta
+    from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError
+    from tests.families import build_family
+    from tests.simulated_gpu import ForgetfulGpu, SimulatedGpu
+    from tests.test_backends import _merge
+    from tests.test_torch_streamed import simulated_gpu
+
+    calls = {"ram": 0, "probe": 0, "gta": 0}
+    _count(fused_ram, "merge_tile", calls, "ram")
+    _count(fused_probe, "probe_tile_launch", calls, "probe")
+    _count(gta, "gta_tile_launch", calls, "gta")
+    shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
+    family = build_family(scratch / "family", shapes=shapes, identical_agent=True)
+    for number, (method, given) in enumerate((("ram+", {}), ("ties", {"density": 0.3}), ("dare_ties", {"seed": 3}))):
+        expected = _merge(family, scratch / "numba" / str(number) / "out", method, given, "numba")
+        with simulated_gpu(SimulatedGpu) as devices:
+            got = _merge(family, scratch / "streamed" / str(number) / "out", method, given, "torch", device="cpu")
+        assert got == expected, f"{method}: not the Numba bytes"
+        assert sum(d.uploads for d in devices) > 0
+    assert min(calls.values()) > 0, calls
+    expected = _merge(family, scratch / "numba" / "ram" / "out", "ram", {}, "numba")
+    try:
+        with simulated_gpu(lambda: ForgetfulGpu(delay=(0.001, 0.002))):
+            got = _merge(family, scratch / "forgetful" / "out", "ram", {}, "torch", device="cpu")
+    except (NonFiniteWeightError, NonFiniteOutputError):
+        pass  # the poison was read as an input (probe pass) or reached a merged value
+    else:
+        assert got != expected, "a compute that did not wait for its upload gave the right bytes"
+
+
 def _overflow_refused(scratch: Path) -> None:
     """A merged F16 output that overflows (task_arithmetic, lambda 1e8): the fused kernel's flag
     makes the merge pass refuse it with the Numba backend's message."""
@@ -413,10 +448,12 @@ CHECKS: dict[str, Callable[[], None]] = {
     "gta_tiles": gta_tiles,
 }
 
+IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {"merges": merges, "gta_merges": gta_merges, "streamed": streamed}
+
 if __name__ == "__main__":
-    if sys.argv[1] in ("merges", "gta_merges"):
+    if sys.argv[1] in IN_A_DIRECTORY:
         with tempfile.TemporaryDirectory(dir=sys.argv[2] if len(sys.argv) > 2 else None) as scratch:
-            (merges if sys.argv[1] == "merges" else gta_merges)(Path(scratch))
+            IN_A_DIRECTORY[sys.argv[1]](Path(scratch))
     else:
         CHECKS[sys.argv[1]]()
     print(f"{sys.argv[1]}: ok")

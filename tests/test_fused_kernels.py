@@ -3,10 +3,11 @@
 Their arithmetic runs under triton's interpreter on CPU tensors (``tests/fused_checks.py``, each
 check in a fresh process with ``TRITON_INTERPRET=1``): the codecs on every BF16/F16 pattern and on
 hard float32 patterns, the RAM merge and the probe on tiles of a base and three agents against a
-naive twin of the Numba kernels, and RAM/RAM+ merges through the API with the Numba backend's
-bytes. Every kernel is compiled for sm_90 here too, and its PTX must hold no fused multiply-add,
-no approximate or "full" division and no flushed subnormals: the instructions whose rounding
-would differ from the Numba kernels'. Skipped where triton is not installed.
+naive twin of the Numba kernels (the GTA kernel against the torch-op twin), merges through the API
+with the Numba backend's bytes, and the streamed loop on a simulated device with late copies.
+Every kernel is compiled for sm_90 here too, and its PTX must hold no fused multiply-add, no
+approximate or "full" division and no flushed subnormals: the instructions whose rounding would
+differ from the Numba kernels'. Skipped where triton is not installed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CODES = [int(c) for c in FloatCode]
 
 
-@pytest.mark.parametrize("check", ["codecs", "ram_tiles", "probe_tiles", "gta_tiles", "merges", "gta_merges"])
+@pytest.mark.parametrize(
+    "check", ["codecs", "ram_tiles", "probe_tiles", "gta_tiles", "merges", "gta_merges", "streamed"]
+)
 def test_the_kernels_give_the_numba_bytes_under_the_interpreter(check: str, tmp_path: Path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     done = subprocess.run(
