@@ -9,7 +9,7 @@ stays the CPU path and the reference these kernels are tested against. Both give
 kernels' bytes: no contraction into fused multiply-adds (compiled with ``enable_fp_fusion=False``),
 IEEE division (``div_rn``), the codecs in integer ops. See docs/torch.md.
 
-Used where the device is CUDA and triton imports, or where triton's interpreter is on
+Used where the device is CUDA and triton (3.6 or newer) imports, or where triton's interpreter is on
 (``TRITON_INTERPRET=1`` before triton is imported: the kernels then run on CPU tensors, which is
 how the tests check their arithmetic without a GPU). ``MODE = "ops"`` turns them off (the
 torch-op path, for comparisons).
@@ -18,6 +18,7 @@ torch-op path, for comparisons).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Literal
 
 import numpy as np
@@ -36,27 +37,36 @@ CARRIERS: dict[int, torch.dtype] = {
 }
 
 
-def interpreting() -> bool:
-    """Whether triton imports with its interpreter on (kernels on CPU tensors)."""
+OLDEST = (3, 6)  # the triton the kernels are written and tested against (torch 2.11's and 2.13's)
+
+
+def _triton() -> ModuleType | None:
+    """triton, where it imports and is recent enough; else None (the torch ops run instead)."""
     try:
         import triton
     except ImportError:
-        return False
-    return bool(triton.knobs.runtime.interpret)
+        return None
+    try:
+        version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+    except ValueError:
+        return None
+    return triton if version >= OLDEST else None
+
+
+def interpreting() -> bool:
+    """Whether triton imports with its interpreter on (kernels on CPU tensors)."""
+    triton = _triton()
+    return triton is not None and bool(triton.knobs.runtime.interpret)
 
 
 def available(device: torch.device, workers: int) -> bool:
     """Whether the fused kernels run for a backend on ``device`` with ``workers`` tile threads:
-    on CUDA where triton imports, on any device under triton's interpreter (one thread: the
-    interpreter is not thread-safe)."""
+    on CUDA where triton (``OLDEST`` or newer) imports, on any device under triton's interpreter
+    (one thread: the interpreter is not thread-safe)."""
     if MODE == "ops":
         return False
     if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return False
-        return True
+        return _triton() is not None
     return workers == 1 and interpreting()
 
 
