@@ -6,6 +6,8 @@ three agents, about 1 M parameters each) and measures, each from an empty Numba 
 
 - **first runs, as a user meets them**: the CLI's ``merge --method ram+`` (probe and merge), then a
   first ``--method ties`` over the same cache, then the same ram+ merge again (kernels cached);
+  each round twice, back to back: without and with the kernels a merge calls later compiled in
+  child processes (``RAMSTREAM_PREWARM=0`` / ``1``, ``backends/numba/prewarm.py``);
 - **per method**: a fresh process merging with that method alone, with the seconds of every kernel
   it compiled (Numba's ``numba:compile`` events of the top-level kernels, their helpers included)
   and the process's wall time;
@@ -13,6 +15,7 @@ three agents, about 1 M parameters each) and measures, each from an empty Numba 
 
     python tools/bench_compile.py                    # everything (a few minutes on 2 cores)
     python tools/bench_compile.py --methods ram+,ties --skip-all
+    python tools/bench_compile.py --skip-per-method --skip-all --rounds 3   # the first runs alone
 
 Goals (issue 35): a cold first ram+ merge <= 10 s, a first TIES merge after it <= 10 s more, every
 method's kernels compiled in <= 60 s in all.
@@ -128,25 +131,40 @@ def run_child(
     return result
 
 
-def cli_seconds(args: list[str], cache: Path) -> float:
+def cli_seconds(args: list[str], cache: Path, prewarm: bool = True) -> float:
     t = time.perf_counter()
     command = [sys.executable, "-m", "ramstream", *args, "--quiet"]
-    subprocess.run(command, env=child_env(cache), cwd=cache.parent, check=True)
+    env = dict(child_env(cache), RAMSTREAM_PREWARM="1" if prewarm else "0")
+    subprocess.run(command, env=env, cwd=cache.parent, check=True)
     return time.perf_counter() - t
 
 
-def first_runs(family: dict[str, object], work: Path) -> None:
-    cache = work / "numba-first"
+def first_runs(family: dict[str, object], work: Path, rounds: int) -> None:
+    """The first CLI merges, each round with the later kernels compiled in child processes
+    (``backends/numba/prewarm.py``) and without, back to back, every run from an empty cache."""
     members = [str(family["base"]), *map(str, family["agents"])]  # type: ignore[call-overload]
-    index = ["--cache-dir", str(work / "first-index")]
-    cold = cli_seconds(["merge", *members, "--method", "ram+", "--out", str(work / "first-ram"), *index], cache)
-    ties = ["merge", *members, "--method", "ties", "--density", "0.3", "--out", str(work / "first-ties"), *index]
-    then_ties = cli_seconds(ties, cache)
-    again = cli_seconds(["merge", *members, "--method", "ram+", "--out", str(work / "again-ram"), *index], cache)
-    print("first runs, each a `ramstream merge` process (empty Numba cache at the start):")
-    print(f"  cold first merge --method ram+ (probe + merge)   {cold:6.1f} s")
-    print(f"  then a first merge --method ties                 {then_ties:6.1f} s")
-    print(f"  ram+ again, kernels cached (a new output)        {again:6.1f} s")
+    seconds: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
+    for r in range(rounds):
+        for prewarm in (False, True):
+            run = work / f"first-{r}-{int(prewarm)}"
+            run.mkdir()
+            cache, index = run / "numba", ["--cache-dir", str(run / "index")]
+            ram = ["merge", *members, "--method", "ram+", "--out", str(run / "ram"), *index]
+            ties = ["merge", *members, "--method", "ties", "--density", "0.3", "--out", str(run / "ties"), *index]
+            again = ["merge", *members, "--method", "ram+", "--out", str(run / "again"), *index]
+            ram_s, ties_s = cli_seconds(ram, cache, prewarm), cli_seconds(ties, cache, prewarm)
+            seconds[prewarm].append((ram_s, ties_s, cli_seconds(again, cache, prewarm)))
+
+    def shown(prewarm: bool, k: int) -> str:
+        values = sorted(run[k] for run in seconds[prewarm])
+        rounds_text = ", ".join(f"{run[k]:.1f}" for run in seconds[prewarm])
+        return f"{values[len(values) // 2]:5.1f} s ({rounds_text})"
+
+    print(f"first runs, each a `ramstream merge` process from an empty Numba cache; medians of {rounds} rounds:")
+    print(f"  {'':48s} {'without children':>26s}   {'later kernels in children':>26s}")
+    for k, what in enumerate(("cold first merge --method ram+ (probe + merge)", "then a first merge --method ties",
+                              "ram+ again, kernels cached (a new output)")):  # fmt: skip
+        print(f"  {what:48s} {shown(False, k):>26s}   {shown(True, k):>26s}")
 
 
 def per_method(family: dict[str, object], work: Path, labels: list[str]) -> None:
@@ -177,6 +195,7 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated labels of METHODS")
     parser.add_argument("--skip-first", action="store_true", help="skip the CLI first-run timings")
     parser.add_argument("--skip-per-method", action="store_true")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the first runs (medians shown)")
     parser.add_argument("--skip-all", action="store_true", help="skip the all-methods-in-one-process run")
     parser.add_argument("--code", type=Path, default=REPO, help="a checkout whose ramstream to time (e.g. a worktree)")
     args = parser.parse_args()
@@ -190,7 +209,7 @@ def main() -> None:
         work = Path(tmp)
         family = write_family(work / "family")
         if not args.skip_first:
-            first_runs(family, work)
+            first_runs(family, work, args.rounds)
         if not args.skip_per_method:
             per_method(family, work, labels)
         if not args.skip_all:
