@@ -20,7 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ramstream.format.dtypes import ITEMSIZE, is_float
+from ramstream.format.dtypes import ITEMSIZE, is_merged
 from ramstream.format.family import Family
 
 MIN_BLOCK = 1 << 16
@@ -39,8 +39,8 @@ class TensorPlan:
 
     @property
     def merged(self) -> bool:
-        """Float tensors are merged; the others are copied from the base."""
-        return is_float(self.dtypes[0])
+        """Float tensors (quantized ones too) are merged; the others are copied from the base."""
+        return is_merged(self.dtypes[0])
 
 
 @dataclass(frozen=True)
@@ -143,10 +143,12 @@ class Plan:
 def bytes_per_element(family: Family, out_itemsize: int = 0) -> int:
     """Worst-case bytes held per block element: every input decoded to f32, masks, and the outputs'
     staging buffers (``out_itemsize``: their bytes per element, all slots of all outputs). A LoRA
-    agent's task vector is computed into memory (``blocks.lora``) before any decoding: 4 more."""
+    agent's task vector is computed into memory (``blocks.lora``) before any decoding: 4 more; so
+    are a quantized member's dequantized values (``blocks.quantized``): 4 more."""
     n_agents = len(family.agents)
     lora_agents = sum(1 for a in family.agents if a.deltas)
-    return 4 * (n_agents + 1) + n_agents + 4 * lora_agents + out_itemsize
+    quantized = sum(1 for m in family.members if m.quantized)
+    return 4 * (n_agents + 1) + n_agents + 4 * (lora_agents + quantized) + out_itemsize
 
 
 def elements_within(memory: int, per_element: int) -> int:

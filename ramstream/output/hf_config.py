@@ -1,4 +1,5 @@
-"""The output's ``config.json``: the base's, with its dtype set to what the merge wrote; for a
+"""The output's ``config.json``: the base's, with its dtype set to what the merge wrote (and,
+for a quantized base, without its ``quantization_config``: the output holds no scales); for a
 stack of layers (passthrough), also its layer count and its per-layer lists."""
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def merged_config(path: Path | None, family: Family, dtypes: tuple[str, ...]) ->
     if path is None:
         return None
     config = read_config(path)
+    if family.base.quantized:  # its tensors are written dequantized: the scheme no longer describes them
+        config.pop("quantization_config", None)
     elements: dict[str, int] = {}
     for dtype, ref in zip(dtypes, family.base.tensors.values(), strict=True):
         elements[dtype] = elements.get(dtype, 0) + ref.entry.numel

@@ -51,6 +51,7 @@ from ramstream.statistics.context import StatsContext
 from ramstream.version import __version__
 
 OutDtype = Literal["auto", "bf16", "f16", "f32"]
+QUANTIZED_OUT_DTYPE = "BF16"  # what a quantized base tensor is written as by default
 
 
 @dataclass(frozen=True)
@@ -327,9 +328,12 @@ def out_dtypes(family: Family, out_dtype: OutDtype) -> tuple[str, ...]:
         raise ConfigError(f"--out-dtype must be one of auto, {', '.join(OUT_DTYPES)}; got {out_dtype!r}")
     chosen = OUT_DTYPES.get(out_dtype)
     result = []
-    for ref in family.base.tensors.values():
+    for name, ref in family.base.tensors.items():
         dtype = ref.entry.dtype
-        result.append(chosen if chosen and dtype in ("BF16", "F16", "F32", "F64") else dtype)
+        if name in family.base.quantized:  # written dequantized: bf16 unless told otherwise (docs/quantized.md)
+            result.append(chosen or QUANTIZED_OUT_DTYPE)
+        else:
+            result.append(chosen if chosen and dtype in ("BF16", "F16", "F32", "F64") else dtype)
     return tuple(result)
 
 

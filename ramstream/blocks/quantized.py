@@ -1,0 +1,87 @@
+"""A quantized tensor's float32 values over one block (``format.quantized``).
+
+Element (i, j) of a 2-D FP8 weight W (rows x cols) with block scales S is
+``f32(W[i, j]) * f32(S[i // bm, j // bn])``: the FP8 value is exact in float32 and the product is
+rounded once (numpy float32, no fused multiply-add), so an element's value never depends on the
+block, the backend or the machine, and equals what converting the checkpoint to float32 first
+gives. The block's elements are decoded into the float32 array handed to the kernels (code F32):
+the input a block reads is that array, which the plan's budget counts (``plan.bytes_per_element``).
+
+Only what the block needs is read: its FP8 bytes and the rows of S its rows fall in; the pages
+mapped for them are released at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ramstream.format import codecs
+from ramstream.format.checkpoint import QuantRef
+from ramstream.format.dtypes import FLOAT_CODES
+from ramstream.io.reader import InputFiles
+
+
+def _fp8_table(exponent_bits: int, mantissa_bits: int, finite_only: bool) -> np.ndarray:
+    """float32 (256,): the value of every FP8 byte (sign, exponent, mantissa; IEEE-like with
+    subnormals). ``finite_only`` (E4M3 "fn"): no infinities, all-ones is NaN; else (E5M2) the top
+    exponent holds the infinities and NaNs."""
+    codes = np.arange(256, dtype=np.int64)
+    sign = np.where(codes >> 7, -1.0, 1.0)
+    exponent = (codes >> mantissa_bits) & ((1 << exponent_bits) - 1)
+    mantissa = codes & ((1 << mantissa_bits) - 1)
+    bias = (1 << (exponent_bits - 1)) - 1
+    top = (1 << exponent_bits) - 1
+    normal = (1.0 + mantissa / (1 << mantissa_bits)) * np.exp2(exponent - bias)
+    subnormal = mantissa / (1 << mantissa_bits) * np.exp2(1 - bias)
+    values = sign * np.where(exponent == 0, subnormal, normal)
+    if finite_only:
+        values[(exponent == top) & (mantissa == (1 << mantissa_bits) - 1)] = np.nan
+    else:
+        values[(exponent == top) & (mantissa == 0)] = sign[(exponent == top) & (mantissa == 0)] * np.inf
+        values[(exponent == top) & (mantissa != 0)] = np.nan
+    return values.astype(np.float32)
+
+
+FP8_VALUES: dict[str, np.ndarray] = {
+    "F8_E4M3": _fp8_table(4, 3, finite_only=True),
+    "F8_E5M2": _fp8_table(5, 2, finite_only=False),
+}
+
+
+def dequantized_block(ref: QuantRef, files: InputFiles, start: int, stop: int) -> np.ndarray:
+    """float32 (stop - start,): elements [start, stop) (flat, row-major) of ``ref``'s values."""
+    out = np.empty(max(stop - start, 0), np.float32)
+    if stop <= start:
+        return out
+    weight, scale_ref = ref.weight, ref.scale
+    cols = weight.entry.shape[1]
+    bm, bn = ref.block
+    scale_cols = scale_ref.entry.shape[1]
+    raw = np.frombuffer(files.byte_range(weight, start, stop), np.uint8)  # FP8: one byte per element
+    np.take(FP8_VALUES[weight.entry.dtype], raw, out=out)
+    del raw
+    files.release(weight, start, stop)
+    first, last = start // cols // bm, (stop - 1) // cols // bm  # the bands of bm rows the block touches
+    scale_raw = files.float_view(scale_ref, first * scale_cols, (last + 1) * scale_cols)
+    scales = codecs.decode(scale_raw, FLOAT_CODES[scale_ref.entry.dtype]).reshape(-1, scale_cols)
+    del scale_raw
+    files.release(scale_ref, first * scale_cols, (last + 1) * scale_cols)
+    with np.errstate(over="ignore", invalid="ignore"):  # an Inf or NaN is named where the block is merged
+        for band in range(first, last + 1):
+            lo, hi = max(start, band * bm * cols), min(stop, (band + 1) * bm * cols)
+            per_column = np.repeat(scales[band - first], bn)[:cols]
+            _scale_run(out[lo - start : hi - start], lo % cols, per_column)
+    return out
+
+
+def _scale_run(values: np.ndarray, column: int, per_column: np.ndarray) -> None:
+    """Multiply, in place, a run of row-major elements starting at ``column`` by their column's scale."""
+    cols = per_column.size
+    head = min(values.size, cols - column) if column else 0
+    np.multiply(values[:head], per_column[column : column + head], out=values[:head])
+    rest = values[head:]
+    whole = rest.size // cols * cols
+    rows = rest[:whole].reshape(-1, cols)
+    np.multiply(rows, per_column, out=rows)
+    tail = rest[whole:]
+    np.multiply(tail, per_column[: tail.size], out=tail)

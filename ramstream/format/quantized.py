@@ -1,0 +1,153 @@
+"""Checkpoints quantized at rest: which of their tensors are read dequantized, and with which scales.
+
+A checkpoint whose ``config.json`` holds ``quantization_config`` with ``quant_method: "fp8"``
+(DeepSeek-V3/R1, Kimi-K2, Qwen3's FP8 releases) stores its large weights as FP8 (``F8_E4M3`` by
+``fmt: "e4m3"``, ``F8_E5M2`` by ``"e5m2"``) beside a float tensor ``<weight>_scale_inv`` of one
+scale per ``weight_block_size`` block (rows x columns, usually 128 x 128): weight element (i, j)
+is worth ``f32(weight[i, j]) * f32(scale_inv[i // 128, j // 128])``. Such a weight becomes a
+``QuantRef`` (``Checkpoint.quantized``); its scale tensor leaves the checkpoint's tensors, since
+it belongs to its weight and is never merged.
+
+Everything is checked here, before any data is read, and refused in one line naming the file and
+tensor: a scheme ramstream does not read, a scale whose shape does not cover its weight's blocks,
+a scale without its weight or a weight without its scale, a weight of the other FP8 format, and
+FP8 tensors in a checkpoint whose ``config.json`` names no scheme.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ramstream.errors import InputError, UnsupportedDtypeError
+from ramstream.format.checkpoint import Checkpoint, QuantRef, QuantScheme, TensorRef
+from ramstream.format.dtypes import FLOAT_CODES, FP8_FLOATS
+from ramstream.format.names import CONFIG_FILE
+
+FP8_FORMATS = {"e4m3": "F8_E4M3", "e5m2": "F8_E5M2"}
+SCALE_SUFFIX = "_scale_inv"
+READ_METHODS = ("fp8",)
+CONVERT = "convert the checkpoint to bf16, f16 or f32 first"
+
+
+def with_quantization(checkpoint: Checkpoint) -> Checkpoint:
+    """``checkpoint`` with its quantized weights described (``quantized``, ``scheme``) and their
+    scales out of ``tensors``; unchanged when it stores only floats the kernels decode."""
+    odd = [ref for ref in checkpoint.tensors.values() if ref.entry.dtype not in FLOAT_CODES]
+    scales = [ref for name, ref in checkpoint.tensors.items() if name.endswith(SCALE_SUFFIX)]
+    if not odd and not scales:
+        return checkpoint  # a config naming a scheme (an agent saved in bf16 with its base's config) is moot
+    config_path, config = _quantization_config(checkpoint)
+    fp8 = [ref for ref in odd if ref.entry.dtype in FP8_FLOATS]
+    if config is None or config_path is None:
+        if fp8:
+            where = (
+                f"{config_path} names" if config_path is not None and config_path.is_file() else "no config.json gives"
+            )
+            raise UnsupportedDtypeError(
+                f"{fp8[0].file}: tensor {fp8[0].name!r} is {fp8[0].entry.dtype}, and {where} no quantization_config "
+                f"(how its scales apply), so ramstream cannot decode it; give the checkpoint's directory with the "
+                f"config.json it was saved with, or {CONVERT}"
+            )
+        return checkpoint
+    method = config.get("quant_method")
+    if method == "fp8":
+        return _fp8_blocks(checkpoint, config_path, config)
+    if not fp8 and not scales and all(ref.entry.dtype not in ("U8", "I8", "I32") for ref in odd):
+        return checkpoint  # integer buffers beside float weights: the scheme quantizes nothing stored here
+    raise UnsupportedDtypeError(
+        f"{config_path}: quantization_config names quant_method {method!r}, which ramstream does not read "
+        f"(it reads {', '.join(repr(m) for m in READ_METHODS)}); {CONVERT}"
+    )
+
+
+def _quantization_config(checkpoint: Checkpoint) -> tuple[Path | None, dict[str, Any] | None]:
+    """The checkpoint's ``config.json`` path (None without a directory) and its
+    ``quantization_config`` (None when it has none); a config.json that cannot be read is refused."""
+    if checkpoint.directory is None:
+        return None, None
+    path = checkpoint.directory / CONFIG_FILE
+    if not path.is_file():
+        return path, None
+    try:
+        config = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot be read as JSON ({exc}); fix the checkpoint's config.json") from exc
+    quantization = config.get("quantization_config") if isinstance(config, dict) else None
+    if quantization is None:
+        return path, None
+    if not isinstance(quantization, dict):
+        raise UnsupportedDtypeError(f"{path}: quantization_config is not an object; fix the config.json or {CONVERT}")
+    return path, quantization
+
+
+def _fp8_blocks(checkpoint: Checkpoint, config_path: Path, config: dict[str, Any]) -> Checkpoint:
+    """The ``fp8`` scheme: FP8 weights, one ``_scale_inv`` scale per ``weight_block_size`` block."""
+    fmt = config.get("fmt", "e4m3")
+    if fmt not in FP8_FORMATS:
+        raise UnsupportedDtypeError(
+            f"{config_path}: quantization_config.fmt is {fmt!r}; ramstream reads {' or '.join(FP8_FORMATS)}; {CONVERT}"
+        )
+    block = config.get("weight_block_size")
+    if not (
+        isinstance(block, list)
+        and len(block) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        raise UnsupportedDtypeError(
+            f"{config_path}: quantization_config.weight_block_size is {block!r}, not two positive integers "
+            f"(rows, columns of a scale's block); ramstream reads fp8 checkpoints with block scales only; {CONVERT}"
+        )
+    dtype = FP8_FORMATS[fmt]
+    tensors = dict(checkpoint.tensors)
+    quantized: dict[str, QuantRef] = {}
+    for name in [n for n in checkpoint.tensors if n.endswith(SCALE_SUFFIX)]:
+        scale = tensors.pop(name)
+        weight = _checked_weight(scale, tensors.get(name[: -len(SCALE_SUFFIX)]), dtype, (block[0], block[1]))
+        quantized[weight.name] = QuantRef(weight.name, weight, scale, (block[0], block[1]))
+    for ref in tensors.values():
+        if ref.entry.dtype in FP8_FLOATS and ref.name not in quantized:
+            raise UnsupportedDtypeError(
+                f"{ref.file}: tensor {ref.name!r} is {ref.entry.dtype} but the checkpoint holds no "
+                f"{ref.name + SCALE_SUFFIX!r} (its scales), so its values are unknown; {CONVERT}"
+            )
+    if not quantized:
+        return checkpoint
+    summary = f"fp8 ({fmt}, one scale per {block[0]} x {block[1]} block)"
+    return replace(checkpoint, tensors=tensors, quantized=quantized, scheme=QuantScheme("fp8", summary))
+
+
+def _checked_weight(scale: TensorRef, weight: TensorRef | None, dtype: str, block: tuple[int, int]) -> TensorRef:
+    """The weight of ``scale``; a scale that does not fit its weight is refused (by name, in one line)."""
+    if weight is None:
+        raise UnsupportedDtypeError(
+            f"{scale.file}: tensor {scale.name!r} is a block scale, but the checkpoint holds no weight "
+            f"{scale.name[: -len(SCALE_SUFFIX)]!r} for it; the checkpoint is incomplete, re-download or re-save it"
+        )
+    if weight.entry.dtype != dtype:
+        raise UnsupportedDtypeError(
+            f"{weight.file}: tensor {weight.name!r} is {weight.entry.dtype}, but quantization_config says the "
+            f"weights are {dtype}; fix the config.json or {CONVERT}"
+        )
+    if scale.entry.dtype not in FLOAT_CODES:
+        raise UnsupportedDtypeError(
+            f"{scale.file}: tensor {scale.name!r} (the scales of {weight.name!r}) is {scale.entry.dtype}, not a "
+            f"float; {CONVERT}"
+        )
+    if len(weight.entry.shape) != 2:
+        raise UnsupportedDtypeError(
+            f"{weight.file}: tensor {weight.name!r} has shape {list(weight.entry.shape)}; ramstream reads block "
+            f"scales of 2-D weights only; {CONVERT}"
+        )
+    rows, cols = weight.entry.shape
+    expected = [math.ceil(rows / block[0]), math.ceil(cols / block[1])]
+    if list(scale.entry.shape) != expected:
+        raise UnsupportedDtypeError(
+            f"{scale.file}: tensor {scale.name!r} has shape {list(scale.entry.shape)}, but {weight.name!r} "
+            f"{list(weight.entry.shape)} in blocks of {block[0]} x {block[1]} needs {expected} scales; the "
+            f"checkpoint and its quantization_config disagree, fix one of them or {CONVERT}"
+        )
+    return weight

@@ -1,0 +1,109 @@
+"""Test-side FP8 checkpoints: a base quantized as DeepSeek-V3 ships it (FP8 weights, a float32
+``weight_scale_inv`` per 128 x 128 block, ``quantization_config`` in config.json), agents saved in
+bf16 from it, and the same base converted to float32 first (what the merge must equal).
+
+Quantizing and dequantizing go through torch's own ``float8_e4m3fn`` / ``float8_e5m2``, not
+through ramstream: the dequantized value of element (i, j) is ``f32(q[i, j]) *
+scale_inv[i // 128, j // 128]``, one float32 rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tests.families import Family, decode, encode, write_safetensors
+
+BLOCK = 128
+TORCH_FP8 = {"e4m3": (torch.float8_e4m3fn, "F8_E4M3", 448.0), "e5m2": (torch.float8_e5m2, "F8_E5M2", 57344.0)}
+
+# Quantized (2-D, partial blocks at the edges) and plain bf16 tensors, as DeepSeek-V3 mixes them.
+FP8_SHAPES: dict[str, tuple[tuple[int, ...], bool]] = {
+    "model.embed_tokens.weight": ((64, 40), False),
+    "model.layers.0.input_layernorm.weight": ((200,), False),
+    "model.layers.0.self_attn.q_proj.weight": ((300, 200), True),
+    "model.layers.0.mlp.down_proj.weight": ((130, 260), True),
+    "model.layers.0.mlp.experts.0.up_proj.weight": ((24, 40), True),
+    "model.norm.weight": ((40,), False),
+    "lm_head.weight": ((64, 40), False),
+}
+
+
+def quantization_config(fmt: str = "e4m3", block: int = BLOCK) -> dict[str, Any]:
+    return {"quant_method": "fp8", "fmt": fmt, "weight_block_size": [block, block], "activation_scheme": "dynamic"}
+
+
+def quantize(values: np.ndarray, fmt: str, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(fp8 bytes, scale_inv float32, dequantized float32)`` of a 2-D float32 array, per block."""
+    kind, _, fmax = TORCH_FP8[fmt]
+    rows, cols = values.shape
+    dense = torch.from_numpy(values)
+    scale = torch.empty(math.ceil(rows / block), math.ceil(cols / block), dtype=torch.float32)
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            tile = dense[i * block : (i + 1) * block, j * block : (j + 1) * block]
+            scale[i, j] = max(float(tile.abs().max()) / fmax, 1e-8) * 1.37  # not a power of two: products round
+    expanded = scale.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
+    q = (dense / expanded).to(kind)
+    dequantized = q.to(torch.float32) * expanded
+    return q.view(torch.uint8).numpy().copy(), scale.numpy().copy(), dequantized.numpy().copy()
+
+
+def write_dir(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]], config: dict[str, Any]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "tokenizer.json").write_text("{}")
+    write_safetensors(path / "model.safetensors", tensors)
+    return path
+
+
+def build_fp8_family(
+    root: Path,
+    fmt: str = "e4m3",
+    shapes: dict[str, tuple[tuple[int, ...], bool]] | None = None,
+    densities: tuple[float, ...] = (0.05, 0.4, 0.5),
+    seed: int = 0,
+) -> tuple[Family, Path]:
+    """An FP8 base and bf16 agents under ``root``; returns the family (its values: the base
+    dequantized) and the directory of the base converted to float32."""
+    rng = np.random.default_rng(seed)
+    shapes = shapes or FP8_SHAPES
+    base_config = {
+        "model_type": "deepseek_v3",
+        "torch_dtype": "bfloat16",
+        "quantization_config": quantization_config(fmt),
+    }
+    fam = Family(root / "base", [])
+    fp8: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
+    converted: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
+    agents: list[dict[str, tuple[str, tuple[int, ...], np.ndarray]]] = [{} for _ in densities]
+    fam.agent_values = [{} for _ in densities]
+    for name, (shape, quantized) in shapes.items():
+        numel = int(np.prod(shape))
+        dense = (rng.standard_normal(numel) * 0.05).astype(np.float32).reshape(shape)
+        if quantized:
+            q, scale, base = quantize(dense, fmt)
+            fp8[name] = (TORCH_FP8[fmt][1], shape, q)
+            fp8[name + "_scale_inv"] = ("F32", tuple(scale.shape), scale)
+            converted[name] = ("F32", shape, base)
+        else:
+            base = decode(encode(dense, "BF16"), "BF16").reshape(shape)
+            fp8[name] = converted[name] = ("BF16", shape, encode(base, "BF16"))
+        fam.base_values[name], fam.dtypes[name], fam.shapes[name] = base.ravel(), "BF16", shape
+        for t, density in enumerate(densities):
+            delta = (rng.standard_normal(numel) * 0.01).astype(np.float32)
+            raw = encode(np.where(rng.random(numel) < density, base.ravel() + delta, base.ravel()), "BF16")
+            agents[t][name] = ("BF16", shape, raw)
+            fam.agent_values[t][name] = decode(raw, "BF16")
+    write_dir(fam.base, fp8, base_config)
+    for t, tensors in enumerate(agents):
+        fam.agents.append(
+            write_dir(root / f"agent{t}", tensors, {"model_type": "deepseek_v3", "torch_dtype": "bfloat16"})
+        )
+    as_f32 = write_dir(root / "base-f32", converted, {"model_type": "deepseek_v3", "torch_dtype": "float32"})
+    return fam, as_f32

@@ -1,0 +1,174 @@
+"""FP8 checkpoints with block scales, read in place.
+
+A base stored as DeepSeek-V3 ships it (FP8 weights, ``weight_scale_inv`` per 128 x 128 block)
+merged with bf16 agents must give, byte for byte, what merging the same base converted to float32
+first gives (``--out-dtype bf16``), for every budget (blocks that start mid-row, mid-band) and
+method, and the dense reference's bytes; the output is bf16 without the scheme in config.json.
+A scheme ramstream does not read, or scales that do not fit their weights, are refused in one
+line before any pass.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ramstream.api import merge
+from ramstream.config import RunOptions
+from tests.checks import assert_bit_identical
+from tests.families import Family, read_model_dir, read_safetensors, write_safetensors
+from tests.quantized_families import build_fp8_family, quantization_config
+from tests.reference import reference_merge
+from tests.test_cli import as_process, assert_nothing_finished, in_process, ok, one_line_error
+
+METHODS: list[tuple[str, dict[str, Any]]] = [
+    ("ram+", {}),
+    ("ties", {"density": 0.3}),
+    ("task_arithmetic", {"lambda": 0.7}),
+    ("della", {"density": 0.5, "epsilon": 0.1, "seed": 1}),
+    ("dare_ties", {"density": 0.5, "seed": 3}),
+    ("breadcrumbs", {"density": 0.5, "gamma": 0.05}),
+    ("linear", {"weights": [0.5, 1.0, 2.0]}),
+    ("model_stock", {}),
+    ("sce", {}),
+]
+
+
+@pytest.fixture(scope="module")
+def fp8(tmp_path_factory: pytest.TempPathFactory) -> tuple[Family, Path]:
+    return build_fp8_family(tmp_path_factory.mktemp("fp8"))
+
+
+def _merge(base: Path, fam: Family, out: Path, method: str, given: dict[str, Any], **run: Any) -> dict[str, Any]:
+    options = RunOptions(cache_dir=out.parent / "cache", quiet=True, **run)
+    merge(
+        base,
+        [str(a) for a in fam.agents],
+        out=out,
+        method=method,
+        method_options=given,
+        out_dtype="bf16",
+        options=options,
+    )
+    return read_model_dir(out)
+
+
+def _same(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert got[name][:2] == expected[name][:2], name
+        assert got[name][2].tobytes() == expected[name][2].tobytes(), name
+
+
+@pytest.mark.parametrize(("method", "given"), METHODS, ids=[m for m, _ in METHODS])
+def test_fp8_base_merges_as_its_f32_conversion(
+    fp8: tuple[Family, Path], tmp_path: Path, method: str, given: dict[str, Any]
+) -> None:
+    fam, as_f32 = fp8
+    converted = _merge(as_f32, fam, tmp_path / "f32", method, given)
+    for block in (192, 4096):  # blocks that start mid-row and mid-band of 128 rows; whole tensors
+        quantized = _merge(fam.base, fam, tmp_path / f"fp8-{block}", method, given, block_elems=block)
+        _same(quantized, converted)
+    assert not any(name.endswith("_scale_inv") for name in converted)
+
+
+def test_fp8_base_matches_the_dense_reference(fp8: tuple[Family, Path], tmp_path: Path) -> None:
+    fam, _ = fp8
+    _merge(fam.base, fam, tmp_path / "out", "ram+", {}, block_elems=256)
+    assert_bit_identical(tmp_path / "out", reference_merge(fam, out_dtype="bf16"))
+
+
+def test_e5m2_base(tmp_path: Path) -> None:
+    fam, as_f32 = build_fp8_family(tmp_path / "fam", fmt="e5m2", seed=4)
+    quantized = _merge(fam.base, fam, tmp_path / "fp8", "ram+", {}, block_elems=320)
+    _same(quantized, _merge(as_f32, fam, tmp_path / "f32", "ram+", {}))
+    assert_bit_identical(tmp_path / "fp8", reference_merge(fam, out_dtype="bf16"))
+
+
+def test_cli_writes_bf16_without_the_scheme(fp8: tuple[Family, Path], tmp_path: Path) -> None:
+    fam, _ = fp8
+    out = tmp_path / "out"
+    ok(in_process("merge", fam.base, *fam.agents, "--out", out, "--memory", "16MiB", "--cache-dir", tmp_path / "c"))
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
+    assert {dtype for dtype, _, _ in read_model_dir(out).values()} == {"BF16"}
+    card = (out / "README.md").read_text()
+    assert "stored quantized (fp8 (e4m3, one scale per 128 x 128 block))" in card
+    assert "`quantization_config` is dropped" in card
+    assert_bit_identical(out, reference_merge(fam, out_dtype="bf16"))
+
+
+# -- refusals, before any pass --------------------------------------------------------------------
+
+
+def _damaged(fam: Family, root: Path, tensors: Any = None, config: Any = None) -> Path:
+    """A copy of the family's base with its tensors and/or its config.json's quantization_config changed."""
+    base = root / "base"
+    shutil.copytree(fam.base, base)
+    if tensors is not None:
+        table = read_safetensors(fam.base / "model.safetensors")
+        write_safetensors(base / "model.safetensors", tensors(table))
+    if config is not None:
+        doc = json.loads((fam.base / "config.json").read_text())
+        doc["quantization_config"] = config
+        if config == "absent":
+            del doc["quantization_config"]
+        (base / "config.json").write_text(json.dumps(doc))
+    return base
+
+
+Q = "model.layers.0.self_attn.q_proj.weight"
+
+
+def _wrong_scale_shape(t: dict[str, Any]) -> dict[str, Any]:
+    dtype, _, raw = t[Q + "_scale_inv"]
+    return {**t, Q + "_scale_inv": (dtype, (6,), raw)}
+
+
+def _without(name: str) -> Any:
+    return lambda t: {k: v for k, v in t.items() if k != name}
+
+
+def _renamed_weight(t: dict[str, Any]) -> dict[str, Any]:
+    return {("model.other.weight" if k == Q else k): v for k, v in t.items()}
+
+
+REFUSALS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "scale-shape": ({"tensors": _wrong_scale_shape}, (Q + "_scale_inv", "[6]", "[3, 2]")),
+    "weight-without-scale": ({"tensors": _without(Q + "_scale_inv")}, (Q, "F8_E4M3", "_scale_inv")),
+    "scale-without-weight": ({"tensors": _renamed_weight}, (Q + "_scale_inv", "no weight")),
+    "no-scheme": ({"config": "absent"}, (Q, "no quantization_config")),
+    "unknown-method": ({"config": {"quant_method": "gptq", "bits": 4}}, ("config.json", "'gptq'")),
+    "block-size": ({"config": {**quantization_config(), "weight_block_size": [128]}}, ("weight_block_size",)),
+    "other-format": ({"config": quantization_config("e5m2")}, (Q, "F8_E4M3", "F8_E5M2")),
+    "unknown-format": ({"config": {**quantization_config(), "fmt": "e3m4"}}, ("fmt", "'e3m4'")),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_bad_quantization_is_refused_in_one_line(fp8: tuple[Family, Path], tmp_path: Path, case: str) -> None:
+    fam, _ = fp8
+    change, needles = REFUSALS[case]
+    base = _damaged(fam, tmp_path, **change)
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    outcome = as_process("merge", base, *fam.agents, "--out", out, "--cache-dir", cache)
+    one_line_error(outcome, *needles)
+    assert_nothing_finished(out)
+    assert not cache.exists() or not any(cache.rglob("*.json")), "no pass ran"
+
+
+def test_an_agent_saved_with_its_bases_scheme_is_read_as_bf16(fp8: tuple[Family, Path], tmp_path: Path) -> None:
+    """Agents trained from an FP8 base often keep its config.json, scheme included: a scheme
+    that quantizes none of their tensors is moot."""
+    fam, _ = fp8
+    agent = tmp_path / "agent"
+    shutil.copytree(fam.agents[0], agent)
+    doc = json.loads((agent / "config.json").read_text())
+    (agent / "config.json").write_text(json.dumps({**doc, "quantization_config": quantization_config()}))
+    ok(in_process("merge", fam.base, agent, *fam.agents[1:], "--out", tmp_path / "out", "--cache-dir", tmp_path / "c"))
+    assert np.array_equal(read_model_dir(tmp_path / "out")[Q][2], reference_merge(fam, out_dtype="bf16")[Q][2])
