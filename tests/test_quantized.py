@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,10 @@ from ramstream.api import merge
 from ramstream.config import RunOptions
 from tests.checks import assert_bit_identical
 from tests.families import Family, read_model_dir, read_safetensors, write_safetensors
-from tests.quantized_families import build_fp8_family, quantization_config
+from tests.quantized_families import FP8_SHAPES, build_fp8_family, quantization_config, quantize, write_dir
 from tests.reference import reference_merge
 from tests.test_cli import as_process, assert_nothing_finished, in_process, ok, one_line_error
+from tests.test_resume import cli, kill_at_step, renamed_to, run_ok
 
 METHODS: list[tuple[str, dict[str, Any]]] = [
     ("ram+", {}),
@@ -172,3 +174,99 @@ def test_an_agent_saved_with_its_bases_scheme_is_read_as_bf16(fp8: tuple[Family,
     (agent / "config.json").write_text(json.dumps({**doc, "quantization_config": quantization_config()}))
     ok(in_process("merge", fam.base, agent, *fam.agents[1:], "--out", tmp_path / "out", "--cache-dir", tmp_path / "c"))
     assert np.array_equal(read_model_dir(tmp_path / "out")[Q][2], reference_merge(fam, out_dtype="bf16")[Q][2])
+
+
+# -- the torch backend ----------------------------------------------------------------------------
+
+TORCH_METHODS = [m for m in METHODS if m[0] in ("ram+", "ties", "della", "task_arithmetic", "dare_ties")]
+
+
+@pytest.mark.parametrize(("method", "given"), TORCH_METHODS, ids=[m for m, _ in TORCH_METHODS])
+def test_torch_backend_writes_the_bytes_of_the_f32_conversion(
+    fp8: tuple[Family, Path], tmp_path: Path, method: str, given: dict[str, Any]
+) -> None:
+    pytest.importorskip("torch")
+    fam, as_f32 = fp8
+    converted = _merge(as_f32, fam, tmp_path / "f32", method, given)
+    _same(_merge(fam.base, fam, tmp_path / "torch", method, given, backend="torch", block_elems=2048), converted)
+
+
+# -- a DeepSeek-shaped mixture of experts: many FP8 experts, many batches, kill -9 and resume -------
+
+
+def deepseek_shapes(
+    layers: int, experts: int, rows: int = 160, hidden: int = 96
+) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """DeepSeek-V3's names: bf16 embeddings, norms and router; FP8 attention and expert projections."""
+    shapes: dict[str, tuple[tuple[int, ...], bool]] = {"model.embed_tokens.weight": ((64, hidden), False)}
+    for layer in range(layers):
+        p = f"model.layers.{layer}."
+        shapes[p + "input_layernorm.weight"] = ((hidden,), False)
+        shapes[p + "self_attn.q_a_proj.weight"] = ((hidden, hidden), True)
+        shapes[p + "mlp.gate.weight"] = ((experts, hidden), False)
+        for e in range(experts):
+            shapes[p + f"mlp.experts.{e}.gate_proj.weight"] = ((rows, hidden), True)
+            shapes[p + f"mlp.experts.{e}.up_proj.weight"] = ((rows, hidden), True)
+            shapes[p + f"mlp.experts.{e}.down_proj.weight"] = ((hidden, rows), True)
+    shapes["model.norm.weight"] = ((hidden,), False)
+    shapes["lm_head.weight"] = ((64, hidden), False)
+    return shapes
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory: pytest.TempPathFactory) -> tuple[Family, Path]:
+    """~760 k elements per checkpoint in 2 x 24 x 3 FP8 experts: under --memory 16MiB (blocks of
+    262144 elements) three batches of fifty tensors or so."""
+    root = tmp_path_factory.mktemp("deepseek")
+    return build_fp8_family(root, shapes=deepseek_shapes(2, 24), densities=(0.05, 0.4), seed=7)
+
+
+def test_deepseek_moe_every_budget_and_backend(deepseek: tuple[Family, Path], tmp_path: Path) -> None:
+    fam, as_f32 = deepseek
+    given = {"density": 0.3}
+    converted = _merge(as_f32, fam, tmp_path / "f32", "ties", given)
+    for block in (4096, 1 << 18):  # blocks that cut rows and bands of 128 rows; many tensors a block
+        _same(_merge(fam.base, fam, tmp_path / f"fp8-{block}", "ties", given, block_elems=block), converted)
+    pytest.importorskip("torch")
+    _same(_merge(fam.base, fam, tmp_path / "torch", "ties", given, backend="torch", block_elems=1 << 16), converted)
+
+
+KILLS = {"probe": ("ram+", "progress/probe/c.1"), "merge": ("ties", "journal/merge/c.1")}
+
+
+@pytest.mark.slow  # three CLI processes per case
+@pytest.mark.parametrize("where", list(KILLS))
+def test_killed_mid_pass_the_rerun_gives_the_same_bytes(
+    deepseek: tuple[Family, Path], tmp_path: Path, where: str
+) -> None:
+    fam, _ = deepseek
+    method, step = KILLS[where]
+    opts = ["--method", method, *(["--density", "0.3"] if method == "ties" else []), "--memory", "16MiB", "--quiet"]
+    members = [fam.base, *fam.agents]
+    run_ok(cli("merge", *members, "--out", tmp_path / "ref", *opts, "--cache-dir", tmp_path / "cache-ref"))
+    out = tmp_path / "out"
+    args: list[str | Path] = ["merge", *members, "--out", out, *opts, "--cache-dir", tmp_path / "cache"]
+    kill_at_step(args, renamed_to(step))
+    assert not (out / "model.safetensors").exists()
+    run_ok(cli(*args))
+    assert (out / "model.safetensors").read_bytes() == (tmp_path / "ref" / "model.safetensors").read_bytes()
+
+
+def test_fp8_agents_are_read_dequantized_too(fp8: tuple[Family, Path], tmp_path: Path) -> None:
+    """An agent stored in FP8 (its own scales, its own config) is its dequantized values."""
+    fam, _ = fp8
+    tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
+    values = dict(fam.agent_values[0])
+    for name, (shape, quantized) in FP8_SHAPES.items():
+        if quantized:
+            q, scale, values[name] = quantize(fam.agent_values[0][name].reshape(shape), "e4m3")
+            values[name] = values[name].ravel()
+            tensors[name], tensors[name + "_scale_inv"] = ("F8_E4M3", shape, q), ("F32", scale.shape, scale)
+        else:
+            tensors[name] = read_safetensors(fam.agents[0] / "model.safetensors")[name]
+    agent = write_dir(
+        tmp_path / "agent", tensors, {"model_type": "deepseek_v3", "quantization_config": quantization_config()}
+    )
+    mixed = replace(fam, agents=[agent, *fam.agents[1:]], agent_values=[values, *fam.agent_values[1:]])
+    _merge(fam.base, mixed, tmp_path / "out", "ram+", {}, block_elems=512)
+    assert_bit_identical(tmp_path / "out", reference_merge(mixed, out_dtype="bf16"))
