@@ -38,17 +38,34 @@ def quantization_config(fmt: str = "e4m3", block: int = BLOCK) -> dict[str, Any]
     return {"quant_method": "fp8", "fmt": fmt, "weight_block_size": [block, block], "activation_scheme": "dynamic"}
 
 
-def quantize(values: np.ndarray, fmt: str, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(fp8 bytes, scale_inv float32, dequantized float32)`` of a 2-D float32 array, per block."""
+def ct_config(strategy: str) -> dict[str, Any]:
+    """compressed-tensors' FP8 config, weights scaled per ``strategy``, activations statically."""
+    weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False}
+    activations = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": activations}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {"group_0": group},
+        "ignore": ["lm_head"],
+    }
+
+
+def quantize(
+    values: np.ndarray, fmt: str, block: int | tuple[int, int] = BLOCK
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(fp8 bytes, scales float32, dequantized float32)`` of a 2-D float32 array, one scale per
+    block (rows x columns; an int: square)."""
     kind, _, fmax = TORCH_FP8[fmt]
+    bm, bn = (block, block) if isinstance(block, int) else block
     rows, cols = values.shape
     dense = torch.from_numpy(values)
-    scale = torch.empty(math.ceil(rows / block), math.ceil(cols / block), dtype=torch.float32)
+    scale = torch.empty(math.ceil(rows / bm), math.ceil(cols / bn), dtype=torch.float32)
     for i in range(scale.shape[0]):
         for j in range(scale.shape[1]):
-            tile = dense[i * block : (i + 1) * block, j * block : (j + 1) * block]
+            tile = dense[i * bm : (i + 1) * bm, j * bn : (j + 1) * bn]
             scale[i, j] = max(float(tile.abs().max()) / fmax, 1e-8) * 1.37  # not a power of two: products round
-    expanded = scale.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
+    expanded = scale.repeat_interleave(bm, 0)[:rows].repeat_interleave(bn, 1)[:, :cols]
     q = (dense / expanded).to(kind)
     dequantized = q.to(torch.float32) * expanded
     return q.view(torch.uint8).numpy().copy(), scale.numpy().copy(), dequantized.numpy().copy()
@@ -68,15 +85,18 @@ def build_fp8_family(
     shapes: dict[str, tuple[tuple[int, ...], bool]] | None = None,
     densities: tuple[float, ...] = (0.05, 0.4, 0.5),
     seed: int = 0,
+    strategy: str | None = None,
 ) -> tuple[Family, Path]:
     """An FP8 base and bf16 agents under ``root``; returns the family (its values: the base
-    dequantized) and the directory of the base converted to float32."""
+    dequantized) and the directory of the base converted to float32. With ``strategy``
+    (``tensor``, ``channel``), the base is compressed-tensors' (``weight_scale``, static
+    ``input_scale``), not DeepSeek's (``weight_scale_inv`` per 128 x 128 block)."""
     rng = np.random.default_rng(seed)
     shapes = shapes or FP8_SHAPES
     base_config = {
         "model_type": "deepseek_v3",
         "torch_dtype": "bfloat16",
-        "quantization_config": quantization_config(fmt),
+        "quantization_config": quantization_config(fmt) if strategy is None else ct_config(strategy),
     }
     fam = Family(root / "base", [])
     fp8: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
@@ -86,10 +106,17 @@ def build_fp8_family(
     for name, (shape, quantized) in shapes.items():
         numel = int(np.prod(shape))
         dense = (rng.standard_normal(numel) * 0.05).astype(np.float32).reshape(shape)
-        if quantized:
+        if quantized and strategy is None:
             q, scale, base = quantize(dense, fmt)
             fp8[name] = (TORCH_FP8[fmt][1], shape, q)
             fp8[name + "_scale_inv"] = ("F32", tuple(scale.shape), scale)
+            converted[name] = ("F32", shape, base)
+        elif quantized:
+            per_tensor = strategy == "tensor"
+            q, scale, base = quantize(dense, fmt, shape if per_tensor else (1, shape[1]))
+            fp8[name] = (TORCH_FP8[fmt][1], shape, q)
+            fp8[name + "_scale"] = ("F32", (1,) if per_tensor else (shape[0], 1), scale)
+            fp8[name[: -len(".weight")] + ".input_scale"] = ("F32", (1,), np.array([0.02], np.float32))
             converted[name] = ("F32", shape, base)
         else:
             base = decode(encode(dense, "BF16"), "BF16").reshape(shape)

@@ -270,3 +270,65 @@ def test_fp8_agents_are_read_dequantized_too(fp8: tuple[Family, Path], tmp_path:
     mixed = replace(fam, agents=[agent, *fam.agents[1:]], agent_values=[values, *fam.agent_values[1:]])
     _merge(fam.base, mixed, tmp_path / "out", "ram+", {}, block_elems=512)
     assert_bit_identical(tmp_path / "out", reference_merge(mixed, out_dtype="bf16"))
+
+
+# -- compressed-tensors: per-tensor and per-channel scales ---------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["tensor", "channel"])
+def test_compressed_tensors_scales(tmp_path: Path, strategy: str) -> None:
+    fam, as_f32 = build_fp8_family(tmp_path / "fam", strategy=strategy, seed=5)
+    for method, given in (("ram+", {}), ("ties", {"density": 0.3})):
+        converted = _merge(as_f32, fam, tmp_path / f"f32-{method}", method, given)
+        _same(_merge(fam.base, fam, tmp_path / f"fp8-{method}", method, given, block_elems=320), converted)
+    assert_bit_identical(tmp_path / "fp8-ram+", reference_merge(fam, out_dtype="bf16"))
+    config = json.loads((tmp_path / "fp8-ram+" / "config.json").read_text())
+    assert "quantization_config" not in config
+    card = (tmp_path / "fp8-ram+" / "README.md").read_text()
+    assert f"compressed-tensors fp8 (e4m3, per-{strategy} scales)" in card
+
+
+@pytest.mark.parametrize(
+    ("change", "needles"),
+    [
+        ({"format": "pack-quantized"}, ("compressed-tensors", "'pack-quantized'")),
+        ({"strategy": "group"}, ("config_groups.group_0.weights", "strategy")),
+        ({"zero_point": True}, (Q + "_zero_point", "asymmetric")),
+        ({"scale_shape": (1, 300)}, (Q + "_scale", "[1, 300]", "[300, 1]")),
+    ],
+    ids=["format", "strategy", "zero-point", "scale-shape"],
+)
+def test_compressed_tensors_refusals(tmp_path: Path, change: dict[str, Any], needles: tuple[str, ...]) -> None:
+    fam, _ = build_fp8_family(tmp_path / "fam", strategy="channel", shapes=FP8_SHAPES, densities=(0.3,))
+    config = json.loads((fam.base / "config.json").read_text())
+    scheme = config["quantization_config"]
+    if "format" in change:
+        scheme["format"] = change["format"]
+    if "strategy" in change:
+        scheme["config_groups"]["group_0"]["weights"]["strategy"] = change["strategy"]
+    (fam.base / "config.json").write_text(json.dumps(config))
+    table = read_safetensors(fam.base / "model.safetensors")
+    if change.get("zero_point"):
+        table[Q + "_zero_point"] = ("F32", (300, 1), np.zeros(300, np.float32))
+    if "scale_shape" in change:
+        dtype, _, raw = table[Q + "_scale"]
+        table[Q + "_scale"] = (dtype, change["scale_shape"], raw)
+    write_safetensors(fam.base / "model.safetensors", table)
+    outcome = as_process("merge", fam.base, *fam.agents, "--out", tmp_path / "out", "--cache-dir", tmp_path / "c")
+    one_line_error(outcome, *needles)
+    assert_nothing_finished(tmp_path / "out")
+
+
+def test_a_nan_in_an_fp8_weight_is_named(fp8: tuple[Family, Path], tmp_path: Path) -> None:
+    fam, _ = fp8
+
+    def with_nan(table: dict[str, Any]) -> dict[str, Any]:
+        dtype, shape, raw = table[Q]
+        raw = raw.copy()
+        raw[201] = 0x7F  # E4M3's NaN: row 1, column 1
+        return {**table, Q: (dtype, shape, raw)}
+
+    base = _damaged(fam, tmp_path, tensors=with_nan)
+    outcome = as_process("merge", base, *fam.agents, "--out", tmp_path / "out", "--cache-dir", tmp_path / "c")
+    one_line_error(outcome, Q, "nan", "[1, 1]")
+    assert_nothing_finished(tmp_path / "out")

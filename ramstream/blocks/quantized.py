@@ -1,11 +1,13 @@
 """A quantized tensor's float32 values over one block (``format.quantized``).
 
-Element (i, j) of a 2-D FP8 weight W (rows x cols) with block scales S is
-``f32(W[i, j]) * f32(S[i // bm, j // bn])``: the FP8 value is exact in float32 and the product is
-rounded once (numpy float32, no fused multiply-add), so an element's value never depends on the
-block, the backend or the machine, and equals what converting the checkpoint to float32 first
-gives. The block's elements are decoded into the float32 array handed to the kernels (code F32):
-the input a block reads is that array, which the plan's budget counts (``plan.bytes_per_element``).
+Element (i, j) of a 2-D FP8 weight W (rows x cols) with scales S is
+``f32(W[i, j]) * f32(S[i // bm, j // bn])``, S read as ceil(rows / bm) x ceil(cols / bn) (a
+per-tensor scale: one block of rows x cols; per-channel: blocks of 1 x cols): the FP8 value is
+exact in float32 and the product is rounded once (numpy float32, no fused multiply-add), so an
+element's value never depends on the block, the backend or the machine, and equals what
+converting the checkpoint to float32 first gives. The block's elements are decoded into the
+float32 array handed to the kernels (code F32): the input a block reads is that array, which the
+plan's budget counts (``plan.bytes_per_element``).
 
 Only what the block needs is read: its FP8 bytes and the rows of S its rows fall in; the pages
 mapped for them are released at once.
@@ -56,7 +58,7 @@ def dequantized_block(ref: QuantRef, files: InputFiles, start: int, stop: int) -
     weight, scale_ref = ref.weight, ref.scale
     cols = weight.entry.shape[1]
     bm, bn = ref.block
-    scale_cols = scale_ref.entry.shape[1]
+    scale_cols = -(-cols // bn)  # the scales as a 2-D array (a per-tensor one is 1 x 1, a per-row one rows x 1)
     raw = np.frombuffer(files.byte_range(weight, start, stop), np.uint8)  # FP8: one byte per element
     np.take(FP8_VALUES[weight.entry.dtype], raw, out=out)
     del raw

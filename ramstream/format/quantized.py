@@ -28,8 +28,15 @@ from ramstream.format.dtypes import FLOAT_CODES, FP8_FLOATS
 from ramstream.format.names import CONFIG_FILE
 
 FP8_FORMATS = {"e4m3": "F8_E4M3", "e5m2": "F8_E5M2"}
-SCALE_SUFFIX = "_scale_inv"
-READ_METHODS = ("fp8",)
+SCALE_SUFFIX = "_scale_inv"  # fp8 (DeepSeek): weight_scale_inv
+CT_SCALE_SUFFIX = "_scale"  # compressed-tensors: weight_scale
+ACTIVATION_SCALE_SUFFIX = ".input_scale"  # static activation scales, both schemes
+ZERO_POINT_SUFFIX = "_zero_point"
+CT_FORMATS = ("float-quantized", "naive-quantized")
+CT_STRATEGIES = {"tensor": "per-tensor", "channel": "per-channel", "block": "per-block"}
+READ_METHODS = ("fp8", "compressed-tensors")
+# Which scales a scheme allows: (strategy, block); the block is the one a "block" strategy names.
+Strategies = tuple[tuple[str, tuple[int, int] | None], ...]
 CONVERT = "convert the checkpoint to bf16, f16 or f32 first"
 
 
@@ -37,7 +44,7 @@ def with_quantization(checkpoint: Checkpoint) -> Checkpoint:
     """``checkpoint`` with its quantized weights described (``quantized``, ``scheme``) and their
     scales out of ``tensors``; unchanged when it stores only floats the kernels decode."""
     odd = [ref for ref in checkpoint.tensors.values() if ref.entry.dtype not in FLOAT_CODES]
-    scales = [ref for name, ref in checkpoint.tensors.items() if name.endswith(SCALE_SUFFIX)]
+    scales = [ref for name, ref in checkpoint.tensors.items() if name.endswith(SCALE_SUFFIX)]  # fp8 of another dtype
     if not odd and not scales:
         return checkpoint  # a config naming a scheme (an agent saved in bf16 with its base's config) is moot
     config_path, config = _quantization_config(checkpoint)
@@ -56,6 +63,8 @@ def with_quantization(checkpoint: Checkpoint) -> Checkpoint:
     method = config.get("quant_method")
     if method == "fp8":
         return _fp8_blocks(checkpoint, config_path, config)
+    if method == "compressed-tensors" and fp8:
+        return _compressed_tensors(checkpoint, config_path, config)
     if not fp8 and not scales and all(ref.entry.dtype not in ("U8", "I8", "I32") for ref in odd):
         return checkpoint  # integer buffers beside float weights: the scheme quantizes nothing stored here
     raise UnsupportedDtypeError(
@@ -91,41 +100,125 @@ def _fp8_blocks(checkpoint: Checkpoint, config_path: Path, config: dict[str, Any
         raise UnsupportedDtypeError(
             f"{config_path}: quantization_config.fmt is {fmt!r}; ramstream reads {' or '.join(FP8_FORMATS)}; {CONVERT}"
         )
-    block = config.get("weight_block_size")
-    if not (
-        isinstance(block, list)
-        and len(block) == 2
-        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
-    ):
+    block = _as_block(config.get("weight_block_size"))
+    if block is None:
         raise UnsupportedDtypeError(
-            f"{config_path}: quantization_config.weight_block_size is {block!r}, not two positive integers "
-            f"(rows, columns of a scale's block); ramstream reads fp8 checkpoints with block scales only; {CONVERT}"
+            f"{config_path}: quantization_config.weight_block_size is {config.get('weight_block_size')!r}, not two "
+            f"positive integers (rows, columns of a scale's block); ramstream reads fp8 checkpoints with block "
+            f"scales only; {CONVERT}"
         )
-    dtype = FP8_FORMATS[fmt]
+    summary = f"fp8 ({fmt}, one scale per {block[0]} x {block[1]} block)"
+    strategies: Strategies = (("block", block),)
+    return _paired(checkpoint, SCALE_SUFFIX, FP8_FORMATS[fmt], strategies, QuantScheme("fp8", summary))
+
+
+def _compressed_tensors(checkpoint: Checkpoint, config_path: Path, config: dict[str, Any]) -> Checkpoint:
+    """compressed-tensors' FP8 (``format: float-quantized``): E4M3 weights and a ``weight_scale``
+    per tensor, per output channel (row) or per block, as its config groups' ``strategy`` says."""
+    fmt = config.get("format")
+    if fmt not in CT_FORMATS:
+        raise UnsupportedDtypeError(
+            f"{config_path}: quantization_config is compressed-tensors with format {fmt!r}; ramstream reads "
+            f"{' and '.join(repr(f) for f in CT_FORMATS)} (FP8 weights) only; {CONVERT}"
+        )
+    groups = config.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise UnsupportedDtypeError(f"{config_path}: quantization_config has no config_groups; {CONVERT}")
+    strategies: list[tuple[str, tuple[int, int] | None]] = []
+    for key, group in groups.items():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if weights is None:
+            continue  # a group that quantizes activations only
+        strategy = weights.get("strategy") if isinstance(weights, dict) else None
+        block = _as_block(weights.get("block_structure")) if isinstance(weights, dict) else None
+        if (
+            not isinstance(weights, dict)
+            or weights.get("type") != "float"
+            or weights.get("num_bits") != 8
+            or strategy not in CT_STRATEGIES
+            or (strategy == "block" and block is None)
+        ):
+            raise UnsupportedDtypeError(
+                f"{config_path}: quantization_config.config_groups.{key}.weights is {weights!r}; ramstream reads "
+                f"8-bit float weights with strategy {', '.join(CT_STRATEGIES)} (block: with block_structure); {CONVERT}"
+            )
+        strategies.append((strategy, block if strategy == "block" else None))
+    names = sorted({CT_STRATEGIES[s] for s, _ in strategies})
+    summary = f"compressed-tensors fp8 (e4m3, {' or '.join(names)} scales)"
+    return _paired(
+        checkpoint, CT_SCALE_SUFFIX, "F8_E4M3", tuple(strategies), QuantScheme("compressed-tensors", summary)
+    )
+
+
+def _paired(checkpoint: Checkpoint, suffix: str, dtype: str, strategies: Strategies, scheme: QuantScheme) -> Checkpoint:
+    """Each ``<weight><suffix>`` scale paired with its weight as a ``QuantRef`` and taken out of
+    the tensors, activation scales dropped; anything that does not fit is refused."""
     tensors = dict(checkpoint.tensors)
     quantized: dict[str, QuantRef] = {}
-    for name in [n for n in checkpoint.tensors if n.endswith(SCALE_SUFFIX)]:
-        scale = tensors.pop(name)
-        weight = _checked_weight(scale, tensors.get(name[: -len(SCALE_SUFFIX)]), dtype, (block[0], block[1]))
-        quantized[weight.name] = QuantRef(weight.name, weight, scale, (block[0], block[1]))
+    for name in list(checkpoint.tensors):
+        if name.endswith(ZERO_POINT_SUFFIX):
+            raise UnsupportedDtypeError(
+                f"{checkpoint.tensors[name].file}: tensor {name!r} is a zero point (asymmetric quantization), which "
+                f"ramstream does not read; {CONVERT}"
+            )
+        if name.endswith(ACTIVATION_SCALE_SUFFIX):
+            del tensors[name]  # how activations were quantized: nothing a dequantized model uses
+        elif name.endswith(suffix):
+            scale = tensors.pop(name)
+            weight = _checked_weight(scale, tensors.get(name[: -len(suffix)]), dtype, suffix)
+            quantized[weight.name] = QuantRef(weight.name, weight, scale, _block_of(scale, weight, strategies))
     for ref in tensors.values():
         if ref.entry.dtype in FP8_FLOATS and ref.name not in quantized:
             raise UnsupportedDtypeError(
                 f"{ref.file}: tensor {ref.name!r} is {ref.entry.dtype} but the checkpoint holds no "
-                f"{ref.name + SCALE_SUFFIX!r} (its scales), so its values are unknown; {CONVERT}"
+                f"{ref.name + suffix!r} (its scales), so its values are unknown; {CONVERT}"
             )
     if not quantized:
         return checkpoint
-    summary = f"fp8 ({fmt}, one scale per {block[0]} x {block[1]} block)"
-    return replace(checkpoint, tensors=tensors, quantized=quantized, scheme=QuantScheme("fp8", summary))
+    return replace(checkpoint, tensors=tensors, quantized=quantized, scheme=scheme)
 
 
-def _checked_weight(scale: TensorRef, weight: TensorRef | None, dtype: str, block: tuple[int, int]) -> TensorRef:
+def _block_of(scale: TensorRef, weight: TensorRef, strategies: Strategies) -> tuple[int, int]:
+    """The block of elements one scale covers: the first strategy whose scale shape ``scale``
+    has (per tensor: one scale; per channel: one per row; per block: one per block)."""
+    rows, cols = weight.entry.shape
+    shape = list(scale.entry.shape)
+    expected = []
+    for strategy, block in strategies:
+        if strategy == "tensor":
+            shapes, covers = [[], [1], [1, 1]], (max(rows, 1), max(cols, 1))
+        elif strategy == "channel":
+            shapes, covers = [[rows, 1], [rows]], (1, max(cols, 1))
+        else:
+            assert block is not None  # a block strategy names its block (checked with the config)
+            shapes, covers = [[math.ceil(rows / block[0]), math.ceil(cols / block[1])]], block
+        if shape in shapes:
+            return covers
+        expected.append(shapes[0])
+    raise UnsupportedDtypeError(
+        f"{scale.file}: tensor {scale.name!r} has shape {shape}, but {weight.name!r} {[rows, cols]} needs "
+        f"{' or '.join(map(str, expected))} scales ({', '.join(s for s, _ in strategies)}); the checkpoint and its "
+        f"quantization_config disagree, fix one of them or {CONVERT}"
+    )
+
+
+def _as_block(value: object) -> tuple[int, int] | None:
+    """``value`` as a block (rows, columns) when it is a list of two positive integers, else None."""
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in value)
+    ):
+        return value[0], value[1]
+    return None
+
+
+def _checked_weight(scale: TensorRef, weight: TensorRef | None, dtype: str, suffix: str) -> TensorRef:
     """The weight of ``scale``; a scale that does not fit its weight is refused (by name, in one line)."""
     if weight is None:
         raise UnsupportedDtypeError(
-            f"{scale.file}: tensor {scale.name!r} is a block scale, but the checkpoint holds no weight "
-            f"{scale.name[: -len(SCALE_SUFFIX)]!r} for it; the checkpoint is incomplete, re-download or re-save it"
+            f"{scale.file}: tensor {scale.name!r} is a scale, but the checkpoint holds no weight "
+            f"{scale.name[: -len(suffix)]!r} for it; the checkpoint is incomplete, re-download or re-save it"
         )
     if weight.entry.dtype != dtype:
         raise UnsupportedDtypeError(
@@ -139,15 +232,7 @@ def _checked_weight(scale: TensorRef, weight: TensorRef | None, dtype: str, bloc
         )
     if len(weight.entry.shape) != 2:
         raise UnsupportedDtypeError(
-            f"{weight.file}: tensor {weight.name!r} has shape {list(weight.entry.shape)}; ramstream reads block "
-            f"scales of 2-D weights only; {CONVERT}"
-        )
-    rows, cols = weight.entry.shape
-    expected = [math.ceil(rows / block[0]), math.ceil(cols / block[1])]
-    if list(scale.entry.shape) != expected:
-        raise UnsupportedDtypeError(
-            f"{scale.file}: tensor {scale.name!r} has shape {list(scale.entry.shape)}, but {weight.name!r} "
-            f"{list(weight.entry.shape)} in blocks of {block[0]} x {block[1]} needs {expected} scales; the "
-            f"checkpoint and its quantization_config disagree, fix one of them or {CONVERT}"
+            f"{weight.file}: tensor {weight.name!r} has shape {list(weight.entry.shape)}; ramstream reads scales "
+            f"of 2-D weights only; {CONVERT}"
         )
     return weight
