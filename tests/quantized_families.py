@@ -40,7 +40,9 @@ def quantization_config(fmt: str = "e4m3", block: int = BLOCK) -> dict[str, Any]
 
 def ct_config(strategy: str) -> dict[str, Any]:
     """compressed-tensors' FP8 config, weights scaled per ``strategy``, activations statically."""
-    weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False}
+    weights: dict[str, Any] = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True}
+    if strategy == "block":
+        weights["block_structure"] = [BLOCK, BLOCK]
     activations = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}
     group = {"targets": ["Linear"], "weights": weights, "input_activations": activations}
     return {
@@ -89,7 +91,7 @@ def build_fp8_family(
 ) -> tuple[Family, Path]:
     """An FP8 base and bf16 agents under ``root``; returns the family (its values: the base
     dequantized) and the directory of the base converted to float32. With ``strategy``
-    (``tensor``, ``channel``), the base is compressed-tensors' (``weight_scale``, static
+    (``tensor``, ``channel``, ``block``), the base is compressed-tensors' (``weight_scale``, static
     ``input_scale``), not DeepSeek's (``weight_scale_inv`` per 128 x 128 block)."""
     rng = np.random.default_rng(seed)
     shapes = shapes or FP8_SHAPES
@@ -112,10 +114,11 @@ def build_fp8_family(
             fp8[name + "_scale_inv"] = ("F32", tuple(scale.shape), scale)
             converted[name] = ("F32", shape, base)
         elif quantized:
-            per_tensor = strategy == "tensor"
-            q, scale, base = quantize(dense, fmt, shape if per_tensor else (1, shape[1]))
+            block = {"tensor": shape, "channel": (1, shape[1]), "block": (BLOCK, BLOCK)}[strategy]
+            q, scale, base = quantize(dense, fmt, block)
+            scale_shape = {"tensor": (1,), "channel": (shape[0], 1), "block": scale.shape}[strategy]
             fp8[name] = (TORCH_FP8[fmt][1], shape, q)
-            fp8[name + "_scale"] = ("F32", (1,) if per_tensor else (shape[0], 1), scale)
+            fp8[name + "_scale"] = ("F32", tuple(scale_shape), scale)
             fp8[name[: -len(".weight")] + ".input_scale"] = ("F32", (1,), np.array([0.02], np.float32))
             converted[name] = ("F32", shape, base)
         else:

@@ -275,7 +275,7 @@ def test_fp8_agents_are_read_dequantized_too(fp8: tuple[Family, Path], tmp_path:
 # -- compressed-tensors: per-tensor and per-channel scales ---------------------------------------
 
 
-@pytest.mark.parametrize("strategy", ["tensor", "channel"])
+@pytest.mark.parametrize("strategy", ["tensor", "channel", "block"])
 def test_compressed_tensors_scales(tmp_path: Path, strategy: str) -> None:
     fam, as_f32 = build_fp8_family(tmp_path / "fam", strategy=strategy, seed=5)
     for method, given in (("ram+", {}), ("ties", {"density": 0.3})):
