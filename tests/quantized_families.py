@@ -137,3 +137,61 @@ def build_fp8_family(
         )
     as_f32 = write_dir(root / "base-f32", converted, {"model_type": "deepseek_v3", "torch_dtype": "float32"})
     return fam, as_f32
+
+
+# gpt-oss's MXFP4 experts: <name>_blocks (U8 [E, R, G, 16]) and <name>_scales (U8 [E, R, G]);
+# the tensor (as transformers dequantizes it, and as the bf16 agents hold it) is [E, G * 32, R].
+MXFP4_SHAPES: dict[str, tuple[tuple[int, ...], bool]] = {
+    "model.embed_tokens.weight": ((64, 64), False),
+    "model.layers.0.mlp.experts.gate_up_proj": ((3, 64, 64), True),  # blocks [3, 64, 2, 16]
+    "model.layers.0.mlp.experts.gate_up_proj_bias": ((3, 64), False),
+    "model.layers.0.mlp.experts.down_proj": ((3, 32, 64), True),  # blocks [3, 64, 1, 16]
+    "model.norm.weight": ((64,), False),
+}
+FP4_MAGNITUDES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
+
+
+def mxfp4_values(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """float32 [E, G * 32, R] of blocks [E, R, G, 16] and scales [E, R, G]: low nibble first,
+    sign bit 8, magnitude by the low three bits, times 2 ** (scale - 127)."""
+    experts, rows, groups, _ = blocks.shape
+    nibbles = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(experts, rows, groups, 32)
+    values = np.where(nibbles & 8, -1.0, 1.0) * FP4_MAGNITUDES[nibbles & 7]
+    values = values * np.exp2(scales.astype(np.float64) - 127)[..., None]
+    return values.reshape(experts, rows, groups * 32).transpose(0, 2, 1).astype(np.float32)
+
+
+def build_mxfp4_family(
+    root: Path, densities: tuple[float, ...] = (0.05, 0.4, 0.5), seed: int = 0
+) -> tuple[Family, Path]:
+    """A base with hand-packed MXFP4 experts, bf16 agents, and the base converted to float32."""
+    rng = np.random.default_rng(seed)
+    scheme = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.embed_tokens", "lm_head"]}
+    fam = Family(root / "base", [])
+    packed: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
+    converted: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
+    agents: list[dict[str, tuple[str, tuple[int, ...], np.ndarray]]] = [{} for _ in densities]
+    fam.agent_values = [{} for _ in densities]
+    for name, (shape, quantized) in MXFP4_SHAPES.items():
+        numel = int(np.prod(shape))
+        if quantized:
+            experts, hidden, rows = shape
+            blocks = rng.integers(0, 256, (experts, rows, hidden // 32, 16), dtype=np.uint8)
+            scales = rng.integers(118, 125, (experts, rows, hidden // 32), dtype=np.uint8)
+            base = mxfp4_values(blocks, scales).ravel()
+            packed[name + "_blocks"] = ("U8", blocks.shape, blocks)
+            packed[name + "_scales"] = ("U8", scales.shape, scales)
+            converted[name] = ("F32", shape, base)
+        else:
+            base = decode(encode((rng.standard_normal(numel) * 0.05).astype(np.float32), "BF16"), "BF16")
+            packed[name] = converted[name] = ("BF16", shape, encode(base, "BF16"))
+        fam.base_values[name], fam.dtypes[name], fam.shapes[name] = base, "BF16", shape
+        for t, density in enumerate(densities):
+            delta = (rng.standard_normal(numel) * 0.01).astype(np.float32)
+            raw = encode(np.where(rng.random(numel) < density, base + delta, base), "BF16")
+            agents[t][name] = ("BF16", shape, raw)
+            fam.agent_values[t][name] = decode(raw, "BF16")
+    write_dir(fam.base, packed, {"model_type": "gpt_oss", "torch_dtype": "bfloat16", "quantization_config": scheme})
+    for t, tensors in enumerate(agents):
+        fam.agents.append(write_dir(root / f"agent{t}", tensors, {"model_type": "gpt_oss", "torch_dtype": "bfloat16"}))
+    return fam, write_dir(root / "base-f32", converted, {"model_type": "gpt_oss", "torch_dtype": "float32"})

@@ -23,7 +23,14 @@ from ramstream.api import merge
 from ramstream.config import RunOptions
 from tests.checks import assert_bit_identical
 from tests.families import Family, read_model_dir, read_safetensors, write_safetensors
-from tests.quantized_families import FP8_SHAPES, build_fp8_family, quantization_config, quantize, write_dir
+from tests.quantized_families import (
+    FP8_SHAPES,
+    build_fp8_family,
+    build_mxfp4_family,
+    quantization_config,
+    quantize,
+    write_dir,
+)
 from tests.reference import reference_merge
 from tests.test_cli import as_process, assert_nothing_finished, in_process, ok, one_line_error
 from tests.test_resume import cli, kill_at_step, renamed_to, run_ok
@@ -331,4 +338,48 @@ def test_a_nan_in_an_fp8_weight_is_named(fp8: tuple[Family, Path], tmp_path: Pat
     base = _damaged(fam, tmp_path, tensors=with_nan)
     outcome = as_process("merge", base, *fam.agents, "--out", tmp_path / "out", "--cache-dir", tmp_path / "c")
     one_line_error(outcome, Q, "nan", "[1, 1]")
+    assert_nothing_finished(tmp_path / "out")
+
+
+# -- MXFP4 (gpt-oss's experts) -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mxfp4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Family, Path]:
+    return build_mxfp4_family(tmp_path_factory.mktemp("mxfp4"))
+
+
+@pytest.mark.parametrize(("method", "given"), METHODS[:4], ids=[m for m, _ in METHODS[:4]])
+def test_mxfp4_base_merges_as_its_f32_conversion(
+    mxfp4: tuple[Family, Path], tmp_path: Path, method: str, given: dict[str, Any]
+) -> None:
+    fam, as_f32 = mxfp4
+    converted = _merge(as_f32, fam, tmp_path / "f32", method, given)
+    for block in (192, 1 << 16):  # blocks that cut an expert's rows and groups of 32; whole tensors
+        _same(_merge(fam.base, fam, tmp_path / f"mx-{block}", method, given, block_elems=block), converted)
+    assert not any(name.endswith(("_blocks", "_scales")) for name in converted)
+    if method == "ram+":
+        assert_bit_identical(tmp_path / "mx-192", reference_merge(fam, out_dtype="bf16"))
+        config = json.loads((tmp_path / "mx-192" / "config.json").read_text())
+        assert "quantization_config" not in config
+    pytest.importorskip("torch")
+    _same(_merge(fam.base, fam, tmp_path / "torch", method, given, backend="torch", block_elems=320), converted)
+
+
+GATE_UP = "model.layers.0.mlp.experts.gate_up_proj"
+
+
+@pytest.mark.parametrize(
+    ("change", "needles"),
+    [
+        (lambda t: {k: v for k, v in t.items() if k != GATE_UP + "_scales"}, (GATE_UP + "_blocks", "_scales")),
+        (lambda t: {**t, GATE_UP + "_scales": ("U8", (3, 32, 2), t[GATE_UP + "_scales"][2])}, ("[3, 32, 2]",)),
+    ],
+    ids=["no-scales", "scale-shape"],
+)
+def test_mxfp4_refusals(mxfp4: tuple[Family, Path], tmp_path: Path, change: Any, needles: tuple[str, ...]) -> None:
+    fam, _ = mxfp4
+    base = _damaged(fam, tmp_path, tensors=change)
+    outcome = as_process("merge", base, *fam.agents, "--out", tmp_path / "out", "--cache-dir", tmp_path / "c")
+    one_line_error(outcome, *needles)
     assert_nothing_finished(tmp_path / "out")

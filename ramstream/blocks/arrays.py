@@ -134,7 +134,8 @@ class BlockReader:
     def _file_refs(self, block: Block) -> list[TensorRef]:
         """The tensors read for a block in proportion to its size (a quantized one's weight)."""
         refs = self._refs(block)
-        return [r for r in refs if isinstance(r, TensorRef)] + [r.weight for r in refs if isinstance(r, QuantRef)]
+        quantized = [r.weight for r in refs if isinstance(r, QuantRef) and r.layout == "scaled"]  # 1 byte an element
+        return [r for r in refs if isinstance(r, TensorRef)] + quantized
 
     def arrays(self, block: Block) -> BlockArrays:
         return BlockArrays(self, block, block.start, block.stop)

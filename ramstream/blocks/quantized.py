@@ -50,10 +50,18 @@ FP8_VALUES: dict[str, np.ndarray] = {
 }
 
 
+# FP4 E2M1 by its four bits (sign, two exponent bits, one mantissa bit), as float32.
+FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+E8M0_NAN = 255  # the one E8M0 scale that is no power of two
+
+
 def dequantized_block(ref: QuantRef, files: InputFiles, start: int, stop: int) -> np.ndarray:
     """float32 (stop - start,): elements [start, stop) (flat, row-major) of ``ref``'s values."""
     out = np.empty(max(stop - start, 0), np.float32)
     if stop <= start:
+        return out
+    if ref.layout == "mxfp4":
+        _mxfp4_into(out, ref, files, start)
         return out
     weight, scale_ref = ref.weight, ref.scale
     cols = weight.entry.shape[1]
@@ -87,3 +95,38 @@ def _scale_run(values: np.ndarray, column: int, per_column: np.ndarray) -> None:
     np.multiply(rows, per_column, out=rows)
     tail = rest[whole:]
     np.multiply(tail, per_column[: tail.size], out=tail)
+
+
+def _mxfp4_into(out: np.ndarray, ref: QuantRef, files: InputFiles, start: int) -> None:
+    """Fill ``out`` with elements [start, start + out.size) of an MXFP4 tensor [E, H, R] (the
+    transpose of its blocks' [E, R, H] values, ``QuantRef``), one expert's span at a time: the
+    groups of 32 its rows h fall in are decoded for every r, multiplied by 2 ** (scale - 127)
+    (exact: FP4 values have two significant bits), then transposed into place."""
+    _, hidden, rows = ref.shape
+    groups = hidden // 32
+    per_expert = hidden * rows
+    stop, at = start + out.size, start
+    while at < stop:
+        e = at // per_expert
+        end = min(stop, (e + 1) * per_expert)
+        h0, h1 = (at - e * per_expert) // rows, (end - 1 - e * per_expert) // rows + 1
+        g0, g1 = h0 // 32, (h1 - 1) // 32 + 1
+        nbytes = rows * groups * 16
+        packed = np.frombuffer(files.byte_range(ref.weight, e * nbytes, (e + 1) * nbytes), np.uint8)
+        exps = np.frombuffer(files.byte_range(ref.scale, e * rows * groups, (e + 1) * rows * groups), np.uint8)
+        packed_groups = packed.reshape(rows, groups, 16)[:, g0:g1]
+        values = np.empty((rows, g1 - g0, 32), np.float32)
+        values[..., 0::2] = FP4_VALUES[packed_groups & 0x0F]
+        values[..., 1::2] = FP4_VALUES[packed_groups >> 4]
+        exponents = exps.reshape(rows, groups)[:, g0:g1]
+        with np.errstate(over="ignore", invalid="ignore"):  # a NaN scale is named where the block is merged
+            factor = np.ldexp(np.float32(1), exponents.astype(np.int32) - 127).astype(np.float32)
+            factor[exponents == E8M0_NAN] = np.nan
+            values *= factor[..., None]
+        del packed, exps, packed_groups, exponents
+        files.release(ref.weight, e * nbytes, (e + 1) * nbytes)
+        files.release(ref.scale, e * rows * groups, (e + 1) * rows * groups)
+        span = values.reshape(rows, (g1 - g0) * 32)[:, h0 - g0 * 32 : h1 - g0 * 32].T.reshape(-1)  # [h, r]
+        first = at - e * per_expert - h0 * rows
+        out[at - start : end - start] = span[first : first + end - at]
+        at = end

@@ -74,15 +74,25 @@ class DeltaRef:
 class QuantRef:
     """A tensor stored quantized (``format.quantized``): its value is float32, element (i, j) of
     the 2-D ``weight`` (FP8) being ``f32(weight[i, j]) * f32(scale[i // block[0], j // block[1]])``.
-    ``blocks.quantized`` computes it; the scale belongs to the weight and is never merged."""
+    ``blocks.quantized`` computes it; the scale belongs to the weight and is never merged.
+
+    ``layout`` "mxfp4" (gpt-oss's experts): ``weight`` is ``<name>_blocks`` (U8 [E, R, G, 16], two
+    FP4 E2M1 values a byte, low nibble first), ``scale`` ``<name>_scales`` (U8 [E, R, G], one E8M0
+    exponent per 32 values), and the tensor is their values transposed, [E, G * 32, R], as
+    transformers dequantizes them: element (e, h, r) is ``fp4(blocks[e, r, h // 32, h % 32 // 2],
+    nibble h % 2) * 2 ** (scales[e, r, h // 32] - 127)``; ``block`` is unused."""
 
     name: str
     weight: TensorRef
     scale: TensorRef
     block: tuple[int, int]  # rows, columns of the elements sharing one scale
+    layout: str = "scaled"  # or "mxfp4"
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.layout == "mxfp4":
+            experts, rows, groups, _ = self.weight.entry.shape
+            return (experts, groups * 32, rows)
         return self.weight.entry.shape
 
 

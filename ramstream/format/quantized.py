@@ -26,6 +26,7 @@ from ramstream.errors import InputError, UnsupportedDtypeError
 from ramstream.format.checkpoint import Checkpoint, QuantRef, QuantScheme, TensorRef
 from ramstream.format.dtypes import FLOAT_CODES, FP8_FLOATS
 from ramstream.format.names import CONFIG_FILE
+from ramstream.format.safetensors_header import TensorEntry
 
 FP8_FORMATS = {"e4m3": "F8_E4M3", "e5m2": "F8_E5M2"}
 SCALE_SUFFIX = "_scale_inv"  # fp8 (DeepSeek): weight_scale_inv
@@ -34,7 +35,8 @@ ACTIVATION_SCALE_SUFFIX = ".input_scale"  # static activation scales, both schem
 ZERO_POINT_SUFFIX = "_zero_point"
 CT_FORMATS = ("float-quantized", "naive-quantized")
 CT_STRATEGIES = {"tensor": "per-tensor", "channel": "per-channel", "block": "per-block"}
-READ_METHODS = ("fp8", "compressed-tensors")
+READ_METHODS = ("fp8", "compressed-tensors", "mxfp4")
+MX_BLOCKS, MX_SCALES = "_blocks", "_scales"  # mxfp4 (gpt-oss): <name>_blocks, <name>_scales
 # Which scales a scheme allows: (strategy, block); the block is the one a "block" strategy names.
 Strategies = tuple[tuple[str, tuple[int, int] | None], ...]
 CONVERT = "convert the checkpoint to bf16, f16 or f32 first"
@@ -65,6 +67,8 @@ def with_quantization(checkpoint: Checkpoint) -> Checkpoint:
         return _fp8_blocks(checkpoint, config_path, config)
     if method == "compressed-tensors" and fp8:
         return _compressed_tensors(checkpoint, config_path, config)
+    if method == "mxfp4":
+        return _mxfp4(checkpoint)
     if not fp8 and not scales and all(ref.entry.dtype not in ("U8", "I8", "I32") for ref in odd):
         return checkpoint  # integer buffers beside float weights: the scheme quantizes nothing stored here
     raise UnsupportedDtypeError(
@@ -200,6 +204,65 @@ def _block_of(scale: TensorRef, weight: TensorRef, strategies: Strategies) -> tu
         f"{' or '.join(map(str, expected))} scales ({', '.join(s for s, _ in strategies)}); the checkpoint and its "
         f"quantization_config disagree, fix one of them or {CONVERT}"
     )
+
+
+def _mxfp4(checkpoint: Checkpoint) -> Checkpoint:
+    """gpt-oss's MXFP4 experts: each ``<name>_blocks`` (U8 [E, R, G, 16]) with its ``<name>_scales``
+    (U8 [E, R, G]) is tensor ``<name>`` [E, G * 32, R] (``QuantRef``, layout "mxfp4"), in the
+    blocks' place among the tensors; it is read as float32 (its entry says F32, the dtype it
+    reaches the kernels in; its bytes are the blocks')."""
+    tensors: dict[str, TensorRef] = {}
+    quantized: dict[str, QuantRef] = {}
+    names = set(checkpoint.tensors)
+    for name, ref in checkpoint.tensors.items():
+        if name.endswith(MX_SCALES) and name[: -len(MX_SCALES)] + MX_BLOCKS in names:
+            continue  # read with its blocks
+        if not name.endswith(MX_BLOCKS):
+            if name.endswith(MX_SCALES) and ref.entry.dtype == "U8":
+                raise UnsupportedDtypeError(
+                    f"{ref.file}: tensor {name!r} holds MXFP4 scales, but the checkpoint holds no "
+                    f"{name[: -len(MX_SCALES)] + MX_BLOCKS!r}; the checkpoint is incomplete, re-download or re-save it"
+                )
+            tensors[name] = ref
+            continue
+        stem = name[: -len(MX_BLOCKS)]
+        scales = _checked_scales(ref, checkpoint.tensors.get(stem + MX_SCALES), stem in names)
+        quant = QuantRef(stem, ref, scales, (1, 32), "mxfp4")
+        numel = math.prod(quant.shape)
+        tensors[stem] = TensorRef(ref.file, TensorEntry(stem, "F32", quant.shape, ref.entry.offset, 4 * numel))
+        quantized[stem] = quant
+    if not quantized:
+        return checkpoint
+    scheme = QuantScheme("mxfp4", "mxfp4 (FP4 E2M1 values in groups of 32, one E8M0 scale a group)")
+    return replace(checkpoint, tensors=tensors, quantized=quantized, scheme=scheme)
+
+
+def _checked_scales(blocks: TensorRef, scales: TensorRef | None, stem_too: bool) -> TensorRef:
+    """The scales of MXFP4 ``blocks``; blocks without them, or whose shapes or dtypes do not fit,
+    are refused (by name)."""
+    stem = blocks.name[: -len(MX_BLOCKS)]
+    if scales is None:
+        raise UnsupportedDtypeError(
+            f"{blocks.file}: tensor {blocks.name!r} holds MXFP4 blocks, but the checkpoint holds no "
+            f"{stem + MX_SCALES!r}; the checkpoint is incomplete, re-download or re-save it"
+        )
+    if stem_too:
+        raise UnsupportedDtypeError(
+            f"{blocks.file}: the checkpoint holds both {stem!r} and its MXFP4 blocks {blocks.name!r}; keep one"
+        )
+    shape, scale_shape = list(blocks.entry.shape), list(scales.entry.shape)
+    if blocks.entry.dtype != "U8" or scales.entry.dtype != "U8" or len(shape) != 4 or shape[3] != 16:
+        raise UnsupportedDtypeError(
+            f"{blocks.file}: tensor {blocks.name!r} is {blocks.entry.dtype}{shape} with scales "
+            f"{scales.entry.dtype}{scale_shape}; MXFP4 blocks are U8 [experts, rows, groups, 16] with U8 scales "
+            f"[experts, rows, groups]; {CONVERT}"
+        )
+    if scale_shape != shape[:3]:
+        raise UnsupportedDtypeError(
+            f"{scales.file}: tensor {scales.name!r} has shape {scale_shape}, but {blocks.name!r} {shape} needs "
+            f"{shape[:3]} scales; the checkpoint is inconsistent, re-download or re-save it"
+        )
+    return scales
 
 
 def _as_block(value: object) -> tuple[int, int] | None:
