@@ -383,3 +383,29 @@ def test_mxfp4_refusals(mxfp4: tuple[Family, Path], tmp_path: Path, change: Any,
     outcome = as_process("merge", base, *fam.agents, "--out", tmp_path / "out", "--cache-dir", tmp_path / "c")
     one_line_error(outcome, *needles)
     assert_nothing_finished(tmp_path / "out")
+
+
+# -- inspect ----------------------------------------------------------------------------------------
+
+
+def test_inspect_lists_quantized_tensors_without_their_scales(
+    fp8: tuple[Family, Path], mxfp4: tuple[Family, Path], tmp_path: Path
+) -> None:
+    for (fam, _), stored in ((fp8, "F8_E4M3"), (mxfp4, "F32")):
+        index = tmp_path / f"index-{stored}"
+        ok(in_process("probe", fam.base, *fam.agents, "--index", index, "--cache-dir", tmp_path / "c"))
+        shown = in_process("inspect", index, "--by", "tensor", "--json")
+        assert shown.code == 0, shown.err
+        tensors = {t["key"]: t for t in json.loads(shown.out)["tensors"]}
+        assert set(tensors) == set(fam.shapes)  # no _scale_inv, _blocks or _scales
+        quantized = [n for n, t in tensors.items() if t["dtypes"][0] == stored]
+        assert quantized and all(tensors[n]["dtypes"][1:] == ["BF16"] * len(fam.agents) for n in quantized)
+        for name in quantized:
+            assert tensors[name]["shape"] == list(fam.shapes[name])
+            density = reference_density(fam, name)
+            assert [a["density"] for a in tensors[name]["agents"]] == pytest.approx(density)
+
+
+def reference_density(fam: Family, name: str, eps: float = 1e-5) -> list[float]:
+    """Each agent's share of elements with float32(eps) < |tau| (tau against the dequantized base)."""
+    return [float(np.mean(np.abs(fam.task_vector(t, name)) > np.float32(eps))) for t in range(len(fam.agents))]
