@@ -98,7 +98,7 @@ def output_options(f: F) -> F:
         type=click.Choice(["auto", "bf16", "f16", "f32"]),
         default="auto",
         show_default=True,
-        help="auto keeps each tensor's base dtype.",
+        help="auto keeps each tensor's base dtype (bf16 for a tensor the base stores quantized).",
     )(f)
     return click.option("--index", "index", type=click.Path(path_type=Path), default=None)(f)
 
