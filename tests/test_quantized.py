@@ -238,7 +238,11 @@ def test_deepseek_moe_every_budget_and_backend(deepseek: tuple[Family, Path], tm
     _same(_merge(fam.base, fam, tmp_path / "torch", "ties", given, backend="torch", block_elems=1 << 16), converted)
 
 
-KILLS = {"probe": ("ram+", "progress/probe/c.1"), "merge": ("ties", "journal/merge/c.1")}
+KILLS = {
+    "probe": ("ram+", "progress/probe/c.1", []),
+    "merge": ("ties", "journal/merge/c.1", []),
+    "merge-fp8-out": ("ties", "journal/merge/c.1", ["--out-dtype", "fp8"]),
+}
 
 
 @pytest.mark.slow  # three CLI processes per case
@@ -247,8 +251,9 @@ def test_killed_mid_pass_the_rerun_gives_the_same_bytes(
     deepseek: tuple[Family, Path], tmp_path: Path, where: str
 ) -> None:
     fam, _ = deepseek
-    method, step = KILLS[where]
+    method, step, more = KILLS[where]
     opts = ["--method", method, *(["--density", "0.3"] if method == "ties" else []), "--memory", "16MiB", "--quiet"]
+    opts += more
     members = [fam.base, *fam.agents]
     run_ok(cli("merge", *members, "--out", tmp_path / "ref", *opts, "--cache-dir", tmp_path / "cache-ref"))
     out = tmp_path / "out"
@@ -409,3 +414,53 @@ def test_inspect_lists_quantized_tensors_without_their_scales(
 def reference_density(fam: Family, name: str, eps: float = 1e-5) -> list[float]:
     """Each agent's share of elements with float32(eps) < |tau| (tau against the dequantized base)."""
     return [float(np.mean(np.abs(fam.task_vector(t, name)) > np.float32(eps))) for t in range(len(fam.agents))]
+
+
+# -- --out-dtype fp8: the base's scheme, scales recomputed per block -------------------------------
+
+
+def _fp8_reference(fam: Family) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
+    """The RAM+ merge as the test quantizes it: per 128 x 128 block, scale = f32(max |v|) / 448 (1
+    for an all-zero block), codes = torch's float8_e4m3fn of f32(v / scale)."""
+    import torch
+
+    merged = reference_merge(fam, out_dtype="f32")
+    expected = reference_merge(fam, out_dtype="bf16")
+    for name, (shape, quantized) in FP8_SHAPES.items():
+        if not quantized:
+            continue
+        values = torch.from_numpy(merged[name][2].reshape(shape).copy())
+        rows, cols = shape
+        padded = torch.zeros(-(-rows // 128) * 128, -(-cols // 128) * 128)
+        padded[:rows, :cols] = values
+        amax = padded.reshape(padded.shape[0] // 128, 128, padded.shape[1] // 128, 128).abs().amax(dim=(1, 3))
+        scale = torch.where(amax > 0, amax / torch.tensor(448.0), torch.tensor(1.0))
+        expanded = scale.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+        codes = (values / expanded).to(torch.float8_e4m3fn).view(torch.uint8).numpy().ravel()
+        expected[name] = ("F8_E4M3", shape, codes)
+        expected[name + "_scale_inv"] = ("F32", tuple(scale.shape), scale.numpy().ravel())
+    return expected
+
+
+def test_out_dtype_fp8_writes_the_bases_scheme(fp8: tuple[Family, Path], tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    fam, _ = fp8
+    expected = _fp8_reference(fam)
+    for block, backend in ((192, "numba"), (1 << 16, "numba"), (4096, "torch")):
+        out = tmp_path / f"out-{block}-{backend}"
+        options = RunOptions(cache_dir=tmp_path / "cache", quiet=True, block_elems=block, backend=backend)
+        merge(fam.base, [str(a) for a in fam.agents], out=out, out_dtype="fp8", options=options)
+        assert_bit_identical(out, expected)
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == quantization_config()
+    assert "scales recomputed per block" in (out / "README.md").read_text()
+    again = tmp_path / "again"  # the output is an FP8 base like the one it came from
+    ok(in_process("merge", out, *fam.agents, "--out", again, "--cache-dir", tmp_path / "c"))
+
+
+def test_out_dtype_fp8_is_refused_for_other_bases(mxfp4: tuple[Family, Path], tmp_path: Path) -> None:
+    fam, as_f32 = mxfp4
+    for base, needle in ((fam.base, "mxfp4"), (as_f32, "not stored quantized")):
+        outcome = as_process("merge", base, *fam.agents, "--out", tmp_path / "out", "--out-dtype", "fp8")
+        one_line_error(outcome, "--out-dtype fp8", needle)
+        assert_nothing_finished(tmp_path / "out")

@@ -130,3 +130,42 @@ def _mxfp4_into(out: np.ndarray, ref: QuantRef, files: InputFiles, start: int) -
         first = at - e * per_expert - h0 * rows
         out[at - start : end - start] = span[first : first + end - at]
         at = end
+
+
+def _positive_fp8(dtype: str) -> np.ndarray:
+    """float32: the finite non-negative values of an FP8 format, by code (increasing)."""
+    table = FP8_VALUES[dtype][:128]
+    return table[np.isfinite(table)]
+
+
+def encode_fp8(values: np.ndarray, dtype: str) -> np.ndarray:
+    """uint8 FP8 codes of float32 ``values``, rounded to nearest, ties to even (the code whose
+    last bit is 0), saturating at the format's largest finite value; NaN stays NaN."""
+    positive = _positive_fp8(dtype)
+    magnitude = np.minimum(np.abs(values), positive[-1])
+    above = np.minimum(np.searchsorted(positive, magnitude), positive.size - 1)
+    below = np.maximum(above - 1, 0)
+    to_above, to_below = positive[above] - magnitude, magnitude - positive[below]
+    tie = to_above == to_below
+    code = np.where(to_below < to_above, below, above)
+    code = np.where(tie, np.where(below % 2 == 0, below, above), code).astype(np.uint8)
+    code |= np.signbit(values).astype(np.uint8) << 7
+    nan = np.uint8(0x7F) if dtype == "F8_E4M3" else np.uint8(0x7E)
+    return np.where(np.isnan(values), nan, code).astype(np.uint8)
+
+
+def quantize_bands(values: np.ndarray, cols: int, block: tuple[int, int], dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, scales)`` of whole rows of a tensor (float32, flat, starting at a band of
+    ``block[0]`` rows): per block of bm x bn, scale = f32(max |v|) / f32(largest finite) (1 for
+    an all-zero block), code = fp8(f32(v / scale)); scales (bands, ceil(cols / bn)) float32."""
+    bm, bn = block
+    rows = values.size // cols
+    bands, scale_cols = -(-rows // bm), -(-cols // bn)
+    padded = np.zeros((bands * bm, scale_cols * bn), np.float32)
+    padded[:rows, :cols] = values.reshape(rows, cols)
+    amax = np.abs(padded).reshape(bands, bm, scale_cols, bn).max(axis=(1, 3))
+    scales = np.where(amax > 0, amax / _positive_fp8(dtype)[-1], np.float32(1)).astype(np.float32)
+    per_element = np.repeat(np.repeat(scales, bm, axis=0), bn, axis=1)[:rows, :cols].reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        codes = encode_fp8((values / per_element).astype(np.float32), dtype)
+    return codes, scales

@@ -90,7 +90,12 @@ def _quantized(family: Family, record: dict[str, Any]) -> list[str]:
                 f"The {role} {text(member.name)} is stored quantized ({text(member.scheme.summary)}): its quantized "
                 "tensors were read dequantized to float32."
             )
-    if family.base.scheme is not None:
+    if family.base.scheme is not None and record["run"]["out_dtype"] == "fp8":
+        lines.append(
+            "The merged tensors the base stores quantized are written in its scheme, their scales recomputed "
+            "per block from the merged values, and config.json keeps its `quantization_config`."
+        )
+    elif family.base.scheme is not None:
         out = record["run"]["out_dtype"]
         lines.append(
             f"The merged tensors are written in {'bf16' if out == 'auto' else out}, so the base's "
