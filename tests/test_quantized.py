@@ -464,3 +464,13 @@ def test_out_dtype_fp8_is_refused_for_other_bases(mxfp4: tuple[Family, Path], tm
         outcome = as_process("merge", base, *fam.agents, "--out", tmp_path / "out", "--out-dtype", "fp8")
         one_line_error(outcome, "--out-dtype fp8", needle)
         assert_nothing_finished(tmp_path / "out")
+
+
+def test_out_dtype_fp8_refuses_a_budget_below_one_band(tmp_path: Path) -> None:
+    wide = {"model.norm.weight": ((64,), False), "model.layers.0.mlp.up_proj.weight": ((128, 2400), True)}
+    fam, _ = build_fp8_family(tmp_path / "fam", shapes=wide, densities=(0.3,))
+    args = ["merge", fam.base, *fam.agents, "--out-dtype", "fp8", "--cache-dir", tmp_path / "c"]
+    outcome = as_process(*args, "--out", tmp_path / "out", "--memory", "16MiB")
+    one_line_error(outcome, "model.layers.0.mlp.up_proj.weight", "--out-dtype fp8", "--memory 19MiB")
+    assert_nothing_finished(tmp_path / "out")
+    ok(in_process(*args, "--out", tmp_path / "out", "--memory", "19MiB"))
