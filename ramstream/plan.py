@@ -20,7 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ramstream.format.dtypes import ITEMSIZE, is_float
+from ramstream.format.dtypes import ITEMSIZE, is_merged
 from ramstream.format.family import Family
 
 MIN_BLOCK = 1 << 16
@@ -39,8 +39,8 @@ class TensorPlan:
 
     @property
     def merged(self) -> bool:
-        """Float tensors are merged; the others are copied from the base."""
-        return is_float(self.dtypes[0])
+        """Float tensors (quantized ones too) are merged; the others are copied from the base."""
+        return is_merged(self.dtypes[0])
 
 
 @dataclass(frozen=True)
@@ -143,10 +143,12 @@ class Plan:
 def bytes_per_element(family: Family, out_itemsize: int = 0) -> int:
     """Worst-case bytes held per block element: every input decoded to f32, masks, and the outputs'
     staging buffers (``out_itemsize``: their bytes per element, all slots of all outputs). A LoRA
-    agent's task vector is computed into memory (``blocks.lora``) before any decoding: 4 more."""
+    agent's task vector is computed into memory (``blocks.lora``) before any decoding: 4 more; so
+    are a quantized member's dequantized values (``blocks.quantized``): 4 more."""
     n_agents = len(family.agents)
     lora_agents = sum(1 for a in family.agents if a.deltas)
-    return 4 * (n_agents + 1) + n_agents + 4 * lora_agents + out_itemsize
+    quantized = sum(1 for m in family.members if m.quantized)
+    return 4 * (n_agents + 1) + n_agents + 4 * (lora_agents + quantized) + out_itemsize
 
 
 def elements_within(memory: int, per_element: int) -> int:
@@ -168,7 +170,7 @@ def block_elems_for(memory: int, per_element: int) -> int:
     return size
 
 
-def make_plan(family: Family, block_elems: int, row_aligned: bool = False) -> Plan:
+def make_plan(family: Family, block_elems: int, row_aligned: bool = False, bands: dict[str, int] | None = None) -> Plan:
     tensors = tuple(
         TensorPlan(
             name,
@@ -178,7 +180,7 @@ def make_plan(family: Family, block_elems: int, row_aligned: bool = False) -> Pl
         )
         for name, ref in family.base.tensors.items()
     )
-    return plan_from_tensors(tensors, block_elems, row_aligned)
+    return plan_from_tensors(tensors, block_elems, row_aligned, bands)
 
 
 def row_elements(t: TensorPlan) -> int:
@@ -191,17 +193,22 @@ def _row(t: TensorPlan) -> int:
     return max(1, t.numel // t.shape[0]) if len(t.shape) >= 2 and t.shape[0] else max(t.numel, 1)
 
 
-def plan_from_tensors(tensors: tuple[TensorPlan, ...], block_elems: int, row_aligned: bool = False) -> Plan:
+def plan_from_tensors(
+    tensors: tuple[TensorPlan, ...], block_elems: int, row_aligned: bool = False, bands: dict[str, int] | None = None
+) -> Plan:
     """Blocks of ``block_elems`` elements over the merged tensors, in tensor order.
 
     With ``row_aligned`` (methods that rank elements within a row), a block holds whole rows:
-    as many as fit in ``block_elems``, and at least one.
+    as many as fit in ``block_elems``, and at least one. A tensor named in ``bands`` (one written
+    in FP8 with a scale per band of that many rows) has blocks of whole bands, at least one.
     """
     blocks: list[Block] = []
     for ti, t in enumerate(tensors):
         if not t.merged:
             continue
-        step = max(1, block_elems // _row(t)) * _row(t) if row_aligned else block_elems
+        unit = _row(t) * (bands or {}).get(t.name, 1)
+        aligned = row_aligned or unit > _row(t)
+        step = max(1, block_elems // unit) * unit if aligned else block_elems
         for start in range(0, t.numel, step):
             blocks.append(Block(len(blocks), ti, start, min(start + step, t.numel)))
     return Plan(tensors, block_elems, tuple(blocks))

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-NP_OF = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64, "I32": np.int32, "U8": np.uint8}
+NP_OF = {
+    "F32": np.float32,
+    "F16": np.float16,
+    "F64": np.float64,
+    "I64": np.int64,
+    "I32": np.int32,
+    "U8": np.uint8,
+    "F8_E4M3": np.uint8,
+    "F8_E5M2": np.uint8,
+}
 
 
 def f32_to_bf16(values: np.ndarray) -> np.ndarray:

@@ -2,7 +2,9 @@
 read their own tiles) or read-only mapped views of the raw carriers (``base``, ``agents``).
 
 A LoRA agent's input is its float32 task vector over the block (code ``TAU32``), computed once
-per block (or span) from its factors (``blocks.lora``) and handed out both ways.
+per block (or span) from its factors (``blocks.lora``) and handed out both ways; a quantized
+tensor's (``format.quantized``) is its dequantized float32 values (code ``F32``,
+``blocks.quantized``), the same way.
 
 Views are made on first use, so a block read through ``sources`` maps nothing; the pages mapped
 for a batch's blocks are released with the batch (``BlockReader.release``). Read-ahead hints and
@@ -19,17 +21,19 @@ from typing import cast
 import numpy as np
 
 from ramstream.blocks.lora import Product, delta_block, numpy_product
+from ramstream.blocks.quantized import dequantized_block
 from ramstream.blocks.sources import BlockSources
 from ramstream.errors import InputError, NonFiniteWeightError, TaskVectorOverflowError
 from ramstream.format import codecs
-from ramstream.format.checkpoint import DeltaRef, TensorRef
+from ramstream.format.checkpoint import DeltaRef, QuantRef, TensorRef
 from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, TAU32, FloatCode
 from ramstream.format.family import Family
 from ramstream.io.reader import InputFiles
 from ramstream.plan import Batch, Block, Plan
 
 Views = tuple[np.ndarray, int, tuple[np.ndarray, ...], np.ndarray]
-Ref = TensorRef | DeltaRef  # how a member holds a tensor: in a file, or as a LoRA task vector
+# How a member holds a tensor: in a file, as a LoRA task vector, or quantized (with its scales)
+Ref = TensorRef | DeltaRef | QuantRef
 
 
 class BlockArrays:
@@ -122,27 +126,37 @@ class BlockReader:
 
     def _refs(self, block: Block) -> list[Ref]:
         name = self.plan.tensors[block.tensor].name
-        return [m.deltas[name] if name in m.deltas else m.tensors[name] for m in self.family.members]
+        return [
+            m.deltas[name] if name in m.deltas else m.quantized[name] if name in m.quantized else m.tensors[name]
+            for m in self.family.members
+        ]
 
     def _file_refs(self, block: Block) -> list[TensorRef]:
-        return [r for r in self._refs(block) if isinstance(r, TensorRef)]
+        """The tensors read for a block in proportion to its size (a quantized one's weight)."""
+        refs = self._refs(block)
+        quantized = [r.weight for r in refs if isinstance(r, QuantRef) and r.layout == "scaled"]  # 1 byte an element
+        return [r for r in refs if isinstance(r, TensorRef)] + quantized
 
     def arrays(self, block: Block) -> BlockArrays:
         return BlockArrays(self, block, block.start, block.stop)
 
     def _held(self, block: Block, start: int, stop: int) -> tuple[np.ndarray | None, ...]:
-        return tuple(
-            _readonly(delta_block(r, self.files, start, stop, self.product)) if isinstance(r, DeltaRef) else None
-            for r in self._refs(block)
-        )
+        computed = (self._computed(r, start, stop) for r in self._refs(block))
+        return tuple(None if v is None else _readonly(v) for v in computed)
+
+    def _computed(self, ref: Ref, start: int, stop: int) -> np.ndarray | None:
+        """An input's values over [start, stop) when they are computed, not read: a LoRA agent's
+        task vector, a quantized tensor's float32 values; None for a tensor read from its file."""
+        if isinstance(ref, DeltaRef):
+            return delta_block(ref, self.files, start, stop, self.product)
+        if isinstance(ref, QuantRef):
+            return dequantized_block(ref, self.files, start, stop)
+        return None
 
     def _sources(self, block: Block, start: int, stop: int, held: tuple[np.ndarray | None, ...]) -> BlockSources:
         refs = self._refs(block)
         return BlockSources(
-            tuple(
-                r.file if isinstance(r, TensorRef) else m.files[0]
-                for r, m in zip(refs, self.family.members, strict=True)
-            ),
+            tuple(_file(r, m.files[0]) for r, m in zip(refs, self.family.members, strict=True)),
             np.array([_offset(r, start) for r in refs], np.int64),
             np.array([_code(r) for r in refs], np.int64),
             stop - start,
@@ -200,6 +214,15 @@ class BlockReader:
         self._mapped.setdefault(block.index, []).append((element, element + 1))
         values: list[float | None] = []  # None: a LoRA agent's task vector, finite, which cannot overflow
         for ref, member in zip(self._refs(block), self.family.members, strict=True):
+            if isinstance(ref, QuantRef):
+                value = dequantized_block(ref, self.files, element, element + 1)[0]
+                if not np.isfinite(value):
+                    return NonFiniteWeightError(
+                        f"{ref.weight.file}: tensor {tensor.name!r} of {member.name} holds {value} at index {where} "
+                        "(a NaN in the FP8 weight or its scale, or a scale too large); fix the checkpoint"
+                    )
+                values.append(value)
+                continue
             if isinstance(ref, DeltaRef):
                 delta = delta_block(ref, self.files, element, element + 1)[0]
                 if not np.isfinite(delta):
@@ -219,15 +242,15 @@ class BlockReader:
             values.append(value)
         refs, members = self._refs(block), self.family.members
         for ref, member, value in zip(refs[1:], members[1:], values[1:], strict=True):
-            if value is None or not isinstance(ref, TensorRef):
+            if value is None or isinstance(ref, DeltaRef):
                 continue
             with np.errstate(over="ignore"):
                 tau = np.float32(value) - np.float32(values[0])
             if not np.isfinite(tau):
                 return TaskVectorOverflowError(
-                    f"{ref.file}: tensor {tensor.name!r} of {member.name} at index {where}: its task vector "
-                    f"overflows float32 ({value:.7g} minus the base's {values[0]:.7g}): both weights are finite, but "
-                    "too far apart to merge; fix the checkpoint (a weight near float32's limit, 3.4e38, is "
+                    f"{_file(ref, member.files[0])}: tensor {tensor.name!r} of {member.name} at index {where}: its "
+                    f"task vector overflows float32 ({value:.7g} minus the base's {values[0]:.7g}): both weights are "
+                    "finite, but too far apart to merge; fix the checkpoint (a weight near float32's limit, 3.4e38, is "
                     "seldom a trained one)"
                 )
         return NonFiniteWeightError(f"tensor {tensor.name!r}: non-finite value at element {element}")
@@ -249,7 +272,19 @@ def _offset(ref: Ref, start: int) -> int:
 
 
 def _code(ref: Ref) -> int:
-    return TAU32 if isinstance(ref, DeltaRef) else int(FLOAT_CODES[ref.entry.dtype])
+    if isinstance(ref, DeltaRef):
+        return TAU32
+    if isinstance(ref, QuantRef):
+        return int(FloatCode.F32)  # its values, dequantized
+    return int(FLOAT_CODES[ref.entry.dtype])
+
+
+def _file(ref: Ref, fallback: Path) -> Path:
+    """The file an input is read from (a quantized tensor's weight's), or ``fallback`` (a LoRA
+    agent's first file, for messages)."""
+    if isinstance(ref, TensorRef):
+        return ref.file
+    return ref.weight.file if isinstance(ref, QuantRef) else fallback
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:

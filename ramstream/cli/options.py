@@ -95,10 +95,11 @@ def output_options(f: F) -> F:
     f = click.option("--shard-size", type=Size(), default=str(DEFAULT_SHARD_SIZE), show_default=True)(f)
     f = click.option(
         "--out-dtype",
-        type=click.Choice(["auto", "bf16", "f16", "f32"]),
+        type=click.Choice(["auto", "bf16", "f16", "f32", "fp8"]),
         default="auto",
         show_default=True,
-        help="auto keeps each tensor's base dtype.",
+        help="auto keeps each tensor's base dtype (bf16 for a tensor the base stores quantized); fp8 writes "
+        "those in the base's FP8 scheme.",
     )(f)
     return click.option("--index", "index", type=click.Path(path_type=Path), default=None)(f)
 

@@ -71,9 +71,47 @@ class DeltaRef:
 
 
 @dataclass(frozen=True)
+class QuantRef:
+    """A tensor stored quantized (``format.quantized``): its value is float32, element (i, j) of
+    the 2-D ``weight`` (FP8) being ``f32(weight[i, j]) * f32(scale[i // block[0], j // block[1]])``.
+    ``blocks.quantized`` computes it; the scale belongs to the weight and is never merged.
+
+    ``layout`` "mxfp4" (gpt-oss's experts): ``weight`` is ``<name>_blocks`` (U8 [E, R, G, 16], two
+    FP4 E2M1 values a byte, low nibble first), ``scale`` ``<name>_scales`` (U8 [E, R, G], one E8M0
+    exponent per 32 values), and the tensor is their values transposed, [E, G * 32, R], as
+    transformers dequantizes them: element (e, h, r) is ``fp4(blocks[e, r, h // 32, h % 32 // 2],
+    nibble h % 2) * 2 ** (scales[e, r, h // 32] - 127)``; ``block`` is unused."""
+
+    name: str
+    weight: TensorRef
+    scale: TensorRef
+    block: tuple[int, int]  # rows, columns of the elements sharing one scale
+    layout: str = "scaled"  # or "mxfp4"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.layout == "mxfp4":
+            experts, rows, groups, _ = self.weight.entry.shape
+            return (experts, groups * 32, rows)
+        return self.weight.entry.shape
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How a checkpoint's ``config.json`` says its weights are quantized: ``method`` as its
+    ``quant_method`` names it, a short ``summary`` for messages and the model card."""
+
+    method: str
+    summary: str
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """One model: its name, its directory (for config/tokenizer files), its tensors in order, and
     the hub repo and commit it was resolved from (None for a local path).
+
+    A quantized checkpoint (``format.quantized``) keeps its quantized weights in ``tensors`` (their
+    file's dtype, FP8) and describes them in ``quantized`` too; their scale tensors are in neither.
 
     A LoRA agent (``format.lora``) has its full tensors (``modules_to_save``) in ``tensors`` and
     every other merged tensor in ``deltas``, given as a task vector; ``described_by`` names the
@@ -87,6 +125,8 @@ class Checkpoint:
     hub: HubSource | None = None
     deltas: dict[str, DeltaRef] = field(default_factory=dict)
     described_by: tuple[Path, ...] = ()
+    quantized: dict[str, QuantRef] = field(default_factory=dict)  # tensors read dequantized (their scales apart)
+    scheme: QuantScheme | None = None  # set when ``quantized`` is not empty
 
     @property
     def files(self) -> tuple[Path, ...]:

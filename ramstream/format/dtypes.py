@@ -49,8 +49,11 @@ FLOAT_CODES: dict[str, FloatCode] = {
     "F64": FloatCode.F64,
 }
 
-# Float formats we cannot decode: merging them would be a silent lie, so they are refused.
+# Float formats we cannot decode alone: merging them would be a silent lie, so they are refused,
+# unless the checkpoint's quantization_config names their scales (``format.quantized``): then the
+# tensor is read dequantized, as float32 (``blocks.quantized``).
 UNDECODABLE_FLOATS = frozenset({"F8_E4M3", "F8_E5M2"})
+FP8_FLOATS = UNDECODABLE_FLOATS
 
 RAW_CARRIER: dict[FloatCode, type[np.generic]] = {
     FloatCode.BF16: np.uint16,
@@ -64,5 +67,12 @@ TORCH_NAMES: dict[str, str] = {"BF16": "bfloat16", "F16": "float16", "F32": "flo
 
 
 def is_float(dtype: str) -> bool:
-    """True for the dtypes that are merged (the others are copied from the base)."""
+    """True for the dtypes the kernels decode."""
     return dtype in FLOAT_CODES
+
+
+def is_merged(dtype: str) -> bool:
+    """True for the dtypes that are merged (the others are copied from the base): the float ones,
+    and FP8, which reaches a family only with its scales (``format.quantized``) and is merged as
+    its dequantized float32 values."""
+    return dtype in FLOAT_CODES or dtype in FP8_FLOATS

@@ -10,11 +10,12 @@ from pathlib import Path
 
 from ramstream.config import DEFAULT_HUB_TIMEOUT
 from ramstream.errors import ConfigError, InputError, MismatchError, UnsupportedDtypeError
-from ramstream.format.checkpoint import Checkpoint, DeltaRef, open_checkpoint
-from ramstream.format.dtypes import UNDECODABLE_FLOATS, is_float
+from ramstream.format.checkpoint import Checkpoint, DeltaRef, QuantRef, open_checkpoint
+from ramstream.format.dtypes import UNDECODABLE_FLOATS, is_merged
 from ramstream.format.fingerprint import checkpoint_fingerprint
 from ramstream.format.hub import HubAccess
 from ramstream.format.lora import is_adapter, open_adapter
+from ramstream.format.quantized import with_quantization
 from ramstream.format.tied_heads import reconcile_head, untie_base
 
 
@@ -53,8 +54,8 @@ def open_family(
     if len(agents) < min_agents:
         raise ConfigError(f"need at least {min_agents} agent checkpoint(s), got {len(agents)}")
     hub = HubAccess(hf_cache, hub_timeout)
-    base_ckpt = open_checkpoint(base, hub)
-    opened = [None if is_adapter(a) else open_checkpoint(a, hub) for a in agents]
+    base_ckpt = with_quantization(open_checkpoint(base, hub))
+    opened = [None if is_adapter(a) else with_quantization(open_checkpoint(a, hub)) for a in agents]
     base_ckpt = untie_base(base_ckpt)  # a LoRA agent is read against the tensors the base keeps
     agent_ckpts = tuple(
         open_adapter(a, base_ckpt, str(base)) if c is None else c for a, c in zip(agents, opened, strict=True)
@@ -111,13 +112,13 @@ def _check_agent(base: Checkpoint, agent: Checkpoint) -> None:
                 f"{other.file}: tensor {name!r} has shape {list(other.entry.shape)} "
                 f"but the base has {list(ref.entry.shape)}; agents must share the base architecture"
             )
-        for r in (ref, other):
-            if r.entry.dtype in UNDECODABLE_FLOATS:
+        for r, member in ((ref, base), (other, agent)):
+            if r.entry.dtype in UNDECODABLE_FLOATS and name not in member.quantized:
                 raise UnsupportedDtypeError(
                     f"{r.file}: tensor {name!r} is {r.entry.dtype}, which ramstream cannot decode; "
                     "convert the checkpoint to bf16, f16 or f32 first"
                 )
-        if is_float(ref.entry.dtype) != is_float(other.entry.dtype):
+        if is_merged(ref.entry.dtype) != is_merged(other.entry.dtype):
             raise MismatchError(
                 f"{other.file}: tensor {name!r} is {other.entry.dtype} but the base has {ref.entry.dtype}"
             )
@@ -141,10 +142,19 @@ def with_absolute_paths(family: Family) -> Family:
             headers=tuple(replace(h, path=absolute(h.path)) for h in ckpt.headers),
             tensors={k: replace(ref, file=absolute(ref.file)) for k, ref in ckpt.tensors.items()},
             deltas={k: _absolute_delta(d, absolute) for k, d in ckpt.deltas.items()},
+            quantized={k: _absolute_quant(q, absolute) for k, q in ckpt.quantized.items()},
             described_by=tuple(absolute(p) for p in ckpt.described_by),
         )
 
     return Family(member(family.base), tuple(member(a) for a in family.agents))
+
+
+def _absolute_quant(quant: QuantRef, absolute: Callable[[Path], Path]) -> QuantRef:
+    return replace(
+        quant,
+        weight=replace(quant.weight, file=absolute(quant.weight.file)),
+        scale=replace(quant.scale, file=absolute(quant.scale.file)),
+    )
 
 
 def _absolute_delta(delta: DeltaRef, absolute: Callable[[Path], Path]) -> DeltaRef:

@@ -30,14 +30,14 @@ from ramstream.blocks import BlockArrays
 from ramstream.errors import NonFiniteOutputError, RamstreamError, TaskVectorOverflowError
 from ramstream.execution.executor import Executor
 from ramstream.execution.progress import Done, Progress
-from ramstream.format.dtypes import FLOAT_CODES, ITEMSIZE, RAW_CARRIER
+from ramstream.format.dtypes import FLOAT_CODES, FP8_FLOATS, ITEMSIZE, RAW_CARRIER, FloatCode
 from ramstream.format.family import Family, with_absolute_paths
 from ramstream.index.guard import store_io
 from ramstream.index.journal import Journal
 from ramstream.index.local_store import open_group as durable_group
 from ramstream.io.reader import InputFiles
 from ramstream.io.writer import Run, ShardLayout, ShardWriter
-from ramstream.merge import finite
+from ramstream.merge import finite, fp8_out
 from ramstream.methods.base import BlockMerger, Fused
 from ramstream.plan import Batch, Block, Plan
 
@@ -122,11 +122,16 @@ class MergeBlocks:
         self.writer = writer
 
     def _runs(self, batch: Batch) -> tuple[list[Run], list[tuple[int, int]]]:
-        """The batch's runs, and for each block its run and byte offset within the run."""
+        """The batch's runs, and for each block its run and byte offset within the run; a block
+        written in FP8 is followed by its scales' run (``fp8_out``)."""
         plan, out_dtypes = self.job.plan, self.job.out_dtypes
         runs: list[Run] = []
         where: list[tuple[int, int]] = []
         for b in batch.blocks:
+            if out_dtypes[plan.blocks[b].tensor] in FP8_FLOATS:
+                where.append((len(runs), 0))
+                runs += fp8_out.runs(self.writer, self._fp8_of(plan.blocks[b]), plan.blocks[b])
+                continue
             block = plan.blocks[b]
             itemsize = ITEMSIZE[out_dtypes[block.tensor]]
             name = plan.tensors[block.tensor].name
@@ -151,9 +156,17 @@ class MergeBlocks:
         runs, where = self._runs(batch)
         return Staged(runs, self.writer.staging_runs(slot, runs), where)
 
+    def _fp8_of(self, block: Block) -> fp8_out.Fp8Tensor:
+        tensor = self.job.plan.tensors[block.tensor]
+        block_shape = self.job.family.base.quantized[tensor.name].block
+        return fp8_out.Fp8Tensor(tensor.name, tensor.shape, block_shape, self.job.out_dtypes[block.tensor])
+
     def out_of(self, staged: Staged, i: int, block: Block) -> tuple[np.ndarray, int]:
-        """Block ``i`` of the batch's output (its format's raw carrier) and format code."""
+        """Block ``i`` of the batch's output (its format's raw carrier) and format code; for a
+        block written in FP8, a float32 buffer that ``finish`` quantizes into place."""
         out_dtype = self.job.out_dtypes[block.tensor]
+        if out_dtype in FP8_FLOATS:
+            return np.empty(block.size, np.float32), int(FloatCode.F32)
         carrier = np.dtype(RAW_CARRIER[FLOAT_CODES[out_dtype]])
         run, at = staged.where[i]
         return staged.buffers[run][at : at + block.size * carrier.itemsize].view(carrier), int(FLOAT_CODES[out_dtype])
@@ -164,6 +177,13 @@ class MergeBlocks:
         finite.check_block(
             out, code, arrays, block, name, job.check_nonfinite, job.merge_block, backend, job.task_vectors
         )
+
+    def finish(self, staged: Staged, i: int, block: Block, out: np.ndarray) -> None:
+        """Quantize block ``i``'s merged float32 values into its staged FP8 bytes and scales (no-op
+        for other formats)."""
+        if self.job.out_dtypes[block.tensor] in FP8_FLOATS:
+            run = staged.where[i][0]
+            fp8_out.quantize_into(self._fp8_of(block), out, staged.buffers[run], staged.buffers[run + 1])
 
     def write(self, batch: Batch, result: MergedBatch) -> None:
         self.writer.write_runs(result.runs)
@@ -216,6 +236,7 @@ class Outputs:
                 for k, (out, out_code) in zip(members, outs, strict=True):
                     if k not in self.failed:
                         self._checked(k, block, block_arrays, backend, out, out_code)
+                        self.parts[k].finish(staged[k], i, block, out)
         return [MergedBatch(list(zip(s.runs, s.buffers, strict=True))) for s in staged]
 
     def failures(self) -> dict[int, RamstreamError]:

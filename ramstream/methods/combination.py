@@ -25,7 +25,7 @@ import numpy as np
 from ramstream.backends.base import Backend
 from ramstream.backends.base import LinearParams as LinearRecord
 from ramstream.blocks import BlockArrays
-from ramstream.format.dtypes import is_float
+from ramstream.format.dtypes import is_merged
 from ramstream.methods.base import Prepared
 from ramstream.methods.gta import gta_prepared
 from ramstream.plan import Block
@@ -59,7 +59,7 @@ def combination_prepared(ctx: StatsContext, weights: bool, coefficients: Coeffic
     matrices = grams(ctx, weights)
     # an integer tensor is copied from the base, never merged: its Gram matrix is not gathered
     # (zeros), and a method's formula over it could only refuse (multislerp: no direction)
-    merged = [is_float(ref.entry.dtype) for ref in ctx.family.base.tensors.values()]
+    merged = [is_merged(ref.entry.dtype) for ref in ctx.family.base.tensors.values()]
     coefs = np.array(
         [coefficients(t, g) if merged[t] else np.zeros(len(g)) for t, g in enumerate(matrices)], np.float64
     ).astype(np.float32)

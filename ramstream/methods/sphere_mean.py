@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ramstream.errors import ConfigError
-from ramstream.format.dtypes import is_float
+from ramstream.format.dtypes import is_merged
 from ramstream.methods import options
 from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
@@ -110,7 +110,7 @@ def _check_directions(weights: np.ndarray, names: list[str], ctx: StatsContext, 
     """Refuse, before any pass, weights that give a merged tensor no direction to take: all 0,
     or (``normalize_weights``) summing to 0, which cannot be divided by."""
     for name, row in zip(names, weights, strict=True):
-        if len(row) < 2 or not is_float(ctx.family.base.tensors[name].entry.dtype):
+        if len(row) < 2 or not is_merged(ctx.family.base.tensors[name].entry.dtype):
             continue  # one model is returned as it is; an integer tensor is copied
         if not row.any():
             raise ConfigError(

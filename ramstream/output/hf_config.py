@@ -1,4 +1,6 @@
-"""The output's ``config.json``: the base's, with its dtype set to what the merge wrote; for a
+"""The output's ``config.json``: the base's, with its dtype set to what the merge wrote (and,
+for a quantized base written dequantized, without its ``quantization_config``: the output holds
+no scales; with ``--out-dtype fp8`` it is kept, the output being in that scheme); for a
 stack of layers (passthrough), also its layer count and its per-layer lists."""
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ramstream.errors import InputError
-from ramstream.format.dtypes import TORCH_NAMES
+from ramstream.format.dtypes import FP8_FLOATS, TORCH_NAMES
 from ramstream.format.family import Family
 
 # Where a config.json gives its layer count: transformers' name, and GPT-2's, GPT-J's, BLOOM's.
@@ -24,6 +26,8 @@ def merged_config(path: Path | None, family: Family, dtypes: tuple[str, ...]) ->
     if path is None:
         return None
     config = read_config(path)
+    if family.base.quantized and not any(d in FP8_FLOATS for d in dtypes):  # written dequantized: no scales
+        config.pop("quantization_config", None)
     elements: dict[str, int] = {}
     for dtype, ref in zip(dtypes, family.base.tensors.values(), strict=True):
         elements[dtype] = elements.get(dtype, 0) + ref.entry.numel

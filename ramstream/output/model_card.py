@@ -37,6 +37,7 @@ def model_card(family: Family, record: dict[str, Any], reports: list[AgentReport
         f"Made with ramstream {__version__}, method {code(record['method'])}.",
         "",
         *_missing(record),
+        *_quantized(family, record),
         "## Parameters",
         "",
         "```json",
@@ -78,6 +79,29 @@ def stack_card(members: Sequence[Checkpoint], record: dict[str, Any]) -> str:
     lines += ["", "## Parameters", "", "```json", json.dumps(record["params"], indent=2), "```", ""]
     lines += ["## Inputs", "", *_inputs(record)]
     return "\n".join(lines) + "\n"
+
+
+def _quantized(family: Family, record: dict[str, Any]) -> list[str]:
+    """A line saying which members are stored quantized and how the output is written."""
+    lines = []
+    for role, member in [("base", family.base), *(("agent", a) for a in family.agents)]:
+        if member.scheme is not None:
+            lines.append(
+                f"The {role} {text(member.name)} is stored quantized ({text(member.scheme.summary)}): its quantized "
+                "tensors were read dequantized to float32."
+            )
+    if family.base.scheme is not None and record["run"]["out_dtype"] == "fp8":
+        lines.append(
+            "The merged tensors the base stores quantized are written in its scheme, their scales recomputed "
+            "per block from the merged values, and config.json keeps its `quantization_config`."
+        )
+    elif family.base.scheme is not None:
+        out = record["run"]["out_dtype"]
+        lines.append(
+            f"The merged tensors are written in {'bf16' if out == 'auto' else out}, so the base's "
+            "`quantization_config` is dropped from config.json."
+        )
+    return [" ".join(lines), ""] if lines else []
 
 
 def _inputs(record: dict[str, Any]) -> list[str]:

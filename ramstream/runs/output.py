@@ -22,11 +22,12 @@ from ramstream.config import RunOptions, show_size
 from ramstream.errors import ConfigError, RamstreamError
 from ramstream.execution.executor import Executor
 from ramstream.execution.local import RESULT_SLOTS
-from ramstream.format.dtypes import ITEMSIZE, OUT_DTYPES
+from ramstream.format.dtypes import FP8_FLOATS, ITEMSIZE, OUT_DTYPES
 from ramstream.format.family import Family
 from ramstream.format.names import CONFIG_FILE
 from ramstream.index import resolve
 from ramstream.io.writer import ShardLayout
+from ramstream.merge import fp8_out
 from ramstream.merge.merge_pass import OUTPUT_FAILURES, MergeJob, run_merges, stored_block_elems
 from ramstream.methods.base import MethodSpec, Prepared
 from ramstream.methods.registry import get_method
@@ -50,7 +51,8 @@ from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 from ramstream.version import __version__
 
-OutDtype = Literal["auto", "bf16", "f16", "f32"]
+OutDtype = Literal["auto", "bf16", "f16", "f32", "fp8"]
+QUANTIZED_OUT_DTYPE = "BF16"  # what a quantized base tensor is written as by default
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,10 @@ class OutputPlan:
 
     @property
     def out_itemsize(self) -> int:
-        return max((ITEMSIZE[d] for d in self.dtypes), default=2)
+        """Bytes per element of its staging buffers (a tensor written in FP8 is merged into a
+        float32 buffer first, then quantized into them: 4 more)."""
+        fp8 = 4 if any(d in FP8_FLOATS for d in self.dtypes) else 0
+        return max((ITEMSIZE[d] for d in self.dtypes), default=2) + fp8
 
 
 def parse_method(
@@ -113,12 +118,27 @@ def plan_output(
     return OutputPlan(out, spec, params, dtypes, run)
 
 
-def shard_layout(output: OutputPlan, plan: Plan) -> ShardLayout:
-    dtypes = output.dtypes
-    return plan_shards(
-        [(t.name, dtypes[i], t.shape, t.numel * ITEMSIZE[dtypes[i]]) for i, t in enumerate(plan.tensors)],
-        int(output.run["shard_size"]),
-    )
+def shard_layout(output: OutputPlan, plan: Plan, family: Family) -> ShardLayout:
+    """The output's tensors in the shards; a tensor written in FP8 is followed by its scales."""
+    entries: list[tuple[str, str, tuple[int, ...], int]] = []
+    for dtype, t in zip(output.dtypes, plan.tensors, strict=True):
+        entries.append((t.name, dtype, t.shape, t.numel * ITEMSIZE[dtype]))
+        if dtype in FP8_FLOATS:
+            bm, bn = family.base.quantized[t.name].block
+            shape = (-(-t.shape[0] // bm), -(-t.shape[1] // bn))
+            entries.append((t.name + fp8_out.SCALE_SUFFIX, "F32", shape, 4 * shape[0] * shape[1]))
+    return plan_shards(entries, int(output.run["shard_size"]))
+
+
+def fp8_bands(outputs: Sequence[OutputPlan], family: Family) -> dict[str, int]:
+    """Per tensor some output writes in FP8, the rows of a band of its scales (a block holds whole bands)."""
+    names = list(family.base.tensors)
+    return {
+        names[t]: family.base.quantized[names[t]].block[0]
+        for o in outputs
+        for t, d in enumerate(o.dtypes)
+        if d in FP8_FLOATS
+    }
 
 
 def merge_job(
@@ -178,10 +198,12 @@ def merge_outputs(
     # earlier ones are still being written): a sweep of 6 holds 18 where a merge holds 3.
     itemsize = RESULT_SLOTS * sum(o.out_itemsize for o in outputs)
     block_elems = merge_block_elems(journal_dir, family, options, itemsize)
-    plan = make_plan(family, block_elems, row_aligned=any(o.spec.row_aligned for o in outputs))
+    bands = fp8_bands(outputs, family)
+    plan = make_plan(family, block_elems, row_aligned=any(o.spec.row_aligned for o in outputs), bands=bands)
     for o in outputs:
         check_rows_fit(plan, o.spec, family, options, itemsize)  # before any pass: della's blocks hold rows
-    layouts = [shard_layout(o, plan) for o in outputs]
+    check_bands_fit(plan, bands, family, options, itemsize)
+    layouts = [shard_layout(o, plan, family) for o in outputs]
     works = [output_dir.work_dir(o.out) for o in outputs]
     copied = base_files(family.base).copied
     check_free_space(
@@ -317,20 +339,58 @@ def check_rows_fit(plan: Plan, spec: MethodSpec, family: Family, options: RunOpt
             )
 
 
+def check_bands_fit(plan: Plan, bands: dict[str, int], family: Family, options: RunOptions, out_itemsize: int) -> None:
+    """A tensor written in FP8 holds a band of its scales' rows per block: refuse a band the
+    budget cannot hold, naming the tensor and the --memory that would do."""
+    if not bands or options.block_elems is not None:
+        return
+    per_element = bytes_per_element(family, out_itemsize)
+    fits = elements_within(options.memory, per_element)
+    for t in plan.tensors:
+        band = row_elements(t) * bands.get(t.name, 0)
+        if band > fits:
+            raise ConfigError(
+                f"tensor {t.name!r}: --out-dtype fp8 writes a scale per {bands[t.name]} rows, and a band of "
+                f"{band} elements needs more than --memory {show_size(options.memory)}; pass --memory "
+                f"{_mib(memory_for(band, per_element))} or more"
+            )
+
+
 def _mib(nbytes: int) -> str:
     """``nbytes`` rounded up to whole MiB (a budget to suggest)."""
     return f"{-(-nbytes // (1 << 20))}MiB"
 
 
 def out_dtypes(family: Family, out_dtype: OutDtype) -> tuple[str, ...]:
-    if out_dtype != "auto" and out_dtype not in OUT_DTYPES:
-        raise ConfigError(f"--out-dtype must be one of auto, {', '.join(OUT_DTYPES)}; got {out_dtype!r}")
+    if out_dtype not in ("auto", "fp8") and out_dtype not in OUT_DTYPES:
+        raise ConfigError(f"--out-dtype must be one of auto, {', '.join(OUT_DTYPES)}, fp8; got {out_dtype!r}")
+    if out_dtype == "fp8":
+        return _fp8_dtypes(family)
     chosen = OUT_DTYPES.get(out_dtype)
     result = []
-    for ref in family.base.tensors.values():
+    for name, ref in family.base.tensors.items():
         dtype = ref.entry.dtype
-        result.append(chosen if chosen and dtype in ("BF16", "F16", "F32", "F64") else dtype)
+        if name in family.base.quantized:  # written dequantized: bf16 unless told otherwise (docs/quantized.md)
+            result.append(chosen or QUANTIZED_OUT_DTYPE)
+        else:
+            result.append(chosen if chosen and dtype in ("BF16", "F16", "F32", "F64") else dtype)
     return tuple(result)
+
+
+def _fp8_dtypes(family: Family) -> tuple[str, ...]:
+    """``--out-dtype fp8``: the tensors the base stores in FP8 written in its scheme, the others as
+    the base stores them; only for a base of the fp8 scheme (block scales, ``_scale_inv``)."""
+    base = family.base
+    if base.scheme is None or base.scheme.method != "fp8":
+        stored = "is not stored quantized" if base.scheme is None else f"is stored in {base.scheme.summary}"
+        raise ConfigError(
+            f"--out-dtype fp8 writes the merge in the base's own FP8 scheme (quant_method fp8, block scales), "
+            f"but the base {base.path} {stored}; use --out-dtype bf16"
+        )
+    return tuple(
+        base.quantized[name].weight.entry.dtype if name in base.quantized else ref.entry.dtype
+        for name, ref in base.tensors.items()
+    )
 
 
 def budget_block_elems(family: Family, options: RunOptions, out_itemsize: int = 0) -> int:

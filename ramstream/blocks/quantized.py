@@ -1,0 +1,171 @@
+"""A quantized tensor's float32 values over one block (``format.quantized``).
+
+Element (i, j) of a 2-D FP8 weight W (rows x cols) with scales S is
+``f32(W[i, j]) * f32(S[i // bm, j // bn])``, S read as ceil(rows / bm) x ceil(cols / bn) (a
+per-tensor scale: one block of rows x cols; per-channel: blocks of 1 x cols): the FP8 value is
+exact in float32 and the product is rounded once (numpy float32, no fused multiply-add), so an
+element's value never depends on the block, the backend or the machine, and equals what
+converting the checkpoint to float32 first gives. The block's elements are decoded into the
+float32 array handed to the kernels (code F32): the input a block reads is that array, which the
+plan's budget counts (``plan.bytes_per_element``).
+
+Only what the block needs is read: its FP8 bytes and the rows of S its rows fall in; the pages
+mapped for them are released at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ramstream.format import codecs
+from ramstream.format.checkpoint import QuantRef
+from ramstream.format.dtypes import FLOAT_CODES
+from ramstream.io.reader import InputFiles
+
+
+def _fp8_table(exponent_bits: int, mantissa_bits: int, finite_only: bool) -> np.ndarray:
+    """float32 (256,): the value of every FP8 byte (sign, exponent, mantissa; IEEE-like with
+    subnormals). ``finite_only`` (E4M3 "fn"): no infinities, all-ones is NaN; else (E5M2) the top
+    exponent holds the infinities and NaNs."""
+    codes = np.arange(256, dtype=np.int64)
+    sign = np.where(codes >> 7, -1.0, 1.0)
+    exponent = (codes >> mantissa_bits) & ((1 << exponent_bits) - 1)
+    mantissa = codes & ((1 << mantissa_bits) - 1)
+    bias = (1 << (exponent_bits - 1)) - 1
+    top = (1 << exponent_bits) - 1
+    normal = (1.0 + mantissa / (1 << mantissa_bits)) * np.exp2(exponent - bias)
+    subnormal = mantissa / (1 << mantissa_bits) * np.exp2(1 - bias)
+    values = sign * np.where(exponent == 0, subnormal, normal)
+    if finite_only:
+        values[(exponent == top) & (mantissa == (1 << mantissa_bits) - 1)] = np.nan
+    else:
+        values[(exponent == top) & (mantissa == 0)] = sign[(exponent == top) & (mantissa == 0)] * np.inf
+        values[(exponent == top) & (mantissa != 0)] = np.nan
+    return values.astype(np.float32)
+
+
+FP8_VALUES: dict[str, np.ndarray] = {
+    "F8_E4M3": _fp8_table(4, 3, finite_only=True),
+    "F8_E5M2": _fp8_table(5, 2, finite_only=False),
+}
+
+
+# FP4 E2M1 by its four bits (sign, two exponent bits, one mantissa bit), as float32.
+FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+E8M0_NAN = 255  # the one E8M0 scale that is no power of two
+
+
+def dequantized_block(ref: QuantRef, files: InputFiles, start: int, stop: int) -> np.ndarray:
+    """float32 (stop - start,): elements [start, stop) (flat, row-major) of ``ref``'s values."""
+    out = np.empty(max(stop - start, 0), np.float32)
+    if stop <= start:
+        return out
+    if ref.layout == "mxfp4":
+        _mxfp4_into(out, ref, files, start)
+        return out
+    weight, scale_ref = ref.weight, ref.scale
+    cols = weight.entry.shape[1]
+    bm, bn = ref.block
+    scale_cols = -(-cols // bn)  # the scales as a 2-D array (a per-tensor one is 1 x 1, a per-row one rows x 1)
+    raw = np.frombuffer(files.byte_range(weight, start, stop), np.uint8)  # FP8: one byte per element
+    np.take(FP8_VALUES[weight.entry.dtype], raw, out=out)
+    del raw
+    files.release(weight, start, stop)
+    first, last = start // cols // bm, (stop - 1) // cols // bm  # the bands of bm rows the block touches
+    scale_raw = files.float_view(scale_ref, first * scale_cols, (last + 1) * scale_cols)
+    scales = codecs.decode(scale_raw, FLOAT_CODES[scale_ref.entry.dtype]).reshape(-1, scale_cols)
+    del scale_raw
+    files.release(scale_ref, first * scale_cols, (last + 1) * scale_cols)
+    with np.errstate(over="ignore", invalid="ignore"):  # an Inf or NaN is named where the block is merged
+        for band in range(first, last + 1):
+            lo, hi = max(start, band * bm * cols), min(stop, (band + 1) * bm * cols)
+            per_column = np.repeat(scales[band - first], bn)[:cols]
+            _scale_run(out[lo - start : hi - start], lo % cols, per_column)
+    return out
+
+
+def _scale_run(values: np.ndarray, column: int, per_column: np.ndarray) -> None:
+    """Multiply, in place, a run of row-major elements starting at ``column`` by their column's scale."""
+    cols = per_column.size
+    head = min(values.size, cols - column) if column else 0
+    np.multiply(values[:head], per_column[column : column + head], out=values[:head])
+    rest = values[head:]
+    whole = rest.size // cols * cols
+    rows = rest[:whole].reshape(-1, cols)
+    np.multiply(rows, per_column, out=rows)
+    tail = rest[whole:]
+    np.multiply(tail, per_column[: tail.size], out=tail)
+
+
+def _mxfp4_into(out: np.ndarray, ref: QuantRef, files: InputFiles, start: int) -> None:
+    """Fill ``out`` with elements [start, start + out.size) of an MXFP4 tensor [E, H, R] (the
+    transpose of its blocks' [E, R, H] values, ``QuantRef``), one expert's span at a time: the
+    groups of 32 its rows h fall in are decoded for every r, multiplied by 2 ** (scale - 127)
+    (exact: FP4 values have two significant bits), then transposed into place."""
+    _, hidden, rows = ref.shape
+    groups = hidden // 32
+    per_expert = hidden * rows
+    stop, at = start + out.size, start
+    while at < stop:
+        e = at // per_expert
+        end = min(stop, (e + 1) * per_expert)
+        h0, h1 = (at - e * per_expert) // rows, (end - 1 - e * per_expert) // rows + 1
+        g0, g1 = h0 // 32, (h1 - 1) // 32 + 1
+        nbytes = rows * groups * 16
+        packed = np.frombuffer(files.byte_range(ref.weight, e * nbytes, (e + 1) * nbytes), np.uint8)
+        exps = np.frombuffer(files.byte_range(ref.scale, e * rows * groups, (e + 1) * rows * groups), np.uint8)
+        packed_groups = packed.reshape(rows, groups, 16)[:, g0:g1]
+        values = np.empty((rows, g1 - g0, 32), np.float32)
+        values[..., 0::2] = FP4_VALUES[packed_groups & 0x0F]
+        values[..., 1::2] = FP4_VALUES[packed_groups >> 4]
+        exponents = exps.reshape(rows, groups)[:, g0:g1]
+        with np.errstate(over="ignore", invalid="ignore"):  # a NaN scale is named where the block is merged
+            factor = np.ldexp(np.float32(1), exponents.astype(np.int32) - 127).astype(np.float32)
+            factor[exponents == E8M0_NAN] = np.nan
+            values *= factor[..., None]
+        del packed, exps, packed_groups, exponents
+        files.release(ref.weight, e * nbytes, (e + 1) * nbytes)
+        files.release(ref.scale, e * rows * groups, (e + 1) * rows * groups)
+        span = values.reshape(rows, (g1 - g0) * 32)[:, h0 - g0 * 32 : h1 - g0 * 32].T.reshape(-1)  # [h, r]
+        first = at - e * per_expert - h0 * rows
+        out[at - start : end - start] = span[first : first + end - at]
+        at = end
+
+
+def _positive_fp8(dtype: str) -> np.ndarray:
+    """float32: the finite non-negative values of an FP8 format, by code (increasing)."""
+    table = FP8_VALUES[dtype][:128]
+    return table[np.isfinite(table)]
+
+
+def encode_fp8(values: np.ndarray, dtype: str) -> np.ndarray:
+    """uint8 FP8 codes of float32 ``values``, rounded to nearest, ties to even (the code whose
+    last bit is 0), saturating at the format's largest finite value; NaN stays NaN."""
+    positive = _positive_fp8(dtype)
+    magnitude = np.minimum(np.abs(values), positive[-1])
+    above = np.minimum(np.searchsorted(positive, magnitude), positive.size - 1)
+    below = np.maximum(above - 1, 0)
+    to_above, to_below = positive[above] - magnitude, magnitude - positive[below]
+    tie = to_above == to_below
+    code = np.where(to_below < to_above, below, above)
+    code = np.where(tie, np.where(below % 2 == 0, below, above), code).astype(np.uint8)
+    code |= np.signbit(values).astype(np.uint8) << 7
+    nan = np.uint8(0x7F) if dtype == "F8_E4M3" else np.uint8(0x7E)
+    return np.where(np.isnan(values), nan, code).astype(np.uint8)
+
+
+def quantize_bands(values: np.ndarray, cols: int, block: tuple[int, int], dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, scales)`` of whole rows of a tensor (float32, flat, starting at a band of
+    ``block[0]`` rows): per block of bm x bn, scale = f32(max |v|) / f32(largest finite) (1 for
+    an all-zero block), code = fp8(f32(v / scale)); scales (bands, ceil(cols / bn)) float32."""
+    bm, bn = block
+    rows = values.size // cols
+    bands, scale_cols = -(-rows // bm), -(-cols // bn)
+    padded = np.zeros((bands * bm, scale_cols * bn), np.float32)
+    padded[:rows, :cols] = values.reshape(rows, cols)
+    amax = np.abs(padded).reshape(bands, bm, scale_cols, bn).max(axis=(1, 3))
+    scales = np.where(amax > 0, amax / _positive_fp8(dtype)[-1], np.float32(1)).astype(np.float32)
+    per_element = np.repeat(np.repeat(scales, bm, axis=0), bn, axis=1)[:rows, :cols].reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        codes = encode_fp8((values / per_element).astype(np.float32), dtype)
+    return codes, scales
