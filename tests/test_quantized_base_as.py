@@ -200,3 +200,14 @@ def test_mxfp4_read_as_bf16(tmp_path: Path) -> None:
     for setting in ("auto", "bf16"):
         got = _api_merge(fam.base, fam, tmp_path / setting, "ties", {"density": 0.3}, base_as=setting, block_elems=192)
         _same(got, expected)
+
+
+def test_sweep_reads_the_base_as_told(trained: tuple[Family, Path, Path], tmp_path: Path) -> None:
+    fam, as_bf16, as_f32 = trained
+    members, cache = [fam.base, *fam.agents], tmp_path / "cache"
+    for setting, converted in (("auto", as_bf16), ("f32", as_f32)):
+        out = tmp_path / f"sweep-{setting}"
+        grid = ["--grid", "ram+:r=0.1", "--out-dtype", "bf16", "--quantized-base-as", setting, "--quiet"]
+        ok(in_process("sweep", *members, "--out", out, *grid, "--cache-dir", cache))
+        (candidate,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        _same(read_model_dir(candidate), _cli_merge(converted, fam, tmp_path / f"as-{setting}", ["--r", "0.1"]))
