@@ -24,6 +24,7 @@ import pytest
 
 from ramstream.api import merge
 from ramstream.config import RunOptions
+from ramstream.index.store import open_index_store
 from tests.checks import assert_bit_identical
 from tests.families import Family, read_model_dir, read_safetensors, write_safetensors
 from tests.quantized_families import (
@@ -271,6 +272,9 @@ def test_killed_mid_pass_the_rerun_gives_the_same_bytes(
     assert not (out / "model.safetensors").exists()
     run_ok(cli(*args))
     assert (out / "model.safetensors").read_bytes() == (tmp_path / "ref" / "model.safetensors").read_bytes()
+    if where == "probe":  # bf16 agents: the base was read as bf16 (the default, auto), the probe resumed so
+        (index,) = (tmp_path / "cache" / "index").glob("*.zarr")
+        assert open_index_store(index).header.quantized_base_as == "bf16"
 
 
 def test_fp8_agents_are_read_dequantized_too(fp8: tuple[Family, Path], tmp_path: Path) -> None:

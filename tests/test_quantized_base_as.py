@@ -211,3 +211,26 @@ def test_sweep_reads_the_base_as_told(trained: tuple[Family, Path, Path], tmp_pa
         ok(in_process("sweep", *members, "--out", out, *grid, "--cache-dir", cache))
         (candidate,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
         _same(read_model_dir(candidate), _cli_merge(converted, fam, tmp_path / f"as-{setting}", ["--r", "0.1"]))
+
+
+def _set_header(index: Path, value: object) -> None:
+    """The index's header with ``quantized_base_as`` set to ``value`` (None: without it)."""
+    meta = json.loads((index / "zarr.json").read_text())
+    header = meta["attributes"]["ramstream_index"]
+    header.pop("quantized_base_as", None)
+    if value is not None:
+        header["quantized_base_as"] = value
+    (index / "zarr.json").write_text(json.dumps(meta))
+
+
+def test_an_index_without_the_setting_was_read_as_f32(trained: tuple[Family, Path, Path], tmp_path: Path) -> None:
+    """An index written before the setting existed read a quantized base as f32; a damaged value is refused."""
+    fam, _, _ = trained
+    members, index = [fam.base, *fam.agents], tmp_path / "index"
+    ok(in_process("probe", *members, "--index", index, "--quantized-base-as", "f32", "--quiet"))
+    _set_header(index, None)
+    assert open_index_store(index).header.quantized_base_as == "f32"
+    ok(in_process("probe", *members, "--index", index, "--quantized-base-as", "f32", "--quiet"))
+    one_line_error(in_process("probe", *members, "--index", index), "read as f32, not as bf16")
+    _set_header(index, "fp4")
+    one_line_error(in_process("probe", *members, "--index", index), str(index), "quantized_base_as", "'fp4'")
