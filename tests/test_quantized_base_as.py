@@ -121,10 +121,13 @@ def test_inspect_shows_the_agents_own_densities(trained: tuple[Family, Path, Pat
         assert densities[name] == pytest.approx(reference_density(fam, name)), name  # against the bf16 conversion
         assert densities[name] == pytest.approx(list(DENSITIES), abs=0.05), name  # what the agents changed
     assert open_index_store(tmp_path / "auto").header.quantized_base_as == "bf16"
+    assert "quantized base read as bf16" in ok(in_process("status", tmp_path / "auto")).out
     ok(in_process("probe", *members, "--index", tmp_path / "f32", "--quantized-base-as", "f32", "--quiet"))
     rounding = _densities(tmp_path / "f32")
     assert all(d > 0.7 for name in QUANTIZED for d in rounding[name]), "f32 counts the rounding as updates"
     assert open_index_store(tmp_path / "f32").header.quantized_base_as == "f32"
+    shown = json.loads(ok(in_process("status", tmp_path / "f32", "--json")).out)
+    assert shown["index_info"]["quantized_base_as"] == "f32"
 
 
 def test_an_index_probed_with_another_setting_is_refused(trained: tuple[Family, Path, Path], tmp_path: Path) -> None:
