@@ -13,6 +13,7 @@ from ramstream.errors import RamstreamError
 from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
 from ramstream.format.family import Family, open_family
+from ramstream.format.quantized import QuantizedBaseAs
 from ramstream.index.store import IndexStore
 from ramstream.inspect.view import IndexView
 from ramstream.inspect.view import open_index as open_index_view
@@ -86,16 +87,26 @@ def probe(
     eps: float = DEFAULT_EPS,
     allow_nonfinite: bool = False,
     agreement: bool = False,
+    quantized_base_as: QuantizedBaseAs = "auto",
     options: RunOptions | None = None,
 ) -> IndexStore:
     """Run (or finish) the probe pass; return the complete index.
 
     NaN/Inf in any weight is refused unless ``allow_nonfinite`` (a non-finite task vector
     element then counts as inactive). With ``agreement``, also gather the pairwise agreement
-    statistics (``IndexView.pairs``; one more read of the inputs, once).
+    statistics (``IndexView.pairs``; one more read of the inputs, once). ``quantized_base_as``
+    says what a quantized base's values are (docs/quantized.md): f32, its dequantized values;
+    bf16 or f16, those rounded to that dtype; auto, the agents' dtype when they all share bf16
+    or f16, else f32.
     """
     options = options or RunOptions()
-    family = open_family(base, list(agents), hf_cache=options.hf_cache, hub_timeout=options.hub_timeout)
+    family = open_family(
+        base,
+        list(agents),
+        hf_cache=options.hf_cache,
+        hub_timeout=options.hub_timeout,
+        quantized_base_as=quantized_base_as,
+    )
     backend = backend_for(options)
     executor = make_executor(backend, options)
     try:
@@ -134,20 +145,26 @@ def merge(
     shard_size: int = DEFAULT_SHARD_SIZE,
     force: bool = False,
     allow_nonfinite: bool = False,
+    quantized_base_as: QuantizedBaseAs = "auto",
     options: RunOptions | None = None,
 ) -> MergeResult:
     """Merge ``agents`` into ``base`` with ``method``; rerunning the same call resumes it.
 
     ``r``, ``alpha``, ``rho_scope`` and ``lambda_rule`` are RAM's parameters; other methods take
     theirs in ``method_options`` (e.g. ``{"density": [0.2], "lambda": 1.0}``). Options a method
-    would ignore are refused.
+    would ignore are refused. ``quantized_base_as`` is ``probe``'s.
     """
     options = options or RunOptions()
     given = {"r": r, "alpha": alpha, "rho_scope": rho_scope, "lambda_rule": lambda_rule, **(method_options or {})}
     spec, params = parse_method(method, given, len(agents), allow_nonfinite)
     eps = checked_eps(eps)
     family = open_family(
-        base, list(agents), min_agents=spec.min_agents, hf_cache=options.hf_cache, hub_timeout=options.hub_timeout
+        base,
+        list(agents),
+        min_agents=spec.min_agents,
+        hf_cache=options.hf_cache,
+        hub_timeout=options.hub_timeout,
+        quantized_base_as=quantized_base_as,
     )
     output = plan_output(
         Path(out),

@@ -88,11 +88,17 @@ def build_fp8_family(
     densities: tuple[float, ...] = (0.05, 0.4, 0.5),
     seed: int = 0,
     strategy: str | None = None,
+    trained_from: str = "f32",
 ) -> tuple[Family, Path]:
     """An FP8 base and bf16 agents under ``root``; returns the family (its values: the base
     dequantized) and the directory of the base converted to float32. With ``strategy``
     (``tensor``, ``channel``, ``block``), the base is compressed-tensors' (``weight_scale``, static
-    ``input_scale``), not DeepSeek's (``weight_scale_inv`` per 128 x 128 block)."""
+    ``input_scale``), not DeepSeek's (``weight_scale_inv`` per 128 x 128 block).
+
+    ``trained_from="bf16"``: the agents were trained from the base converted to bf16 (as training
+    frameworks and DeepSeek's own conversion script make it: the dequantized float32 values cast
+    to bf16 by torch), so an element an agent left holds bf16(dequant(base)); the family's values
+    are then the bf16 conversion's, which is also written, to ``converted(root, "bf16")``."""
     rng = np.random.default_rng(seed)
     shapes = shapes or FP8_SHAPES
     base_config = {
@@ -103,6 +109,7 @@ def build_fp8_family(
     fam = Family(root / "base", [])
     fp8: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
     converted: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
+    as_bf16: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
     agents: list[dict[str, tuple[str, tuple[int, ...], np.ndarray]]] = [{} for _ in densities]
     fam.agent_values = [{} for _ in densities]
     for name, (shape, quantized) in shapes.items():
@@ -124,6 +131,9 @@ def build_fp8_family(
         else:
             base = decode(encode(dense, "BF16"), "BF16").reshape(shape)
             fp8[name] = converted[name] = ("BF16", shape, encode(base, "BF16"))
+        as_bf16[name] = ("BF16", shape, torch_bf16(base))
+        if trained_from == "bf16":
+            base = decode(as_bf16[name][2], "BF16")
         fam.base_values[name], fam.dtypes[name], fam.shapes[name] = base.ravel(), "BF16", shape
         for t, density in enumerate(densities):
             delta = (rng.standard_normal(numel) * 0.01).astype(np.float32)
@@ -136,7 +146,20 @@ def build_fp8_family(
             write_dir(root / f"agent{t}", tensors, {"model_type": "deepseek_v3", "torch_dtype": "bfloat16"})
         )
     as_f32 = write_dir(root / "base-f32", converted, {"model_type": "deepseek_v3", "torch_dtype": "float32"})
+    if trained_from == "bf16":
+        write_dir(converted_dir(root, "bf16"), as_bf16, {"model_type": "deepseek_v3", "torch_dtype": "bfloat16"})
     return fam, as_f32
+
+
+def converted_dir(root: Path, dtype: str) -> Path:
+    """Where a family built under ``root`` keeps its base converted to ``dtype`` (bf16)."""
+    return root / f"base-{dtype}"
+
+
+def torch_bf16(values: np.ndarray) -> np.ndarray:
+    """uint16 bf16 bits of float32 ``values`` as torch converts them (to nearest, ties to even)."""
+    converted = torch.from_numpy(np.array(values, np.float32)).to(torch.bfloat16)  # a copy: writable
+    return converted.view(torch.int16).numpy().view(np.uint16).ravel().copy()
 
 
 # gpt-oss's MXFP4 experts: <name>_blocks (U8 [E, R, G, 16]) and <name>_scales (U8 [E, R, G]);

@@ -1,9 +1,12 @@
 """FP8 checkpoints with block scales, read in place.
 
 A base stored as DeepSeek-V3 ships it (FP8 weights, ``weight_scale_inv`` per 128 x 128 block)
-merged with bf16 agents must give, byte for byte, what merging the same base converted to float32
-first gives (``--out-dtype bf16``), for every budget (blocks that start mid-row, mid-band) and
-method, and the dense reference's bytes; the output is bf16 without the scheme in config.json.
+merged with bf16 agents read as its dequantized float32 values (``--quantized-base-as f32``: these
+families' agents were derived from those values) must give, byte for byte, what merging the same
+base converted to float32 first gives (``--out-dtype bf16``), for every budget (blocks that start
+mid-row, mid-band) and method, and the dense reference's bytes; the output is bf16 without the
+scheme in config.json. (The default, agents trained from the base's bf16 conversion:
+tests/test_quantized_base_as.py.)
 A scheme ramstream does not read, or scales that do not fit their weights, are refused in one
 line before any pass.
 """
@@ -21,6 +24,7 @@ import pytest
 
 from ramstream.api import merge
 from ramstream.config import RunOptions
+from ramstream.index.store import open_index_store
 from tests.checks import assert_bit_identical
 from tests.families import Family, read_model_dir, read_safetensors, write_safetensors
 from tests.quantized_families import (
@@ -53,7 +57,10 @@ def fp8(tmp_path_factory: pytest.TempPathFactory) -> tuple[Family, Path]:
     return build_fp8_family(tmp_path_factory.mktemp("fp8"))
 
 
-def _merge(base: Path, fam: Family, out: Path, method: str, given: dict[str, Any], **run: Any) -> dict[str, Any]:
+def _merge(
+    base: Path, fam: Family, out: Path, method: str, given: dict[str, Any], base_as: Any = "f32", **run: Any
+) -> dict[str, Any]:
+    """Merge with ``--quantized-base-as base_as`` (f32: the values these families' agents were derived from)."""
     options = RunOptions(cache_dir=out.parent / "cache", quiet=True, **run)
     merge(
         base,
@@ -62,6 +69,7 @@ def _merge(base: Path, fam: Family, out: Path, method: str, given: dict[str, Any
         method=method,
         method_options=given,
         out_dtype="bf16",
+        quantized_base_as=base_as,
         options=options,
     )
     return read_model_dir(out)
@@ -102,7 +110,8 @@ def test_e5m2_base(tmp_path: Path) -> None:
 def test_cli_writes_bf16_without_the_scheme(fp8: tuple[Family, Path], tmp_path: Path) -> None:
     fam, _ = fp8
     out = tmp_path / "out"
-    ok(in_process("merge", fam.base, *fam.agents, "--out", out, "--memory", "16MiB", "--cache-dir", tmp_path / "c"))
+    args = ["merge", fam.base, *fam.agents, "--out", out, "--memory", "16MiB", "--quantized-base-as", "f32"]
+    ok(in_process(*args, "--cache-dir", tmp_path / "c"))
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
     assert {dtype for dtype, _, _ in read_model_dir(out).values()} == {"BF16"}
@@ -179,7 +188,8 @@ def test_an_agent_saved_with_its_bases_scheme_is_read_as_bf16(fp8: tuple[Family,
     shutil.copytree(fam.agents[0], agent)
     doc = json.loads((agent / "config.json").read_text())
     (agent / "config.json").write_text(json.dumps({**doc, "quantization_config": quantization_config()}))
-    ok(in_process("merge", fam.base, agent, *fam.agents[1:], "--out", tmp_path / "out", "--cache-dir", tmp_path / "c"))
+    args = ["merge", fam.base, agent, *fam.agents[1:], "--out", tmp_path / "out", "--quantized-base-as", "f32"]
+    ok(in_process(*args, "--cache-dir", tmp_path / "c"))
     assert np.array_equal(read_model_dir(tmp_path / "out")[Q][2], reference_merge(fam, out_dtype="bf16")[Q][2])
 
 
@@ -262,6 +272,9 @@ def test_killed_mid_pass_the_rerun_gives_the_same_bytes(
     assert not (out / "model.safetensors").exists()
     run_ok(cli(*args))
     assert (out / "model.safetensors").read_bytes() == (tmp_path / "ref" / "model.safetensors").read_bytes()
+    if where == "probe":  # bf16 agents: the base was read as bf16 (the default, auto), the probe resumed so
+        (index,) = (tmp_path / "cache" / "index").glob("*.zarr")
+        assert open_index_store(index).header.quantized_base_as == "bf16"
 
 
 def test_fp8_agents_are_read_dequantized_too(fp8: tuple[Family, Path], tmp_path: Path) -> None:
@@ -398,7 +411,8 @@ def test_inspect_lists_quantized_tensors_without_their_scales(
 ) -> None:
     for (fam, _), stored in ((fp8, "F8_E4M3"), (mxfp4, "F32")):
         index = tmp_path / f"index-{stored}"
-        ok(in_process("probe", fam.base, *fam.agents, "--index", index, "--cache-dir", tmp_path / "c"))
+        args = ["probe", fam.base, *fam.agents, "--index", index, "--quantized-base-as", "f32"]
+        ok(in_process(*args, "--cache-dir", tmp_path / "c"))
         shown = in_process("inspect", index, "--by", "tensor", "--json")
         assert shown.code == 0, shown.err
         tensors = {t["key"]: t for t in json.loads(shown.out)["tensors"]}
@@ -449,7 +463,8 @@ def test_out_dtype_fp8_writes_the_bases_scheme(fp8: tuple[Family, Path], tmp_pat
     for block, backend in ((192, "numba"), (1 << 16, "numba"), (4096, "torch")):
         out = tmp_path / f"out-{block}-{backend}"
         options = RunOptions(cache_dir=tmp_path / "cache", quiet=True, block_elems=block, backend=backend)
-        merge(fam.base, [str(a) for a in fam.agents], out=out, out_dtype="fp8", options=options)
+        agents = [str(a) for a in fam.agents]
+        merge(fam.base, agents, out=out, out_dtype="fp8", quantized_base_as="f32", options=options)
         assert_bit_identical(out, expected)
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"] == quantization_config()

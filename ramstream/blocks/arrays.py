@@ -141,17 +141,22 @@ class BlockReader:
         return BlockArrays(self, block, block.start, block.stop)
 
     def _held(self, block: Block, start: int, stop: int) -> tuple[np.ndarray | None, ...]:
-        computed = (self._computed(r, start, stop) for r in self._refs(block))
+        computed = (self._computed(r, start, stop, k == 0) for k, r in enumerate(self._refs(block)))
         return tuple(None if v is None else _readonly(v) for v in computed)
 
-    def _computed(self, ref: Ref, start: int, stop: int) -> np.ndarray | None:
+    def _computed(self, ref: Ref, start: int, stop: int, is_base: bool) -> np.ndarray | None:
         """An input's values over [start, stop) when they are computed, not read: a LoRA agent's
-        task vector, a quantized tensor's float32 values; None for a tensor read from its file."""
+        task vector, a quantized tensor's float32 values (the base's as ``quantized_base_as``
+        says); None for a tensor read from its file."""
         if isinstance(ref, DeltaRef):
             return delta_block(ref, self.files, start, stop, self.product)
         if isinstance(ref, QuantRef):
-            return dequantized_block(ref, self.files, start, stop)
+            return dequantized_block(ref, self.files, start, stop, self._as_dtype(is_base))
         return None
+
+    def _as_dtype(self, is_base: bool) -> str:
+        """What a quantized member's values are rounded to: the base's setting, an agent's f32."""
+        return self.family.quantized_base_as if is_base else "f32"
 
     def _sources(self, block: Block, start: int, stop: int, held: tuple[np.ndarray | None, ...]) -> BlockSources:
         refs = self._refs(block)
@@ -213,13 +218,15 @@ class BlockReader:
         where = list(map(int, np.unravel_index(element, tensor.shape))) if tensor.shape else []
         self._mapped.setdefault(block.index, []).append((element, element + 1))
         values: list[float | None] = []  # None: a LoRA agent's task vector, finite, which cannot overflow
-        for ref, member in zip(self._refs(block), self.family.members, strict=True):
+        for k, (ref, member) in enumerate(zip(self._refs(block), self.family.members, strict=True)):
             if isinstance(ref, QuantRef):
-                value = dequantized_block(ref, self.files, element, element + 1)[0]
+                as_dtype = self._as_dtype(k == 0)
+                value = dequantized_block(ref, self.files, element, element + 1, as_dtype)[0]
                 if not np.isfinite(value):
+                    beyond = ", or a value beyond f16's range (--quantized-base-as f16)" if as_dtype == "f16" else ""
                     return NonFiniteWeightError(
                         f"{ref.weight.file}: tensor {tensor.name!r} of {member.name} holds {value} at index {where} "
-                        "(a NaN in the FP8 weight or its scale, or a scale too large); fix the checkpoint"
+                        f"(a NaN in the FP8 weight or its scale, or a scale too large{beyond}); fix the checkpoint"
                     )
                 values.append(value)
                 continue

@@ -11,6 +11,10 @@ plan's budget counts (``plan.bytes_per_element``).
 
 Only what the block needs is read: its FP8 bytes and the rows of S its rows fall in; the pages
 mapped for them are released at once.
+
+A base read as bf16 or f16 (``--quantized-base-as``, ``Family.quantized_base_as``) has these
+values rounded to that dtype, to nearest, ties to even, and back to float32 (``round_to``): the
+values the base converted to that dtype first holds, as the agents trained from it saw them.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 
 from ramstream.format import codecs
 from ramstream.format.checkpoint import QuantRef
-from ramstream.format.dtypes import FLOAT_CODES
+from ramstream.format.dtypes import FLOAT_CODES, FloatCode
 from ramstream.io.reader import InputFiles
 
 
@@ -55,14 +59,37 @@ FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3,
 E8M0_NAN = 255  # the one E8M0 scale that is no power of two
 
 
-def dequantized_block(ref: QuantRef, files: InputFiles, start: int, stop: int) -> np.ndarray:
-    """float32 (stop - start,): elements [start, stop) (flat, row-major) of ``ref``'s values."""
+ROUND_CODES = {"bf16": FloatCode.BF16, "f16": FloatCode.F16}
+ROUND_CHUNK = 1 << 16  # elements rounded at a time: the codec's temporaries stay small
+
+
+def dequantized_block(ref: QuantRef, files: InputFiles, start: int, stop: int, as_dtype: str = "f32") -> np.ndarray:
+    """float32 (stop - start,): elements [start, stop) (flat, row-major) of ``ref``'s values,
+    rounded to ``as_dtype`` (bf16, f16; f32: as they are) and back."""
     out = np.empty(max(stop - start, 0), np.float32)
-    if stop <= start:
-        return out
-    if ref.layout == "mxfp4":
-        _mxfp4_into(out, ref, files, start)
-        return out
+    if stop > start:
+        if ref.layout == "mxfp4":
+            _mxfp4_into(out, ref, files, start)
+        else:
+            _scaled_into(out, ref, files, start)
+        round_to(out, as_dtype)
+    return out
+
+
+def round_to(values: np.ndarray, as_dtype: str) -> None:
+    """Round float32 ``values`` in place to bf16 or f16 (nearest, ties to even) and back; f32
+    leaves them. A value beyond f16's range becomes an infinity, as converting it does."""
+    code = ROUND_CODES.get(as_dtype)
+    if code is None:
+        return
+    for lo in range(0, values.size, ROUND_CHUNK):
+        part = values[lo : lo + ROUND_CHUNK]
+        part[:] = codecs.decode(codecs.encode(part, code), code)
+
+
+def _scaled_into(out: np.ndarray, ref: QuantRef, files: InputFiles, start: int) -> None:
+    """Fill ``out`` with elements [start, start + out.size) of an FP8 weight times its scales."""
+    stop = start + out.size
     weight, scale_ref = ref.weight, ref.scale
     cols = weight.entry.shape[1]
     bm, bn = ref.block
@@ -81,7 +108,6 @@ def dequantized_block(ref: QuantRef, files: InputFiles, start: int, stop: int) -
             lo, hi = max(start, band * bm * cols), min(stop, (band + 1) * bm * cols)
             per_column = np.repeat(scales[band - first], bn)[:cols]
             _scale_run(out[lo - start : hi - start], lo % cols, per_column)
-    return out
 
 
 def _scale_run(values: np.ndarray, column: int, per_column: np.ndarray) -> None:

@@ -10,7 +10,13 @@ from typing import Any, TypeVar
 import click
 
 from ramstream.cli.command import friendly, load_api, summary
-from ramstream.cli.options import checkpoint_options, output_options, pop_run_options, run_options_of
+from ramstream.cli.options import (
+    checkpoint_options,
+    output_options,
+    pop_run_options,
+    quantized_base_option,
+    run_options_of,
+)
 from ramstream.cli.types import MethodName, SettingList, SettingValue
 from ramstream.config import DEFAULT_EPS
 
@@ -123,6 +129,7 @@ def given_settings(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]
 @click.option(
     "--eps", type=float, default=DEFAULT_EPS, show_default=True, help="RAM: |tau| > eps marks an element active."
 )
+@quantized_base_option
 @click.option(
     "--rho-scope",
     type=click.Choice(["model", "tensor"]),
@@ -156,6 +163,7 @@ def merge(
     shard_size: int,
     force: bool,
     allow_nonfinite: bool,
+    quantized_base_as: Any,
     **values: Any,
 ) -> None:
     """Merge AGENTS into BASE (or what --config names) and write a Hugging Face model directory
@@ -198,6 +206,7 @@ def merge(
             shard_size=shard_size,
             force=force,
             allow_nonfinite=allow_nonfinite,
+            quantized_base_as=quantized_base_as,
             options=run_options_of(**run),
         )
     finally:

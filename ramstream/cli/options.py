@@ -32,6 +32,17 @@ eps_option = click.option(
     "--eps", type=float, default=DEFAULT_EPS, show_default=True, help="|tau| > eps marks an element active."
 )
 
+# --quantized-base-as as probe, merge and sweep take it (docs/quantized.md).
+quantized_base_option = click.option(
+    "--quantized-base-as",
+    type=click.Choice(["auto", "f32", "bf16", "f16"]),
+    default="auto",
+    show_default=True,
+    help="What a base stored quantized (FP8, MXFP4) stands for: f32, its dequantized values; bf16 or f16, those "
+    "rounded to that dtype (the conversion agents are trained from); auto: the agents' dtype when all share bf16 "
+    "or f16, else f32.",
+)
+
 
 def run_options(f: F) -> F:
     f = click.option("--quiet", is_flag=True, help="No progress on stderr.")(f)

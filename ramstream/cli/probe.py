@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ramstream.cli.command import friendly, load_api
-from ramstream.cli.options import checkpoint_options, eps_option, run_options_of
+from ramstream.cli.options import checkpoint_options, eps_option, quantized_base_option, run_options_of
 
 
 # Checkpoints are taken as written: a path (``./org/name`` stays a path) or a hub id (org/name[@rev]).
@@ -17,6 +17,7 @@ from ramstream.cli.options import checkpoint_options, eps_option, run_options_of
 @click.argument("agents", nargs=-1, required=True, type=str)
 @click.option("--index", "index", type=click.Path(path_type=Path), default=None, help="Index path [default: cache].")
 @eps_option
+@quantized_base_option
 @click.option(
     "--allow-nonfinite",
     is_flag=True,
@@ -35,6 +36,7 @@ def probe(
     agents: tuple[str, ...],
     index: Path | None,
     eps: float,
+    quantized_base_as: Any,
     allow_nonfinite: bool,
     agreement: bool,
     **run: Any,
@@ -48,6 +50,7 @@ def probe(
         eps=eps,
         allow_nonfinite=allow_nonfinite,
         agreement=agreement,
+        quantized_base_as=quantized_base_as,
         options=run_options_of(**run),
     )
     click.echo(f"index: {store.path}")

@@ -9,7 +9,13 @@ from typing import Any
 import click
 
 from ramstream.cli.command import friendly, load_api, summary
-from ramstream.cli.options import checkpoint_options, eps_option, output_options, run_options_of
+from ramstream.cli.options import (
+    checkpoint_options,
+    eps_option,
+    output_options,
+    quantized_base_option,
+    run_options_of,
+)
 from ramstream.errors import RamstreamError
 from ramstream.sweep.evaluate import DEFAULT_TIMEOUT
 
@@ -38,6 +44,7 @@ from ramstream.sweep.evaluate import DEFAULT_TIMEOUT
     "it names BASE and the AGENTS.",
 )
 @eps_option
+@quantized_base_option
 @output_options
 @click.option("--force", is_flag=True, help="Replace what earlier merges left in a candidate's directory.")
 @click.option("--allow-nonfinite", is_flag=True, help="Let NaN/Inf weights through (see merge --help).")
@@ -81,6 +88,7 @@ def sweep(
     grids: tuple[str, ...],
     config: Path | None,
     eps: float,
+    quantized_base_as: Any,
     index: Path | None,
     out_dtype: Any,
     shard_size: int,
@@ -114,6 +122,7 @@ def sweep(
         eval_timeout=eval_timeout,
         select=select,
         plot=plot,
+        quantized_base_as=quantized_base_as,
         options=run_options_of(**values),
     )
     for c in result.candidates:

@@ -15,14 +15,19 @@ from ramstream.format.dtypes import UNDECODABLE_FLOATS, is_merged
 from ramstream.format.fingerprint import checkpoint_fingerprint
 from ramstream.format.hub import HubAccess
 from ramstream.format.lora import is_adapter, open_adapter
-from ramstream.format.quantized import with_quantization
+from ramstream.format.quantized import QuantizedBaseAs, checked_base_as, resolved_base_as, with_quantization
 from ramstream.format.tied_heads import reconcile_head, untie_base
 
 
 @dataclass(frozen=True)
 class Family:
+    """A base and its agents. ``quantized_base_as`` is what the base's quantized tensors are read
+    as (``format.quantized.resolved_base_as``): f32, their dequantized values, or bf16 / f16,
+    those rounded to that dtype (and back to float32); always f32 for a base stored in floats."""
+
     base: Checkpoint
     agents: tuple[Checkpoint, ...]
+    quantized_base_as: str = "f32"
 
     @property
     def members(self) -> tuple[Checkpoint, ...]:
@@ -47,10 +52,14 @@ def open_family(
     min_agents: int = 1,
     hf_cache: Path | None = None,
     hub_timeout: float = DEFAULT_HUB_TIMEOUT,
+    quantized_base_as: QuantizedBaseAs = "auto",
 ) -> Family:
     """Open and cross-check the checkpoints (paths, or hub ids resolved in ``hf_cache``, the hub
     answering each request within ``hub_timeout`` seconds); raise naming the agent and tensor on
-    any mismatch. An agent that is a PEFT adapter directory is a LoRA agent (``format.lora``)."""
+    any mismatch. An agent that is a PEFT adapter directory is a LoRA agent (``format.lora``).
+    ``quantized_base_as`` says what a quantized base's values are (``Family``; auto: the agents'
+    dtype where they all share bf16 or f16)."""
+    asked = checked_base_as(quantized_base_as)
     if len(agents) < min_agents:
         raise ConfigError(f"need at least {min_agents} agent checkpoint(s), got {len(agents)}")
     hub = HubAccess(hf_cache, hub_timeout)
@@ -65,7 +74,7 @@ def open_family(
     agent_ckpts = tuple(_reconciled(base_ckpt, replace(c, name=n)) for n, c in zip(names, agent_ckpts, strict=True))
     for agent in agent_ckpts:
         _check_agent(base_ckpt, agent)
-    return Family(base_ckpt, agent_ckpts)
+    return Family(base_ckpt, agent_ckpts, resolved_base_as(base_ckpt, agent_ckpts, asked))
 
 
 def _reconciled(base: Checkpoint, agent: Checkpoint) -> Checkpoint:
@@ -146,7 +155,7 @@ def with_absolute_paths(family: Family) -> Family:
             described_by=tuple(absolute(p) for p in ckpt.described_by),
         )
 
-    return Family(member(family.base), tuple(member(a) for a in family.agents))
+    return Family(member(family.base), tuple(member(a) for a in family.agents), family.quantized_base_as)
 
 
 def _absolute_quant(quant: QuantRef, absolute: Callable[[Path], Path]) -> QuantRef:

@@ -20,9 +20,9 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
-from ramstream.errors import InputError, UnsupportedDtypeError
+from ramstream.errors import ConfigError, InputError, UnsupportedDtypeError
 from ramstream.format.checkpoint import Checkpoint, QuantRef, QuantScheme, TensorRef
 from ramstream.format.dtypes import FLOAT_CODES, FP8_FLOATS
 from ramstream.format.names import CONFIG_FILE
@@ -40,6 +40,39 @@ MX_BLOCKS, MX_SCALES = "_blocks", "_scales"  # mxfp4 (gpt-oss): <name>_blocks, <
 # Which scales a scheme allows: (strategy, block); the block is the one a "block" strategy names.
 Strategies = tuple[tuple[str, tuple[int, int] | None], ...]
 CONVERT = "convert the checkpoint to bf16, f16 or f32 first"
+
+# Which values a quantized base stands for (``resolved_base_as``): its dequantized float32 values
+# (f32), or those rounded to bf16 / f16, as its conversion to that dtype holds them; auto: the
+# agents' dtype where they all share bf16 or f16.
+QuantizedBaseAs = Literal["auto", "f32", "bf16", "f16"]
+QUANTIZED_BASE_AS: tuple[str, ...] = ("auto", "f32", "bf16", "f16")
+ROUNDED_TO = {"BF16": "bf16", "F16": "f16"}  # a stored dtype -> the setting that rounds to it
+
+
+def checked_base_as(value: object) -> QuantizedBaseAs:
+    """``value`` as a ``--quantized-base-as`` setting; anything else is refused in one line."""
+    if value not in QUANTIZED_BASE_AS:
+        raise ConfigError(f"--quantized-base-as must be one of {', '.join(QUANTIZED_BASE_AS)}, got {value!r}")
+    return cast(QuantizedBaseAs, value)
+
+
+def resolved_base_as(base: Checkpoint, agents: tuple[Checkpoint, ...], asked: QuantizedBaseAs) -> str:
+    """What the base's quantized tensors are read as: f32 for a base with none (the setting is
+    moot), ``asked`` when it is not auto, else ``agents_dtype`` (f32 when the agents differ)."""
+    if not base.quantized:
+        return "f32"
+    if asked != "auto":
+        return asked
+    return agents_dtype(base, agents) or "f32"
+
+
+def agents_dtype(base: Checkpoint, agents: tuple[Checkpoint, ...]) -> str | None:
+    """bf16 or f16 when every agent stores every tensor the base stores quantized in that dtype
+    (the dtype they were trained in, from the base converted to it), else None."""
+    stored = {
+        "quantized" if name in agent.quantized else agent.dtype_of(name) for agent in agents for name in base.quantized
+    }
+    return ROUNDED_TO.get(stored.pop()) if len(stored) == 1 else None
 
 
 def with_quantization(checkpoint: Checkpoint) -> Checkpoint:

@@ -22,6 +22,7 @@ from ramstream.format.dtypes import ITEMSIZE
 from ramstream.plan import TensorPlan
 from ramstream.version import __version__
 
+BASE_AS = ("f32", "bf16", "f16")  # a resolved --quantized-base-as (auto is resolved before an index is made)
 MAX_BLOCK_ELEMS = 1 << 40  # far above any budget's block; a larger value is damage, not a setting
 
 
@@ -38,6 +39,7 @@ class IndexHeader:
     inputs: tuple[dict[str, Any], ...]
     tensors: tuple[TensorPlan, ...]
     ramstream_version: str = __version__
+    quantized_base_as: str = "f32"  # what a quantized base was read as (an index written before: f32)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +52,7 @@ class IndexHeader:
             "inputs": list(self.inputs),
             "tensors": [{"name": t.name, "shape": list(t.shape), "dtypes": list(t.dtypes)} for t in self.tensors],
             "ramstream_version": self.ramstream_version,
+            "quantized_base_as": self.quantized_base_as,
         }
 
     @classmethod
@@ -78,6 +81,7 @@ class IndexHeader:
             read_inputs(doc, roles),
             _tensors(doc, roles),
             _string(doc, "ramstream_version") if "ramstream_version" in doc else "?",
+            _base_as(doc),
         )
 
 
@@ -136,6 +140,15 @@ def _eps(doc: dict[str, Any]) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise _damaged("eps", f"{value!r:.40}, not a finite number >= 0")
     return float(value)
+
+
+def _base_as(doc: dict[str, Any]) -> str:
+    if "quantized_base_as" not in doc:
+        return "f32"  # written before the setting existed, when a quantized base was read as f32
+    value = doc["quantized_base_as"]
+    if value not in BASE_AS:
+        raise _damaged("quantized_base_as", f"{value!r:.40}, not one of {', '.join(BASE_AS)}")
+    return str(value)
 
 
 def read_inputs(doc: dict[str, Any], roles: int) -> tuple[dict[str, Any], ...]:

@@ -25,7 +25,12 @@ def cache_path(cache_dir: Path, key: str) -> Path:
 
 
 def family_key(family: Family, eps: float) -> str:
-    return content_key(family.fingerprints(), {"eps": float(eps), "schema": SCHEMA_VERSION})
+    """The inputs' and settings' key. A quantized base read as bf16 or f16 is a setting of its
+    own; f32 (and a base stored in floats) keeps the key indexes had before the setting existed."""
+    settings: dict[str, object] = {"eps": float(eps), "schema": SCHEMA_VERSION}
+    if family.quantized_base_as != "f32":
+        settings["quantized_base_as"] = family.quantized_base_as
+    return content_key(family.fingerprints(), settings)
 
 
 def index_path(family: Family, eps: float, path: Path | None, cache_dir: Path) -> Path:
@@ -54,6 +59,7 @@ def open_or_create(family: Family, eps: float, path: Path | None, cache_dir: Pat
         family.agent_names,
         tuple(fingerprints),
         make_plan(family, block_elems).tensors,
+        quantized_base_as=family.quantized_base_as,
     )
     target.parent.mkdir(parents=True, exist_ok=True)
     return create_index(target, header, make_plan(family, block_elems))
@@ -62,6 +68,12 @@ def open_or_create(family: Family, eps: float, path: Path | None, cache_dir: Pat
 def _difference(header: IndexHeader, family: Family, eps: float) -> str:
     if header.eps != float(eps):
         return f"this index was built with eps={header.eps}, not eps={eps}; use --eps {header.eps} or another --index"
+    if header.quantized_base_as != family.quantized_base_as:
+        return (
+            f"this index was built with the quantized base read as {header.quantized_base_as}, not as "
+            f"{family.quantized_base_as} (--quantized-base-as); use --quantized-base-as {header.quantized_base_as} "
+            "or another --index"
+        )
     if len(header.agents) != len(family.agents):
         return f"this index was built for {len(header.agents)} agents, not {len(family.agents)}; use another --index"
     fingerprints = family.fingerprints()

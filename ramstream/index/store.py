@@ -40,6 +40,7 @@ from zarr.core.sync import sync
 
 from ramstream.config import DEFAULT_EPS
 from ramstream.errors import IndexMismatchError, StoreCorruptError
+from ramstream.format.dtypes import FP8_FLOATS
 from ramstream.index.guard import store_io
 from ramstream.index.header import IndexHeader
 from ramstream.index.journal import FLAT_KEYS, Journal
@@ -446,6 +447,8 @@ def probe_again(path: Path, header: IndexHeader, group: zarr.Group) -> str:
     words = ["ramstream", "probe", *(str(i["path"]) for i in header.inputs), "--index", str(path)]
     if header.eps != DEFAULT_EPS:
         words += ["--eps", repr(header.eps)]
+    if header.quantized_base_as != "f32" or any(t.dtypes[0] in FP8_FLOATS for t in header.tensors):
+        words += ["--quantized-base-as", header.quantized_base_as]  # auto might read the base otherwise
     statistics = group.attrs.get("statistics")
     if isinstance(statistics, dict) and any(str(k).startswith(AGREEMENT_PREFIX) for k in statistics):
         words.append("--agreement")

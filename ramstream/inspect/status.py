@@ -191,6 +191,7 @@ def index_status(path: Path) -> Status:
         "agents": list(header.agents),
         "tensors": len(header.tensors),
         "ramstream_version": header.ramstream_version,
+        "quantized_base_as": header.quantized_base_as,
     }
     passes = (probe_status(store), *statistics_status(store))
     return Status(path, "index", path, passes, header.inputs, {"index_info": details})
@@ -437,9 +438,11 @@ def render(status: Status) -> str:
         lines.append(f"index  {status.index}")
     if "index_info" in doc:
         info = doc["index_info"]
+        read_as = info.get("quantized_base_as", "f32")
         lines.append(
             f"  eps {info['eps']}, {len(info['agents'])} agents, {info['tensors']} tensors, "
             f"blocks of {info['block_elems']} elements, made by ramstream {info['ramstream_version']}"
+            + ("" if read_as == "f32" else f", quantized base read as {read_as}")
         )
     if "merge" in doc and isinstance(doc["merge"], dict):
         m = doc["merge"]

@@ -86,9 +86,13 @@ def _quantized(family: Family, record: dict[str, Any]) -> list[str]:
     lines = []
     for role, member in [("base", family.base), *(("agent", a) for a in family.agents)]:
         if member.scheme is not None:
+            read_as = "dequantized to float32"
+            if role == "base" and family.quantized_base_as != "f32":
+                dtype = family.quantized_base_as
+                read_as += f", then rounded to {dtype} as its {dtype} conversion holds them (`--quantized-base-as`)"
             lines.append(
                 f"The {role} {text(member.name)} is stored quantized ({text(member.scheme.summary)}): its quantized "
-                "tensors were read dequantized to float32."
+                f"tensors were read {read_as}."
             )
     if family.base.scheme is not None and record["run"]["out_dtype"] == "fp8":
         lines.append(

@@ -114,6 +114,7 @@ def plan_output(
         "output_layout": 2,  # one shard is model.safetensors: an older unfinished merge named it otherwise
         "ramstream_version": __version__,
         **({"allow_nonfinite": True} if allow_nonfinite else {}),
+        **({"quantized_base_as": family.quantized_base_as} if family.base.quantized else {}),
     }
     return OutputPlan(out, spec, params, dtypes, run)
 

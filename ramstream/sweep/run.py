@@ -27,6 +27,7 @@ from ramstream.errors import ConfigError, OutputError, RamstreamError
 from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
 from ramstream.format.family import Family, open_family
+from ramstream.format.quantized import QuantizedBaseAs
 from ramstream.index import resolve
 from ramstream.inspect import plots
 from ramstream.io.atomic import atomic_write_text
@@ -117,6 +118,7 @@ def sweep(
     eval_timeout: float = DEFAULT_TIMEOUT,
     select: str | None = None,
     plot: str | Path | None = None,
+    quantized_base_as: QuantizedBaseAs = "auto",
     options: RunOptions | None = None,
 ) -> SweepResult:
     """Merge every candidate into ``out/<name>/``; rerunning the same call resumes the sweep.
@@ -144,7 +146,12 @@ def sweep(
     parsed = [parse_method(c.method, c.settings, len(agents), allow_nonfinite) for c in candidates]
     min_agents = max(spec.min_agents for spec, _ in parsed)
     family = open_family(
-        base, list(agents), min_agents=min_agents, hf_cache=options.hf_cache, hub_timeout=options.hub_timeout
+        base,
+        list(agents),
+        min_agents=min_agents,
+        hf_cache=options.hf_cache,
+        hub_timeout=options.hub_timeout,
+        quantized_base_as=quantized_base_as,
     )
     root = Path(out)
     outputs = [
