@@ -64,7 +64,20 @@ PROBE_SIGNATURE = {
 
 def _ptx(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> str:
     source = ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs)
-    return str(triton.compile(source, target=SM90, options={"enable_fp_fusion": False}).asm["ptx"])
+    return str(triton.compile(source, target=SM90, options=ram.EXACT).asm["ptx"])
+
+
+def test_every_launch_compiles_with_the_checked_options() -> None:
+    """The PTX checked here is the PTX launched: every kernel launch in ``fused/`` passes the
+    options these checks compile with (triton's defaults contract ``a * b + c`` into ``fma``)."""
+    assert ram.EXACT == {"enable_fp_fusion": False}
+    folder = ROOT / "ramstream" / "backends" / "torch" / "fused"
+    launches = 0
+    for path in sorted(folder.glob("*.py")):
+        for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
+            launches += 1
+            assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
+    assert launches >= 3  # the probe, RAM and GTA kernels
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
