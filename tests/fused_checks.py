@@ -324,6 +324,90 @@ def gta_tiles() -> None:
 
 
 # -- the torch backend through the API, against the Numba backend ---------------------------------
+def _abs_bits(base: np.ndarray, agents: list[np.ndarray], base_code: int, code: int) -> np.ndarray:
+    """uint32 (agents, m): the 31-bit patterns of |tau|, as the Numba kernels make them."""
+    b = decode_array(base, base_code)
+    with np.errstate(all="ignore"):
+        taus = [decode_array(a, code) if code == TAU32 else decode_array(a, code) - b for a in agents]
+    return np.array([t.view(np.uint32) & 0x7FFFFFFF for t in taus])
+
+
+def histogram_tiles() -> None:
+    """``fused/magnitude.py`` on tiles of a base and 3 agents (every format, task vectors; NaN,
+    Inf and |tau| = 0 among them): the high and low histograms of a naive numpy twin, added to
+    what the accumulators held; cuts on the zero bin, on the busiest bin, on an empty one, on the
+    NaN/Inf bins, and none."""
+    from ramstream.backends.base import HIGH_BINS, LOW_BINS
+    from ramstream.backends.torch.fused import magnitude
+
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _family(base_code, m, 3, seed=11 + code)
+        if code == TAU32:
+            b = decode_array(base, base_code)
+            with np.errstate(all="ignore"):
+                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        bits = _abs_bits(base, agents, base_code, code)
+        high = np.array([np.bincount(row >> 16, minlength=HIGH_BINS) for row in bits])
+        busiest = [int(np.argmax(np.where(np.arange(HIGH_BINS) > 0, row, -1))) for row in high]
+        targets = np.array(
+            [[0, busiest[0], -1], [-1, -1, -1], [busiest[2], 0x7FFF, int(bits[2].max() >> 16)]], np.int32
+        )
+        low = np.zeros((3, 3, LOW_BINS), np.int64)
+        for t in range(3):
+            for c in range(3):
+                if targets[t, c] >= 0:
+                    low[t, c] = np.bincount(bits[t][(bits[t] >> 16) == targets[t, c]] & 0xFFFF, minlength=LOW_BINS)
+        staged = _staged(base, agents)
+        got_high = torch.full((3, HIGH_BINS), 3, dtype=torch.int32)
+        magnitude.high_launch(staged, m, got_high, (base_code, code))
+        got_low = torch.full((3, 3, LOW_BINS), 2, dtype=torch.int32)
+        magnitude.low_launch(staged, m, torch.from_numpy(targets), got_low, (base_code, code))
+        what = f"histograms {code}"
+        assert np.array_equal(got_high.numpy(), 3 + high), what
+        assert np.array_equal(got_low.numpy(), 2 + low), what
+        assert high[:, 0].min() > 0 and low[0, 0, 0] > 0 and low[2, 2].sum() > 0, what  # zeros and NaN seen
+
+
+def histogram_merges(scratch: Path) -> None:
+    """TIES (both trim scopes) and breadcrumbs through the API with the torch backend on the CPU,
+    its statistics pass in the fused histogram kernels: every histogram of every block equal to
+    the Numba backend's on the same block, and the merges the Numba bytes."""
+    from ramstream.backends.numba.backend import NumbaBackend
+    from ramstream.backends.torch.counting import CountOps
+    from ramstream.backends.torch.fused import magnitude
+
+    calls = {"high": 0, "low": 0, "compared": 0}
+    _count(magnitude, "high_launch", calls, "high")
+    _count(magnitude, "low_launch", calls, "low")
+    numba = NumbaBackend(1)
+    fused_high, fused_low = CountOps.abs_high_histogram, CountOps.abs_low_histogram
+
+    def high(self: CountOps, arrays: object) -> np.ndarray:
+        got = fused_high(self, arrays)  # type: ignore[arg-type]
+        assert np.array_equal(got, numba.abs_high_histogram(arrays)), "high histogram"  # type: ignore[arg-type]
+        calls["compared"] += 1
+        return got
+
+    def low(self: CountOps, arrays: object, targets: np.ndarray) -> np.ndarray:
+        got = fused_low(self, arrays, targets)  # type: ignore[arg-type]
+        assert np.array_equal(got, numba.abs_low_histogram(arrays, targets)), "low histogram"  # type: ignore[arg-type]
+        calls["compared"] += 1
+        return got
+
+    CountOps.abs_high_histogram, CountOps.abs_low_histogram = high, low  # type: ignore[method-assign]
+    _merges(
+        scratch,
+        [
+            ("ties", {"density": 0.3}),
+            ("ties", {"density": 0.3, "trim_scope": "model"}),
+            ("breadcrumbs_ties", {"density": 0.5, "gamma": 0.05}),
+        ],
+    )
+    assert min(calls.values()) > 0, calls
+
+
 def merges(scratch: Path) -> None:
     """RAM and RAM+ merges (the probe pass included) with the torch backend on the CPU, its fused
     kernels interpreted, on BF16, F16 and F32 families: the Numba bytes, every tile fused."""
@@ -446,9 +530,15 @@ CHECKS: dict[str, Callable[[], None]] = {
     "ram_tiles": ram_tiles,
     "probe_tiles": probe_tiles,
     "gta_tiles": gta_tiles,
+    "histogram_tiles": histogram_tiles,
 }
 
-IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {"merges": merges, "gta_merges": gta_merges, "streamed": streamed}
+IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
+    "merges": merges,
+    "gta_merges": gta_merges,
+    "histogram_merges": histogram_merges,
+    "streamed": streamed,
+}
 
 if __name__ == "__main__":
     if sys.argv[1] in IN_A_DIRECTORY:

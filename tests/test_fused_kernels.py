@@ -27,7 +27,8 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ramstream.backends.torch.fused import gta, probe, ram  # noqa: E402
+from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
+from ramstream.backends.torch.fused import gta, magnitude, probe, ram  # noqa: E402
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +36,18 @@ CODES = [int(c) for c in FloatCode]
 
 
 @pytest.mark.parametrize(
-    "check", ["codecs", "ram_tiles", "probe_tiles", "gta_tiles", "merges", "gta_merges", "streamed"]
+    "check",
+    [
+        "codecs",
+        "ram_tiles",
+        "probe_tiles",
+        "gta_tiles",
+        "histogram_tiles",
+        "merges",
+        "gta_merges",
+        "histogram_merges",
+        "streamed",
+    ],
 )
 def test_the_kernels_give_the_numba_bytes_under_the_interpreter(check: str, tmp_path: Path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
@@ -132,3 +144,22 @@ def test_the_gta_kernel_compiles_for_sm90_without_contraction_or_approximate_div
     ptx = _ptx(gta.gta_tile, signature, constexprs)
     assert FORBIDDEN.findall(ptx) == []
     assert "mul.rn.f32" in ptx and ("div.rn.f32" in ptx) == normalize
+
+
+HISTOGRAM_SIGNATURE = {"base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "counts": "*i32"}
+
+
+@pytest.mark.parametrize("code", [*CODES, TAU32])
+def test_the_histogram_kernels_compile_for_sm90_with_native_atomics(code: int) -> None:
+    """Integer reductions in the memory system (``red``/``atom`` add), never a compare-and-swap
+    loop; and, as every kernel, no approximation."""
+    base = FloatCode.F32 if code == TAU32 else code
+    shared = {"N_AGENTS": 3, "BASE": base, "AGENT": code, "BLOCK": magnitude.BLOCK}
+    high = _ptx(magnitude.high_tile, HISTOGRAM_SIGNATURE, {**shared, "HIGH": HIGH_BINS})
+    low_signature = {**HISTOGRAM_SIGNATURE, "targets": "*i32"}
+    low_signature["counts"] = low_signature.pop("counts")  # after targets, as the kernel takes them
+    low = _ptx(magnitude.low_tile, low_signature, {**shared, "N_CUTS": 2, "LOW": LOW_BINS})
+    for ptx in (high, low):
+        assert FORBIDDEN.findall(ptx) == []
+        assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]32", ptx), "no native integer atomic add"
+        assert ".cas" not in ptx

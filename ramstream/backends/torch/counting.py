@@ -133,6 +133,8 @@ class CountOps(TileBackend):
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
         n_agents = len(arrays.agents)
         codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._abs_high_fused(arrays, codes)
         size = n_agents * HIGH_BINS + magnitude.SPREAD
         fixed = self._fixed(self.workers * size * 8, f"the magnitude histograms of {n_agents} agents")
         with self._scoped():
@@ -152,6 +154,8 @@ class CountOps(TileBackend):
         if not wanted:
             return np.zeros((n_agents, n_cuts, LOW_BINS), np.int32)
         codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._abs_low_fused(arrays, codes, targets)
         size = n_agents * n_cuts * LOW_BINS + magnitude.SPREAD
         fixed = self._fixed(self.workers * size * 8, f"the fine magnitude histograms of {n_agents} agents")
         with self._scoped():
@@ -167,6 +171,39 @@ class CountOps(TileBackend):
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=inputs, fixed=fixed)
             total = counts.sum(0)[: n_agents * n_cuts * LOW_BINS].view(n_agents, n_cuts, LOW_BINS)
             return self._host(total).astype(np.int32)
+
+    def _abs_high_fused(self, arrays: BlockArrays, codes: list[int]) -> np.ndarray:
+        """``abs_high_histogram`` in one fused kernel per tile (``fused/magnitude.py``): the
+        counts in one int32 accumulator per worker (the Numba kernels' type), read back once."""
+        from ramstream.backends.torch.fused.magnitude import high_launch
+
+        n_agents = len(arrays.agents)
+        fixed = self._fixed(self.workers * n_agents * HIGH_BINS * 4, f"the magnitude histograms of {n_agents} agents")
+        with self._scoped():
+            counts = torch.zeros((self.workers, n_agents, HIGH_BINS), dtype=torch.int32, device=self._device)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                high_launch(raw, m, counts[w], (codes[0], codes[1]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
+            return self._host(counts.sum(0)).astype(np.int32)
+
+    def _abs_low_fused(self, arrays: BlockArrays, codes: list[int], targets: np.ndarray) -> np.ndarray:
+        """``abs_low_histogram`` in one fused kernel per tile, as ``_abs_high_fused``."""
+        from ramstream.backends.torch.fused.magnitude import low_launch
+
+        n_agents, n_cuts = targets.shape
+        size = n_agents * n_cuts * LOW_BINS
+        fixed = self._fixed(self.workers * size * 4, f"the fine magnitude histograms of {n_agents} agents")
+        with self._scoped():
+            counts = torch.zeros((self.workers, n_agents, n_cuts, LOW_BINS), dtype=torch.int32, device=self._device)
+            aims = self._constant(targets)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                low_launch(raw, m, aims, counts[w], (codes[0], codes[1]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
+            return self._host(counts.sum(0)).astype(np.int32)
 
     def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
         n_agents = len(arrays.agents)
