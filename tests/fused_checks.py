@@ -408,6 +408,89 @@ def histogram_merges(scratch: Path) -> None:
     assert min(calls.values()) > 0, calls
 
 
+def _naive_linear(
+    base: np.ndarray, agents: list[np.ndarray], codes: tuple[int, int], weights: np.ndarray, w0: float, normalize: bool
+) -> tuple[np.ndarray, int]:
+    """The linear merge as ``backends/numba/linear.py`` computes it, element by element in
+    float32, and the first NaN/Inf input position (-1: none)."""
+    b = decode_array(base, codes[0])
+    values = [decode_array(a, codes[1]) for a in agents]
+    bad = ~np.isfinite(b) | np.any([~np.isfinite(v) for v in values], axis=0)
+    with np.errstate(all="ignore"):
+        total = np.zeros_like(b)
+        if np.float32(w0) != np.float32(0.0):
+            total = total + np.float32(w0) * b
+        divisor = np.float32(0.0) + np.float32(w0)
+        for v, w in zip(values, weights, strict=True):
+            agent = b + v if codes[1] == TAU32 else v
+            total = total + np.float32(w) * agent
+            divisor = np.float32(divisor + np.float32(w))
+        if normalize:
+            total = total / divisor
+    return total.astype(np.float32), int(np.argmax(bad)) if bad.any() else -1
+
+
+def linear_tiles() -> None:
+    """``fused/linear.py`` on tiles of a base and 3 agents (BF16, F16, F32, F64, task vectors;
+    NaN, Inf, -0.0, subnormals), with and without the base's weight and normalising, to a few
+    output formats: the naive twin's bytes, its first position and the output's flag."""
+    from ramstream.backends.torch.fused import linear
+
+    weights = np.array([0.3, -0.7, 1.9], np.float32)
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _family(base_code, m, 3, seed=23 + code)
+        if code == TAU32:
+            b = decode_array(base, base_code)
+            with np.errstate(all="ignore"):
+                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        cases = ((0.0, True, base_code), (0.25, False, FloatCode.F32), (-0.0, False, FloatCode.F16),
+                 (1.5, True, FloatCode.BF16))  # fmt: skip
+        for w0, normalize, out_code in cases:
+            merged, first = _naive_linear(base, agents, (base_code, code), weights, w0, normalize)
+            want = _encoded(merged, out_code)
+            out = torch.full((m,), 77, dtype=TORCH_CARRIER[out_code])
+            state = torch.tensor([NOWHERE, 0], dtype=torch.int64)
+            divisor = np.float32(0.0) + np.float32(w0)
+            for w in weights:
+                divisor = np.float32(divisor + w)
+            linear.linear_launch(
+                _staged(base, agents), m, 0, torch.from_numpy(weights), float(np.float32(w0)),
+                float(divisor) if normalize else None, out, state, (base_code, code, out_code),
+            )  # fmt: skip
+            what = f"linear {code} w0={w0} normalize={normalize} -> {out_code}"
+            got = out.numpy().view(want.dtype)
+            assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), what
+            assert int(state[0]) == (first if first >= 0 else NOWHERE), what
+            assert bool(state[1]) == bool(_nonfinite_encoded(want, out_code).any()), what
+
+
+def _nonfinite_encoded(encoded: np.ndarray, code: int) -> np.ndarray:
+    if code in (FloatCode.BF16, FloatCode.F16):
+        exponent = 0x7F80 if code == FloatCode.BF16 else 0x7C00
+        return (encoded.view(np.uint16) & exponent) == exponent
+    return ~np.isfinite(encoded)
+
+
+def linear_merges(scratch: Path) -> None:
+    """linear merges (normalised, with the base's weight, unnormalised) through the API with the
+    torch backend on the CPU, its fused kernel interpreted: the Numba bytes, every tile fused."""
+    from ramstream.backends.torch.fused import linear
+
+    calls = {"linear": 0}
+    _count(linear, "linear_launch", calls, "linear")
+    _merges(
+        scratch,
+        [
+            ("linear", {}),
+            ("linear", {"weights": [0.2, 0.5, 0.3, 0.1, 0.6], "base_weight": 0.4}),
+            ("linear", {"weights": [0.7, -0.2, 0.9, 0.3, 1.1], "normalize": False}),
+        ],
+    )
+    assert calls["linear"] > 0, calls
+
+
 def merges(scratch: Path) -> None:
     """RAM and RAM+ merges (the probe pass included) with the torch backend on the CPU, its fused
     kernels interpreted, on BF16, F16 and F32 families: the Numba bytes, every tile fused."""
@@ -531,12 +614,14 @@ CHECKS: dict[str, Callable[[], None]] = {
     "probe_tiles": probe_tiles,
     "gta_tiles": gta_tiles,
     "histogram_tiles": histogram_tiles,
+    "linear_tiles": linear_tiles,
 }
 
 IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
     "merges": merges,
     "gta_merges": gta_merges,
     "histogram_merges": histogram_merges,
+    "linear_merges": linear_merges,
     "streamed": streamed,
 }
 

@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
-from ramstream.backends.torch.fused import gta, magnitude, probe, ram  # noqa: E402
+from ramstream.backends.torch.fused import gta, linear, magnitude, probe, ram  # noqa: E402
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,9 +43,11 @@ CODES = [int(c) for c in FloatCode]
         "probe_tiles",
         "gta_tiles",
         "histogram_tiles",
+        "linear_tiles",
         "merges",
         "gta_merges",
         "histogram_merges",
+        "linear_merges",
         "streamed",
     ],
 )
@@ -89,7 +91,7 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 3  # the probe, RAM and GTA kernels
+    assert launches >= 6  # the probe, RAM, GTA, both histogram and the linear kernels
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -163,3 +165,26 @@ def test_the_histogram_kernels_compile_for_sm90_with_native_atomics(code: int) -
         assert FORBIDDEN.findall(ptx) == []
         assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]32", ptx), "no native integer atomic add"
         assert ".cas" not in ptx
+
+
+LINEAR_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "weights": "*fp32",
+    "base_weight": "fp32", "divisor": "fp32",
+}  # fmt: skip
+LINEAR_CASES = [(c, c, c, True, True) for c in CODES] + [
+    (FloatCode.BF16, TAU32, FloatCode.BF16, False, True),
+    (FloatCode.F16, FloatCode.F16, FloatCode.F32, True, False),
+    (FloatCode.F32, FloatCode.F32, FloatCode.BF16, False, False),
+]
+
+
+@pytest.mark.parametrize(("base", "agent", "out", "uses_base", "normalize"), LINEAR_CASES)
+def test_the_linear_kernel_compiles_for_sm90_without_contraction_or_approximate_division(
+    base: int, agent: int, out: int, uses_base: bool, normalize: bool
+) -> None:
+    signature = {**LINEAR_SIGNATURE, "out": OUT_POINTER[FloatCode(out)], "state": "*i64"}
+    constexprs = {"N_AGENTS": 3, "BASE": base, "AGENT": agent, "OUT": out, "USES_BASE": uses_base,
+                  "NORMALIZE": normalize, "BLOCK": linear.BLOCK}  # fmt: skip
+    ptx = _ptx(linear.linear_tile, signature, constexprs)
+    assert FORBIDDEN.findall(ptx) == []
+    assert "mul.rn.f32" in ptx and ("div.rn.f32" in ptx) == normalize
