@@ -336,7 +336,7 @@ def histogram_tiles() -> None:
     """``fused/magnitude.py`` on tiles of a base and 3 agents (every format, task vectors; NaN,
     Inf and |tau| = 0 among them): the high and low histograms of a naive numpy twin, added to
     what the accumulators held; cuts on the zero bin, on the busiest bin, on an empty one, on the
-    NaN/Inf bins, and none."""
+    NaN/Inf bins, and none; the tie searches' packed masks (from a position, on zero, on NaN)."""
     from ramstream.backends.base import HIGH_BINS, LOW_BINS
     from ramstream.backends.torch.fused import magnitude
 
@@ -368,19 +368,27 @@ def histogram_tiles() -> None:
         assert np.array_equal(got_high.numpy(), 3 + high), what
         assert np.array_equal(got_low.numpy(), 2 + low), what
         assert high[:, 0].min() > 0 and low[0, 0, 0] > 0 and low[2, 2].sum() > 0, what  # zeros and NaN seen
+        positions = np.arange(m)
+        for t, value, begin in ((0, 0, 0), (0, int(bits[0][m // 3]), 100), (2, int(bits[2].max()), 64), (1, 1, 0)):
+            ties = torch.full((-(-m // 8),), 0x5A, dtype=torch.uint8)
+            magnitude.tie_launch(_staged(base, [agents[t]]), m, 64, value, 64 + begin, ties, (base_code, code))
+            want = np.packbits((bits[t] == value) & (positions >= begin), bitorder="little")
+            assert np.array_equal(ties.numpy(), want), f"ties {code} agent {t} value {value:#x} from {begin}"
 
 
 def histogram_merges(scratch: Path) -> None:
     """TIES (both trim scopes) and breadcrumbs through the API with the torch backend on the CPU,
-    its statistics pass in the fused histogram kernels: every histogram of every block equal to
-    the Numba backend's on the same block, and the merges the Numba bytes."""
+    its statistics pass in the fused histogram and tie-search kernels: every histogram and tie
+    search of every block equal to the Numba backend's on the same block, and the merges the
+    Numba bytes."""
     from ramstream.backends.numba.backend import NumbaBackend
     from ramstream.backends.torch.counting import CountOps
     from ramstream.backends.torch.fused import magnitude
 
-    calls = {"high": 0, "low": 0, "compared": 0}
+    calls = {"high": 0, "low": 0, "tie": 0, "compared": 0, "ties compared": 0}
     _count(magnitude, "high_launch", calls, "high")
     _count(magnitude, "low_launch", calls, "low")
+    _count(magnitude, "tie_launch", calls, "tie")
     numba = NumbaBackend(1)
     fused_high, fused_low = CountOps.abs_high_histogram, CountOps.abs_low_histogram
 
@@ -396,7 +404,16 @@ def histogram_merges(scratch: Path) -> None:
         calls["compared"] += 1
         return got
 
+    fused_tie = CountOps.find_tie
+
+    def tie(self: CountOps, arrays: object, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
+        got = fused_tie(self, arrays, agent, value, begin, need)  # type: ignore[arg-type]
+        assert got == numba.find_tie(arrays, agent, value, begin, need), "tie search"  # type: ignore[arg-type]
+        calls["ties compared"] += 1
+        return got
+
     CountOps.abs_high_histogram, CountOps.abs_low_histogram = high, low  # type: ignore[method-assign]
+    CountOps.find_tie = tie  # type: ignore[method-assign]
     _merges(
         scratch,
         [

@@ -91,7 +91,7 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 6  # the probe, RAM, GTA, both histogram and the linear kernels
+    assert launches >= 7  # the probe, RAM, GTA, both histograms, the tie search and the linear kernels
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -154,13 +154,17 @@ HISTOGRAM_SIGNATURE = {"base": "*u8", "agents_at": "i64", "agent_stride": "i64",
 @pytest.mark.parametrize("code", [*CODES, TAU32])
 def test_the_histogram_kernels_compile_for_sm90_with_native_atomics(code: int) -> None:
     """Integer reductions in the memory system (``red``/``atom`` add), never a compare-and-swap
-    loop; and, as every kernel, no approximation."""
+    loop; and, as every kernel (the tie search's too), no approximation."""
     base = FloatCode.F32 if code == TAU32 else code
     shared = {"N_AGENTS": 3, "BASE": base, "AGENT": code, "BLOCK": magnitude.BLOCK}
     high = _ptx(magnitude.high_tile, HISTOGRAM_SIGNATURE, {**shared, "HIGH": HIGH_BINS})
     low_signature = {**HISTOGRAM_SIGNATURE, "targets": "*i32"}
     low_signature["counts"] = low_signature.pop("counts")  # after targets, as the kernel takes them
     low = _ptx(magnitude.low_tile, low_signature, {**shared, "N_CUTS": 2, "LOW": LOW_BINS})
+    tie_signature = {"base": "*u8", "agent_at": "i64", "m": "i32", "lo": "i64", "value": "i64", "begin": "i64",
+                     "ties": "*u8"}  # fmt: skip
+    ties = _ptx(magnitude.tie_tile, tie_signature, {"BASE": base, "AGENT": code, "BLOCK": magnitude.BLOCK})
+    assert FORBIDDEN.findall(ties) == []
     for ptx in (high, low):
         assert FORBIDDEN.findall(ptx) == []
         assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]32", ptx), "no native integer atomic add"

@@ -407,6 +407,7 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     from ramstream.backends.torch import tiles as torch_tiles
     from ramstream.backends.torch.counting import CountOps
     from ramstream.backends.torch.fused import gta as fused_gta
+    from ramstream.backends.torch.fused import linear as fused_linear
     from ramstream.backends.torch.fused import magnitude as fused_magnitude
     from ramstream.backends.torch.fused import probe as fused_probe
     from ramstream.backends.torch.fused import ram as fused_ram
@@ -423,6 +424,8 @@ def launches_per_tile(args: argparse.Namespace) -> None:
         (fused_gta, "gta_tile_launch"),
         (fused_magnitude, "high_launch"),
         (fused_magnitude, "low_launch"),
+        (fused_magnitude, "tie_launch"),
+        (fused_linear, "linear_launch"),
     )
     for module, name in launchers:
         launch = getattr(module, name)

@@ -227,14 +227,22 @@ class CountOps(TileBackend):
         parts = [array_part(arrays.base), array_part(arrays.agents[agent])]
         codes = [int(arrays.base_code), int(arrays.agent_codes[agent])]
         ties = np.zeros(-(-arrays.size // 8), np.uint8)  # bit i % 8 of byte i // 8: position i
+        fused = self._fused(codes)  # one launch per tile (``fused/magnitude.py``)
         with self._scoped():
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                if lo + m > begin:  # tiles start at multiples of 64: whole bytes of the mask
+                if lo + m <= begin:  # tiles start at multiples of 64: whole bytes of the mask
+                    return
+                if fused:
+                    from ramstream.backends.torch.fused.magnitude import tie_launch
+
+                    packed = torch.empty(-(-m // 8), dtype=torch.uint8, device=self._device)
+                    tie_launch(raw, m, lo, value, begin, packed, (codes[0], codes[1]))
+                else:
                     (bits,) = self._abs_bits(raw, codes, [0])
                     equal = (bits.to(torch.int64) == value) & (self._positions(lo, m) >= begin)
                     packed = probe.pack(equal[None])[0]
-                    outputs.put(packed, self._sink(ties, lo // 8, lo // 8 + packed.shape[0]))
+                outputs.put(packed, self._sink(ties, lo // 8, lo // 8 + packed.shape[0]))
 
             self._run(parts, arrays.size, tile)
         positions = np.flatnonzero(np.unpackbits(ties, bitorder="little")[: arrays.size])

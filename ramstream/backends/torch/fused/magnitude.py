@@ -4,7 +4,9 @@
 
 - ``high_tile``: per agent, how many elements have each high half (``bits >> 16``, 32768 bins);
 - ``low_tile``: per agent and cut, how many elements whose high half is the cut's target (-1:
-  none) have each low half (``bits & 0xFFFF``).
+  none) have each low half (``bits & 0xFFFF``);
+- ``tie_tile``: for one agent, where its bits equal a cut's value at or after a block position,
+  bit-packed (bit ``i % 8`` of byte ``i // 8``: element ``i``, as numpy's little bit order).
 
 Counts are integers, so their order does not matter: every counted element is added to its bin
 of the call's int32 accumulator (the Numba kernels' type: a block's count fits) with a native,
@@ -95,6 +97,30 @@ def low_tile(
                 _add(counts + (t * N_CUTS + c) * LOW, bits & 0xFFFF, match, match & (bits == 0))
 
 
+@triton.jit
+def tie_tile(
+    base,
+    agent_at,  # the agent's raw bytes at base + agent_at
+    m,
+    lo,
+    value,  # int64: the bits looked for
+    begin,  # int64: the first block position looked at
+    ties,  # uint8 (ceil(m / 8),): the tile's packed mask
+    BASE: tl.constexpr,
+    AGENT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < m
+    b = codecs.decode(base, offsets, mask, BASE)
+    bits = _abs_bits(base, agent_at, 0, 0, b, offsets, mask, AGENT)
+    equal = mask & (bits.to(tl.int64) == value) & (offsets.to(tl.int64) + lo >= begin)
+    bytes_at = tl.program_id(0) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
+    weights = (1 << tl.arange(0, 8)).to(tl.int32)
+    packed = tl.sum(tl.reshape(equal.to(tl.int32), (BLOCK // 8, 8)) * weights[None, :], axis=1)
+    tl.store(ties + bytes_at, packed.to(tl.uint8), mask=bytes_at < (m + 7) // 8)
+
+
 def high_launch(raw: list[torch.Tensor], m: int, counts: torch.Tensor, codes: tuple[int, int]) -> None:
     """Queue the high-half histograms of one tile into ``counts`` (agents, HIGH_BINS) int32."""
     agents_at, stride = layout(raw)
@@ -116,4 +142,16 @@ def low_launch(
             raw[0], agents_at, stride, m, targets, counts,
             N_AGENTS=len(raw) - 1, N_CUTS=targets.shape[1], BASE=codes[0], AGENT=codes[1], LOW=LOW_BINS,
             BLOCK=BLOCK, **EXACT,
+        )  # fmt: skip
+
+
+def tie_launch(
+    raw: list[torch.Tensor], m: int, lo: int, value: int, begin: int, ties: torch.Tensor, codes: tuple[int, int]
+) -> None:
+    """Queue the tie search of one tile: ``raw`` the base and one agent, ``ties`` (ceil(m / 8),)
+    uint8 on the device."""
+    agent_at, _ = layout(raw)
+    with on_device(raw[0]):
+        tie_tile[(triton.cdiv(m, BLOCK),)](
+            raw[0], agent_at, m, lo, value, begin, ties, BASE=codes[0], AGENT=codes[1], BLOCK=BLOCK, **EXACT,
         )  # fmt: skip
