@@ -508,6 +508,99 @@ def linear_merges(scratch: Path) -> None:
     assert calls["linear"] > 0, calls
 
 
+def _naive_vectors(
+    base: np.ndarray, agents: list[np.ndarray], codes: tuple[int, int], where: tuple[int, int, int],
+    coefs: np.ndarray, weights: bool, lo: int,
+) -> tuple[np.ndarray, int]:  # fmt: skip
+    """``merge_vectors_block`` (``backends/numba/vectors.py``) element by element in float32 for
+    a tile at block position ``lo``, and the tile's first NaN/Inf input position (-1: none)."""
+    start, div, mod = where
+    b = decode_array(base, codes[0])
+    values = [decode_array(a, codes[1]) for a in agents]
+    bad = ~np.isfinite(b) | np.any([~np.isfinite(v) for v in values], axis=0)
+    which = ((start + lo + np.arange(b.shape[0])) // div % mod - start // div % mod) % mod
+    c = coefs[which]
+    with np.errstate(all="ignore"):
+        total = np.zeros_like(b)
+        if weights:
+            total = total + c[:, 0] * b
+        for t, v in enumerate(values):
+            if weights:
+                total = total + c[:, 1 + t] * (b + v if codes[1] == TAU32 else v)
+            else:
+                total = total + c[:, t] * (v if codes[1] == TAU32 else v - b)
+        if not weights:
+            total = b + total
+    return total.astype(np.float32), int(np.argmax(bad)) if bad.any() else -1
+
+
+def vectors_tiles() -> None:
+    """``fused/vectors.py`` on tiles of a base and 3 agents (every format, task vectors; NaN, Inf,
+    -0.0, subnormals), both forms, rows of a matrix, columns, one vector, a block starting mid-row,
+    a tile past the block's start: the naive twin's bytes, its first position and the output's
+    flag."""
+    from ramstream.backends.torch.fused import vectors
+
+    rng = np.random.default_rng(5)
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _family(base_code, m, 3, seed=31 + code)
+        if code == TAU32:
+            b = decode_array(base, base_code)
+            with np.errstate(all="ignore"):
+                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        # (start, div, mod): rows of 300 from mid-row 7, columns of a 100-wide matrix, one vector
+        cases = (((2107, 300, 40), True, base_code), ((500, 1, 100), False, FloatCode.F32),
+                 ((0, m, 1), False, base_code), ((64, 37, 1000), True, FloatCode.BF16))  # fmt: skip
+        for where, weights, out_code in cases:
+            count = where[2]
+            coefs = rng.normal(0, 0.7, (count, 4)).astype(np.float32)
+            merged, first = _naive_vectors(base, agents, (base_code, code), where, coefs, weights, 192)
+            want = _encoded(merged, out_code)
+            out = torch.full((m,), 77, dtype=TORCH_CARRIER[out_code])
+            state = torch.tensor([NOWHERE, 0], dtype=torch.int64)
+            vectors.vectors_launch(
+                _staged(base, agents), m, 192, where, torch.from_numpy(coefs), weights, out, state,
+                (base_code, code, out_code),
+            )  # fmt: skip
+            what = f"vectors {code} {where} weights={weights} -> {out_code}"
+            assert np.array_equal(out.numpy().view(np.uint8), want.view(np.uint8)), what
+            assert int(state[0]) == (192 + first if first >= 0 else NOWHERE), what
+            assert bool(state[1]) == bool(_nonfinite_encoded(want, out_code).any()), what
+
+
+def vectors_merges(scratch: Path) -> None:
+    """slerp, nuslerp (both forms, row- and column-wise), multislerp and karcher through the API
+    with the torch backend on the CPU, the fused kernel interpreted: the Numba bytes, every tile
+    fused."""
+    from ramstream.backends.torch.fused import vectors
+    from tests.families import build_family
+    from tests.test_backends import _merge
+
+    calls = {"vectors": 0}
+    _count(vectors, "vectors_launch", calls, "vectors")
+    shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
+    methods = [
+        ("slerp", {"t": 0.3}, 1),
+        ("nuslerp", {"weights": [0.4, 0.6]}, 2),
+        ("nuslerp", {"weights": [0.4, 0.6], "nuslerp_row_wise": True, "nuslerp_flatten": False}, 2),
+        ("nuslerp", {"weights": [0.7, 0.3], "no_base": True}, 1),
+        ("multislerp", {"weights": 1.0}, None),
+        ("karcher", {}, None),
+    ]
+    for dtype in ("BF16", "F32"):
+        (scratch / dtype).mkdir(parents=True)
+        family = build_family(scratch / dtype, dtype=dtype, shapes=shapes, identical_agent=True)
+        for number, (method, given, agents) in enumerate(methods):
+            name = f"{dtype}-{method}-{number}"
+            expected = _merge(family, scratch / "numba" / name / "out", method, given, "numba", agents)
+            got = _merge(family, scratch / "torch" / name / "out", method, given, "torch", agents, device="cpu",
+                         threads=1)  # fmt: skip
+            assert got == expected, f"{name}: not the Numba bytes"
+    assert calls["vectors"] > 0, calls
+
+
 def merges(scratch: Path) -> None:
     """RAM and RAM+ merges (the probe pass included) with the torch backend on the CPU, its fused
     kernels interpreted, on BF16, F16 and F32 families: the Numba bytes, every tile fused."""
@@ -632,6 +725,7 @@ CHECKS: dict[str, Callable[[], None]] = {
     "gta_tiles": gta_tiles,
     "histogram_tiles": histogram_tiles,
     "linear_tiles": linear_tiles,
+    "vectors_tiles": vectors_tiles,
 }
 
 IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
@@ -639,6 +733,7 @@ IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
     "gta_merges": gta_merges,
     "histogram_merges": histogram_merges,
     "linear_merges": linear_merges,
+    "vectors_merges": vectors_merges,
     "streamed": streamed,
 }
 

@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
-from ramstream.backends.torch.fused import gta, linear, magnitude, probe, ram  # noqa: E402
+from ramstream.backends.torch.fused import gta, linear, magnitude, probe, ram, vectors  # noqa: E402
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,10 +44,12 @@ CODES = [int(c) for c in FloatCode]
         "gta_tiles",
         "histogram_tiles",
         "linear_tiles",
+        "vectors_tiles",
         "merges",
         "gta_merges",
         "histogram_merges",
         "linear_merges",
+        "vectors_merges",
         "streamed",
     ],
 )
@@ -91,7 +93,7 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 7  # the probe, RAM, GTA, both histograms, the tie search and the linear kernels
+    assert launches >= 8  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -192,3 +194,20 @@ def test_the_linear_kernel_compiles_for_sm90_without_contraction_or_approximate_
     ptx = _ptx(linear.linear_tile, signature, constexprs)
     assert FORBIDDEN.findall(ptx) == []
     assert "mul.rn.f32" in ptx and ("div.rn.f32" in ptx) == normalize
+
+
+VECTORS_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "start": "i64", "div": "i64",
+    "mod": "i64", "coefs": "*fp32", "coef_stride": "i64",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("code", "weights"), [(c, w) for c in [*CODES, TAU32] for w in (True, False)])
+def test_the_vectors_kernel_compiles_for_sm90_without_contraction(code: int, weights: bool) -> None:
+    base = FloatCode.F32 if code == TAU32 else code
+    signature = {**VECTORS_SIGNATURE, "out": OUT_POINTER[FloatCode(base)], "state": "*i64"}
+    constexprs = {"N_AGENTS": 3, "BASE": base, "AGENT": code, "OUT": base, "WEIGHTS": weights,
+                  "BLOCK": vectors.BLOCK}  # fmt: skip
+    ptx = _ptx(vectors.vectors_tile, signature, constexprs)
+    assert FORBIDDEN.findall(ptx) == []
+    assert "mul.rn.f32" in ptx

@@ -392,6 +392,8 @@ class MergeOps(TileBackend):
         codes = self._codes(arrays)
         raw_out, size = out.view(np.uint8), out.dtype.itemsize
         table = np.ascontiguousarray(coefs, np.float32)
+        if self._fused(codes):
+            return self._merge_vectors_fused(arrays, layout, table, weights, out, out_code)
         with self._scoped():
             self._fixed(table.nbytes, "the per-vector coefficients")
             on_device = self._constant(table)
@@ -414,3 +416,37 @@ class MergeOps(TileBackend):
 
             self._run(parts, arrays.size, tile, inputs=len(parts) + 3)
             return self._found(first)
+
+    def _merge_vectors_fused(
+        self,
+        arrays: BlockArrays,
+        layout: VectorLayout,
+        table: np.ndarray,
+        weights: bool,
+        out: np.ndarray,
+        out_code: int,
+    ) -> int:
+        """``merge_vectors`` in one fused kernel per tile (``fused/vectors.py``); the output's
+        NaN/Inf flag comes back with the first non-finite input position."""
+        from ramstream.backends.torch.fused.vectors import vectors_launch
+
+        codes = self._codes(arrays)
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        carrier = fused.CARRIERS[out_code]
+        where = (int(layout.start), int(layout.div), int(layout.mod))
+        with self._scoped():
+            self._fixed(table.nbytes, "the per-vector coefficients")
+            on_device = self._constant(table)
+            state = self._state(2)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                merged = torch.empty(m, dtype=carrier, device=self._device)
+                codes3 = (codes[0], codes[1], out_code)
+                vectors_launch(raw, m, lo, where, on_device, weights, merged, state[w], codes3)
+                outputs.put(merged, self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
+            found = self._host(state)
+        first = int(found[:, 0].min())
+        self._flags = {fused.key(out, out_code): bool(found[:, 1].max() > 0)}
+        return first if first < probe.NOWHERE else -1
