@@ -394,7 +394,7 @@ def staging(args: argparse.Namespace, base: Path, agents: list[Path], gb: float)
 
 
 def launches_per_tile(args: argparse.Namespace) -> None:
-    """On the CPU: the kernels each tile of a probe, a RAM+ merge and a TIES merge (its statistics
+    """On the CPU: the kernels each tile of a probe, a RAM+, a linear and a TIES merge (its statistics
     pass's high and low magnitude histograms apart from the rest) launches, on the torch-op path
     (torch ops that compute, from the profiler) and on the fused path (Triton launches run by the
     interpreter, and the torch ops the tile issues around them), on the warm-up family."""
@@ -467,7 +467,7 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     try:
         for mode in ("ops", "auto"):
             fused.MODE = mode  # type: ignore[assignment]
-            for what in ("probe", "ram+", "ties"):
+            for what in ("probe", "ram+", "ties", "linear"):
                 index = runs / f"{mode}.zarr"
                 tiles.clear()
                 with warnings.catch_warnings():
