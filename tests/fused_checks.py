@@ -601,6 +601,77 @@ def vectors_merges(scratch: Path) -> None:
     assert calls["vectors"] > 0, calls
 
 
+def sums_tiles() -> None:
+    """``fused/sums.py`` on tiles of a base and 3 agents (every format, task vectors; NaN, Inf,
+    tau overflowing; a tile whose last group is short), DARE's draws at a tensor offset: the
+    accumulators of the torch-op path (``exact_sums``), renormalised, and its first position,
+    added to what was there."""
+    from ramstream.backends.exact_sum import BINS, renormalised
+    from ramstream.backends.torch import exact_sums
+    from ramstream.backends.torch.fused import sums
+    from ramstream.backends.torch.rng import uniform
+
+    keys = np.array([3, (1 << 63) + 12345, 77], np.uint64)
+    density = np.array([0.5, 0.1, 0.9], np.float32)
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _family(base_code, m, 3, seed=41 + code)
+        if code == TAU32:
+            b = decode_array(base, base_code)
+            with np.errstate(all="ignore"):
+                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        lo, start = 128, (1 << 33) + 128
+        b = torch.from_numpy(decode_array(base, base_code))
+        rows, bad = [], np.zeros(m, bool)
+        for t, agent in enumerate(agents):
+            value = torch.from_numpy(decode_array(agent, code))
+            size = (value if code == TAU32 else value - b).abs()
+            bad |= ~np.isfinite(size.numpy())
+            size = torch.where(torch.isfinite(size), size, torch.zeros(()))
+            kept = uniform(int(keys[t]), torch.arange(start, start + m, dtype=torch.int64)) < float(density[t])
+            rows += [size, torch.where(kept, size, torch.zeros(()))]
+        want = torch.zeros((6, BINS + 1), dtype=torch.int64)
+        want[:, 5] = 9
+        exact_sums.accumulate(want, exact_sums.group_sums(torch.stack(rows)))
+        acc = torch.zeros((6, BINS + 1), dtype=torch.int64)
+        acc[:, 5] = 9
+        first = torch.tensor([NOWHERE], dtype=torch.int64)
+        sums.sums_launch(
+            _staged(base, agents), m, lo, torch.from_numpy(keys.view(np.int64)), torch.from_numpy(density), start,
+            acc, first, (base_code, code),
+        )  # fmt: skip
+        what = f"sums {code}"
+        assert np.array_equal(renormalised(acc.numpy()), renormalised(want.numpy())), what
+        assert int(first[0]) == (lo + int(np.argmax(bad)) if bad.any() else NOWHERE), what
+        assert renormalised(want.numpy()).any(), what
+
+
+def sums_merges(scratch: Path) -> None:
+    """dare_ties (its L1 rescale's exact sums) through the API with the torch
+    backend on the CPU, the sums in the fused kernel: every block's sums equal to the Numba
+    backend's on the same block, and the merges the Numba bytes."""
+    from ramstream.backends.numba.backend import NumbaBackend
+    from ramstream.backends.torch.counting import CountOps
+    from ramstream.backends.torch.fused import sums
+
+    calls = {"sums": 0, "compared": 0}
+    _count(sums, "sums_launch", calls, "sums")
+    numba = NumbaBackend(1)
+    fused_sums = CountOps.abs_sums
+
+    def compared(self: CountOps, arrays: object, keep: object, squares: bool = False) -> object:
+        got = fused_sums(self, arrays, keep, squares)  # type: ignore[arg-type]
+        want = numba.abs_sums(arrays, keep, squares)  # type: ignore[arg-type]
+        assert np.array_equal(got.sums, want.sums) and got.first_nonfinite == want.first_nonfinite, "exact sums"
+        calls["compared"] += 1
+        return got
+
+    CountOps.abs_sums = compared  # type: ignore[method-assign,assignment]
+    _merges(scratch, [("dare_ties", {"density": 0.5, "seed": 3})])
+    assert min(calls.values()) > 0, calls
+
+
 def merges(scratch: Path) -> None:
     """RAM and RAM+ merges (the probe pass included) with the torch backend on the CPU, its fused
     kernels interpreted, on BF16, F16 and F32 families: the Numba bytes, every tile fused."""
@@ -726,6 +797,7 @@ CHECKS: dict[str, Callable[[], None]] = {
     "histogram_tiles": histogram_tiles,
     "linear_tiles": linear_tiles,
     "vectors_tiles": vectors_tiles,
+    "sums_tiles": sums_tiles,
 }
 
 IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
@@ -734,6 +806,7 @@ IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
     "histogram_merges": histogram_merges,
     "linear_merges": linear_merges,
     "vectors_merges": vectors_merges,
+    "sums_merges": sums_merges,
     "streamed": streamed,
 }
 

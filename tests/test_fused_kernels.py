@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
-from ramstream.backends.torch.fused import gta, linear, magnitude, probe, ram, vectors  # noqa: E402
+from ramstream.backends.torch.fused import gta, linear, magnitude, probe, ram, sums, vectors  # noqa: E402
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,11 +45,13 @@ CODES = [int(c) for c in FloatCode]
         "histogram_tiles",
         "linear_tiles",
         "vectors_tiles",
+        "sums_tiles",
         "merges",
         "gta_merges",
         "histogram_merges",
         "linear_merges",
         "vectors_merges",
+        "sums_merges",
         "streamed",
     ],
 )
@@ -93,7 +95,7 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 8  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector
+    assert launches >= 9  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -211,3 +213,19 @@ def test_the_vectors_kernel_compiles_for_sm90_without_contraction(code: int, wei
     ptx = _ptx(vectors.vectors_tile, signature, constexprs)
     assert FORBIDDEN.findall(ptx) == []
     assert "mul.rn.f32" in ptx
+
+
+SUMS_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "keys": "*i64",
+    "density": "*fp32", "start": "i64", "acc": "*i64", "first": "*i64",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("code", [*CODES, TAU32])
+def test_the_sums_kernel_compiles_for_sm90_with_float64_adds_and_native_atomics(code: int) -> None:
+    base = FloatCode.F32 if code == TAU32 else code
+    constexprs = {"N_AGENTS": 3, "BASE": base, "AGENT": code, "GROUPS": sums.GROUPS}
+    ptx = _ptx(sums.sums_tile, SUMS_SIGNATURE, constexprs)
+    assert FORBIDDEN.findall(ptx) == []
+    assert "add.rn.f64" in ptx  # the groups' sums, one IEEE addition at a time
+    assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]64", ptx) and ".cas" not in ptx

@@ -257,6 +257,8 @@ class CountOps(TileBackend):
         if isinstance(keep, KeepArray):
             parts += [array_part(np.ascontiguousarray(keep.keep[t])) for t in range(n_agents)]
         codes = self._codes(arrays)
+        if isinstance(keep, KeepRandom) and not squares and self._fused(codes):
+            return self._abs_sums_fused(arrays, keep, codes)
         with self._scoped():
             zero = torch.zeros((), dtype=torch.float32, device=self._device)
             acc = self._zeros(self.workers, 2 * n_agents, BINS + 1)
@@ -283,6 +285,27 @@ class CountOps(TileBackend):
                 exact_sums.accumulate(acc[w], sums)
 
             self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2)
+            total = self._host(acc.sum(0))
+            sums = renormalised(total).reshape(n_agents, 2, BINS + 1)
+            return ExactSums(sums, self._found(first))
+
+    def _abs_sums_fused(self, arrays: BlockArrays, keep: KeepRandom, codes: list[int]) -> ExactSums:
+        """``abs_sums`` of DARE's draws in one fused kernel per tile (``fused/sums.py``): the
+        accumulators and the first non-finite position per worker, read back once."""
+        from ramstream.backends.torch.fused.sums import sums_launch
+
+        n_agents = len(arrays.agents)
+        with self._scoped():
+            acc = self._zeros(self.workers, 2 * n_agents, BINS + 1)
+            first = self._first()
+            keys = self._constant(np.ascontiguousarray(keep.keys, np.uint64).view(np.int64))
+            density = self._f32(keep.density)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                start = keep.start + lo
+                sums_launch(raw, m, lo, keys, density, start, acc[w], first[w : w + 1], (codes[0], codes[1]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
             total = self._host(acc.sum(0))
             sums = renormalised(total).reshape(n_agents, 2, BINS + 1)
             return ExactSums(sums, self._found(first))
