@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ramstream.backends.registry import backend_for, load_backend, prepare_backend
+from ramstream.backends.registry import backend_for, load_backend, prepare_backend, warm_backend
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
 from ramstream.errors import RamstreamError
 from ramstream.execution.executor import Executor
@@ -100,6 +100,7 @@ def probe(
     or f16, else f32.
     """
     options = options or RunOptions()
+    warm_backend(options)  # the device initialises while the family is opened
     family = open_family(
         base,
         list(agents),
@@ -158,6 +159,7 @@ def merge(
     given = {"r": r, "alpha": alpha, "rho_scope": rho_scope, "lambda_rule": lambda_rule, **(method_options or {})}
     spec, params = parse_method(method, given, len(agents), allow_nonfinite)
     eps = checked_eps(eps)
+    warm_backend(options)  # the device initialises while the family is opened and the output planned
     family = open_family(
         base,
         list(agents),

@@ -324,6 +324,354 @@ def gta_tiles() -> None:
 
 
 # -- the torch backend through the API, against the Numba backend ---------------------------------
+def _abs_bits(base: np.ndarray, agents: list[np.ndarray], base_code: int, code: int) -> np.ndarray:
+    """uint32 (agents, m): the 31-bit patterns of |tau|, as the Numba kernels make them."""
+    b = decode_array(base, base_code)
+    with np.errstate(all="ignore"):
+        taus = [decode_array(a, code) if code == TAU32 else decode_array(a, code) - b for a in agents]
+    return np.array([t.view(np.uint32) & 0x7FFFFFFF for t in taus])
+
+
+def histogram_tiles() -> None:
+    """``fused/magnitude.py`` on tiles of a base and 3 agents (every format, task vectors; NaN,
+    Inf and |tau| = 0 among them): the high and low histograms of a naive numpy twin, added to
+    what the accumulators held; cuts on the zero bin, on the busiest bin, on an empty one, on the
+    NaN/Inf bins, and none; the tie searches' packed masks (from a position, on zero, on NaN)."""
+    from ramstream.backends.base import HIGH_BINS, LOW_BINS
+    from ramstream.backends.torch.fused import magnitude
+
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _family(base_code, m, 3, seed=11 + code)
+        if code == TAU32:
+            b = decode_array(base, base_code)
+            with np.errstate(all="ignore"):
+                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        bits = _abs_bits(base, agents, base_code, code)
+        high = np.array([np.bincount(row >> 16, minlength=HIGH_BINS) for row in bits])
+        busiest = [int(np.argmax(np.where(np.arange(HIGH_BINS) > 0, row, -1))) for row in high]
+        targets = np.array(
+            [[0, busiest[0], -1], [-1, -1, -1], [busiest[2], 0x7FFF, int(bits[2].max() >> 16)]], np.int32
+        )
+        low = np.zeros((3, 3, LOW_BINS), np.int64)
+        for t in range(3):
+            for c in range(3):
+                if targets[t, c] >= 0:
+                    low[t, c] = np.bincount(bits[t][(bits[t] >> 16) == targets[t, c]] & 0xFFFF, minlength=LOW_BINS)
+        staged = _staged(base, agents)
+        got_high = torch.full((3, HIGH_BINS), 3, dtype=torch.int32)
+        magnitude.high_launch(staged, m, got_high, (base_code, code))
+        got_low = torch.full((3, 3, LOW_BINS), 2, dtype=torch.int32)
+        magnitude.low_launch(staged, m, torch.from_numpy(targets), got_low, (base_code, code))
+        what = f"histograms {code}"
+        assert np.array_equal(got_high.numpy(), 3 + high), what
+        assert np.array_equal(got_low.numpy(), 2 + low), what
+        assert high[:, 0].min() > 0 and low[0, 0, 0] > 0 and low[2, 2].sum() > 0, what  # zeros and NaN seen
+        positions = np.arange(m)
+        for t, value, begin in ((0, 0, 0), (0, int(bits[0][m // 3]), 100), (2, int(bits[2].max()), 64), (1, 1, 0)):
+            ties = torch.full((-(-m // 8),), 0x5A, dtype=torch.uint8)
+            magnitude.tie_launch(_staged(base, [agents[t]]), m, 64, value, 64 + begin, ties, (base_code, code))
+            want = np.packbits((bits[t] == value) & (positions >= begin), bitorder="little")
+            assert np.array_equal(ties.numpy(), want), f"ties {code} agent {t} value {value:#x} from {begin}"
+
+
+def histogram_merges(scratch: Path) -> None:
+    """TIES (both trim scopes) and breadcrumbs through the API with the torch backend on the CPU,
+    its statistics pass in the fused histogram and tie-search kernels: every histogram and tie
+    search of every block equal to the Numba backend's on the same block, and the merges the
+    Numba bytes."""
+    from ramstream.backends.numba.backend import NumbaBackend
+    from ramstream.backends.torch.counting import CountOps
+    from ramstream.backends.torch.fused import magnitude
+
+    calls = {"high": 0, "low": 0, "tie": 0, "compared": 0, "ties compared": 0}
+    _count(magnitude, "high_launch", calls, "high")
+    _count(magnitude, "low_launch", calls, "low")
+    _count(magnitude, "tie_launch", calls, "tie")
+    numba = NumbaBackend(1)
+    fused_high, fused_low = CountOps.abs_high_histogram, CountOps.abs_low_histogram
+
+    def high(self: CountOps, arrays: object) -> np.ndarray:
+        got = fused_high(self, arrays)  # type: ignore[arg-type]
+        assert np.array_equal(got, numba.abs_high_histogram(arrays)), "high histogram"  # type: ignore[arg-type]
+        calls["compared"] += 1
+        return got
+
+    def low(self: CountOps, arrays: object, targets: np.ndarray) -> np.ndarray:
+        got = fused_low(self, arrays, targets)  # type: ignore[arg-type]
+        assert np.array_equal(got, numba.abs_low_histogram(arrays, targets)), "low histogram"  # type: ignore[arg-type]
+        calls["compared"] += 1
+        return got
+
+    fused_tie = CountOps.find_tie
+
+    def tie(self: CountOps, arrays: object, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
+        got = fused_tie(self, arrays, agent, value, begin, need)  # type: ignore[arg-type]
+        assert got == numba.find_tie(arrays, agent, value, begin, need), "tie search"  # type: ignore[arg-type]
+        calls["ties compared"] += 1
+        return got
+
+    CountOps.abs_high_histogram, CountOps.abs_low_histogram = high, low  # type: ignore[method-assign]
+    CountOps.find_tie = tie  # type: ignore[method-assign]
+    _merges(
+        scratch,
+        [
+            ("ties", {"density": 0.3}),
+            ("ties", {"density": 0.3, "trim_scope": "model"}),
+            ("breadcrumbs_ties", {"density": 0.5, "gamma": 0.05}),
+        ],
+    )
+    assert min(calls.values()) > 0, calls
+
+
+def _naive_linear(
+    base: np.ndarray, agents: list[np.ndarray], codes: tuple[int, int], weights: np.ndarray, w0: float, normalize: bool
+) -> tuple[np.ndarray, int]:
+    """The linear merge as ``backends/numba/linear.py`` computes it, element by element in
+    float32, and the first NaN/Inf input position (-1: none)."""
+    b = decode_array(base, codes[0])
+    values = [decode_array(a, codes[1]) for a in agents]
+    bad = ~np.isfinite(b) | np.any([~np.isfinite(v) for v in values], axis=0)
+    with np.errstate(all="ignore"):
+        total = np.zeros_like(b)
+        if np.float32(w0) != np.float32(0.0):
+            total = total + np.float32(w0) * b
+        divisor = np.float32(0.0) + np.float32(w0)
+        for v, w in zip(values, weights, strict=True):
+            agent = b + v if codes[1] == TAU32 else v
+            total = total + np.float32(w) * agent
+            divisor = np.float32(divisor + np.float32(w))
+        if normalize:
+            total = total / divisor
+    return total.astype(np.float32), int(np.argmax(bad)) if bad.any() else -1
+
+
+def linear_tiles() -> None:
+    """``fused/linear.py`` on tiles of a base and 3 agents (BF16, F16, F32, F64, task vectors;
+    NaN, Inf, -0.0, subnormals), with and without the base's weight and normalising, to a few
+    output formats: the naive twin's bytes, its first position and the output's flag."""
+    from ramstream.backends.torch.fused import linear
+
+    weights = np.array([0.3, -0.7, 1.9], np.float32)
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _family(base_code, m, 3, seed=23 + code)
+        if code == TAU32:
+            b = decode_array(base, base_code)
+            with np.errstate(all="ignore"):
+                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        cases = ((0.0, True, base_code), (0.25, False, FloatCode.F32), (-0.0, False, FloatCode.F16),
+                 (1.5, True, FloatCode.BF16))  # fmt: skip
+        for w0, normalize, out_code in cases:
+            merged, first = _naive_linear(base, agents, (base_code, code), weights, w0, normalize)
+            want = _encoded(merged, out_code)
+            out = torch.full((m,), 77, dtype=TORCH_CARRIER[out_code])
+            state = torch.tensor([NOWHERE, 0], dtype=torch.int64)
+            divisor = np.float32(0.0) + np.float32(w0)
+            for w in weights:
+                divisor = np.float32(divisor + w)
+            linear.linear_launch(
+                _staged(base, agents), m, 0, torch.from_numpy(weights), float(np.float32(w0)),
+                float(divisor) if normalize else None, out, state, (base_code, code, out_code),
+            )  # fmt: skip
+            what = f"linear {code} w0={w0} normalize={normalize} -> {out_code}"
+            got = out.numpy().view(want.dtype)
+            assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), what
+            assert int(state[0]) == (first if first >= 0 else NOWHERE), what
+            assert bool(state[1]) == bool(_nonfinite_encoded(want, out_code).any()), what
+
+
+def _nonfinite_encoded(encoded: np.ndarray, code: int) -> np.ndarray:
+    if code in (FloatCode.BF16, FloatCode.F16):
+        exponent = 0x7F80 if code == FloatCode.BF16 else 0x7C00
+        return (encoded.view(np.uint16) & exponent) == exponent
+    return ~np.isfinite(encoded)
+
+
+def linear_merges(scratch: Path) -> None:
+    """linear merges (normalised, with the base's weight, unnormalised) through the API with the
+    torch backend on the CPU, its fused kernel interpreted: the Numba bytes, every tile fused."""
+    from ramstream.backends.torch.fused import linear
+
+    calls = {"linear": 0}
+    _count(linear, "linear_launch", calls, "linear")
+    _merges(
+        scratch,
+        [
+            ("linear", {}),
+            ("linear", {"weights": [0.2, 0.5, 0.3, 0.1, 0.6], "base_weight": 0.4}),
+            ("linear", {"weights": [0.7, -0.2, 0.9, 0.3, 1.1], "normalize": False}),
+        ],
+    )
+    assert calls["linear"] > 0, calls
+
+
+def _naive_vectors(
+    base: np.ndarray, agents: list[np.ndarray], codes: tuple[int, int], where: tuple[int, int, int],
+    coefs: np.ndarray, weights: bool, lo: int,
+) -> tuple[np.ndarray, int]:  # fmt: skip
+    """``merge_vectors_block`` (``backends/numba/vectors.py``) element by element in float32 for
+    a tile at block position ``lo``, and the tile's first NaN/Inf input position (-1: none)."""
+    start, div, mod = where
+    b = decode_array(base, codes[0])
+    values = [decode_array(a, codes[1]) for a in agents]
+    bad = ~np.isfinite(b) | np.any([~np.isfinite(v) for v in values], axis=0)
+    which = ((start + lo + np.arange(b.shape[0])) // div % mod - start // div % mod) % mod
+    c = coefs[which]
+    with np.errstate(all="ignore"):
+        total = np.zeros_like(b)
+        if weights:
+            total = total + c[:, 0] * b
+        for t, v in enumerate(values):
+            if weights:
+                total = total + c[:, 1 + t] * (b + v if codes[1] == TAU32 else v)
+            else:
+                total = total + c[:, t] * (v if codes[1] == TAU32 else v - b)
+        if not weights:
+            total = b + total
+    return total.astype(np.float32), int(np.argmax(bad)) if bad.any() else -1
+
+
+def vectors_tiles() -> None:
+    """``fused/vectors.py`` on tiles of a base and 3 agents (every format, task vectors; NaN, Inf,
+    -0.0, subnormals), both forms, rows of a matrix, columns, one vector, a block starting mid-row,
+    a tile past the block's start: the naive twin's bytes, its first position and the output's
+    flag."""
+    from ramstream.backends.torch.fused import vectors
+
+    rng = np.random.default_rng(5)
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _family(base_code, m, 3, seed=31 + code)
+        if code == TAU32:
+            b = decode_array(base, base_code)
+            with np.errstate(all="ignore"):
+                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        # (start, div, mod): rows of 300 from mid-row 7, columns of a 100-wide matrix, one vector
+        cases = (((2107, 300, 40), True, base_code), ((500, 1, 100), False, FloatCode.F32),
+                 ((0, m, 1), False, base_code), ((64, 37, 1000), True, FloatCode.BF16))  # fmt: skip
+        for where, weights, out_code in cases:
+            count = where[2]
+            coefs = rng.normal(0, 0.7, (count, 4)).astype(np.float32)
+            merged, first = _naive_vectors(base, agents, (base_code, code), where, coefs, weights, 192)
+            want = _encoded(merged, out_code)
+            out = torch.full((m,), 77, dtype=TORCH_CARRIER[out_code])
+            state = torch.tensor([NOWHERE, 0], dtype=torch.int64)
+            vectors.vectors_launch(
+                _staged(base, agents), m, 192, where, torch.from_numpy(coefs), weights, out, state,
+                (base_code, code, out_code),
+            )  # fmt: skip
+            what = f"vectors {code} {where} weights={weights} -> {out_code}"
+            assert np.array_equal(out.numpy().view(np.uint8), want.view(np.uint8)), what
+            assert int(state[0]) == (192 + first if first >= 0 else NOWHERE), what
+            assert bool(state[1]) == bool(_nonfinite_encoded(want, out_code).any()), what
+
+
+def vectors_merges(scratch: Path) -> None:
+    """slerp, nuslerp (both forms, row- and column-wise), multislerp and karcher through the API
+    with the torch backend on the CPU, the fused kernel interpreted: the Numba bytes, every tile
+    fused."""
+    from ramstream.backends.torch.fused import vectors
+    from tests.families import build_family
+    from tests.test_backends import _merge
+
+    calls = {"vectors": 0}
+    _count(vectors, "vectors_launch", calls, "vectors")
+    shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
+    methods = [
+        ("slerp", {"t": 0.3}, 1),
+        ("nuslerp", {"weights": [0.4, 0.6]}, 2),
+        ("nuslerp", {"weights": [0.4, 0.6], "nuslerp_row_wise": True, "nuslerp_flatten": False}, 2),
+        ("nuslerp", {"weights": [0.7, 0.3], "no_base": True}, 1),
+        ("multislerp", {"weights": 1.0}, None),
+        ("karcher", {}, None),
+    ]
+    for dtype in ("BF16", "F32"):
+        (scratch / dtype).mkdir(parents=True)
+        family = build_family(scratch / dtype, dtype=dtype, shapes=shapes, identical_agent=True)
+        for number, (method, given, agents) in enumerate(methods):
+            name = f"{dtype}-{method}-{number}"
+            expected = _merge(family, scratch / "numba" / name / "out", method, given, "numba", agents)
+            got = _merge(family, scratch / "torch" / name / "out", method, given, "torch", agents, device="cpu",
+                         threads=1)  # fmt: skip
+            assert got == expected, f"{name}: not the Numba bytes"
+    assert calls["vectors"] > 0, calls
+
+
+def sums_tiles() -> None:
+    """``fused/sums.py`` on tiles of a base and 3 agents (every format, task vectors; NaN, Inf,
+    tau overflowing; a tile whose last group is short), DARE's draws at a tensor offset: the
+    accumulators of the torch-op path (``exact_sums``), renormalised, and its first position,
+    added to what was there."""
+    from ramstream.backends.exact_sum import BINS, renormalised
+    from ramstream.backends.torch import exact_sums
+    from ramstream.backends.torch.fused import sums
+    from ramstream.backends.torch.rng import uniform
+
+    keys = np.array([3, (1 << 63) + 12345, 77], np.uint64)
+    density = np.array([0.5, 0.1, 0.9], np.float32)
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _family(base_code, m, 3, seed=41 + code)
+        if code == TAU32:
+            b = decode_array(base, base_code)
+            with np.errstate(all="ignore"):
+                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        lo, start = 128, (1 << 33) + 128
+        b = torch.from_numpy(decode_array(base, base_code))
+        rows, bad = [], np.zeros(m, bool)
+        for t, agent in enumerate(agents):
+            value = torch.from_numpy(decode_array(agent, code))
+            size = (value if code == TAU32 else value - b).abs()
+            bad |= ~np.isfinite(size.numpy())
+            size = torch.where(torch.isfinite(size), size, torch.zeros(()))
+            kept = uniform(int(keys[t]), torch.arange(start, start + m, dtype=torch.int64)) < float(density[t])
+            rows += [size, torch.where(kept, size, torch.zeros(()))]
+        want = torch.zeros((6, BINS + 1), dtype=torch.int64)
+        want[:, 5] = 9
+        exact_sums.accumulate(want, exact_sums.group_sums(torch.stack(rows)))
+        acc = torch.zeros((6, BINS + 1), dtype=torch.int64)
+        acc[:, 5] = 9
+        first = torch.tensor([NOWHERE], dtype=torch.int64)
+        sums.sums_launch(
+            _staged(base, agents), m, lo, torch.from_numpy(keys.view(np.int64)), torch.from_numpy(density), start,
+            acc, first, (base_code, code),
+        )  # fmt: skip
+        what = f"sums {code}"
+        assert np.array_equal(renormalised(acc.numpy()), renormalised(want.numpy())), what
+        assert int(first[0]) == (lo + int(np.argmax(bad)) if bad.any() else NOWHERE), what
+        assert renormalised(want.numpy()).any(), what
+
+
+def sums_merges(scratch: Path) -> None:
+    """dare_ties (its L1 rescale's exact sums) through the API with the torch
+    backend on the CPU, the sums in the fused kernel: every block's sums equal to the Numba
+    backend's on the same block, and the merges the Numba bytes."""
+    from ramstream.backends.numba.backend import NumbaBackend
+    from ramstream.backends.torch.counting import CountOps
+    from ramstream.backends.torch.fused import sums
+
+    calls = {"sums": 0, "compared": 0}
+    _count(sums, "sums_launch", calls, "sums")
+    numba = NumbaBackend(1)
+    fused_sums = CountOps.abs_sums
+
+    def compared(self: CountOps, arrays: object, keep: object, squares: bool = False) -> object:
+        got = fused_sums(self, arrays, keep, squares)  # type: ignore[arg-type]
+        want = numba.abs_sums(arrays, keep, squares)  # type: ignore[arg-type]
+        assert np.array_equal(got.sums, want.sums) and got.first_nonfinite == want.first_nonfinite, "exact sums"
+        calls["compared"] += 1
+        return got
+
+    CountOps.abs_sums = compared  # type: ignore[method-assign,assignment]
+    _merges(scratch, [("dare_ties", {"density": 0.5, "seed": 3})])
+    assert min(calls.values()) > 0, calls
+
+
 def merges(scratch: Path) -> None:
     """RAM and RAM+ merges (the probe pass included) with the torch backend on the CPU, its fused
     kernels interpreted, on BF16, F16 and F32 families: the Numba bytes, every tile fused."""
@@ -446,9 +794,21 @@ CHECKS: dict[str, Callable[[], None]] = {
     "ram_tiles": ram_tiles,
     "probe_tiles": probe_tiles,
     "gta_tiles": gta_tiles,
+    "histogram_tiles": histogram_tiles,
+    "linear_tiles": linear_tiles,
+    "vectors_tiles": vectors_tiles,
+    "sums_tiles": sums_tiles,
 }
 
-IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {"merges": merges, "gta_merges": gta_merges, "streamed": streamed}
+IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
+    "merges": merges,
+    "gta_merges": gta_merges,
+    "histogram_merges": histogram_merges,
+    "linear_merges": linear_merges,
+    "vectors_merges": vectors_merges,
+    "sums_merges": sums_merges,
+    "streamed": streamed,
+}
 
 if __name__ == "__main__":
     if sys.argv[1] in IN_A_DIRECTORY:

@@ -27,7 +27,8 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ramstream.backends.torch.fused import gta, probe, ram  # noqa: E402
+from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
+from ramstream.backends.torch.fused import gta, linear, magnitude, probe, ram, sums, vectors  # noqa: E402
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +36,24 @@ CODES = [int(c) for c in FloatCode]
 
 
 @pytest.mark.parametrize(
-    "check", ["codecs", "ram_tiles", "probe_tiles", "gta_tiles", "merges", "gta_merges", "streamed"]
+    "check",
+    [
+        "codecs",
+        "ram_tiles",
+        "probe_tiles",
+        "gta_tiles",
+        "histogram_tiles",
+        "linear_tiles",
+        "vectors_tiles",
+        "sums_tiles",
+        "merges",
+        "gta_merges",
+        "histogram_merges",
+        "linear_merges",
+        "vectors_merges",
+        "sums_merges",
+        "streamed",
+    ],
 )
 def test_the_kernels_give_the_numba_bytes_under_the_interpreter(check: str, tmp_path: Path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
@@ -64,7 +82,20 @@ PROBE_SIGNATURE = {
 
 def _ptx(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> str:
     source = ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs)
-    return str(triton.compile(source, target=SM90, options={"enable_fp_fusion": False}).asm["ptx"])
+    return str(triton.compile(source, target=SM90, options=ram.EXACT).asm["ptx"])
+
+
+def test_every_launch_compiles_with_the_checked_options() -> None:
+    """The PTX checked here is the PTX launched: every kernel launch in ``fused/`` passes the
+    options these checks compile with (triton's defaults contract ``a * b + c`` into ``fma``)."""
+    assert ram.EXACT == {"enable_fp_fusion": False}
+    folder = ROOT / "ramstream" / "backends" / "torch" / "fused"
+    launches = 0
+    for path in sorted(folder.glob("*.py")):
+        for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
+            launches += 1
+            assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
+    assert launches >= 9  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -119,3 +150,82 @@ def test_the_gta_kernel_compiles_for_sm90_without_contraction_or_approximate_div
     ptx = _ptx(gta.gta_tile, signature, constexprs)
     assert FORBIDDEN.findall(ptx) == []
     assert "mul.rn.f32" in ptx and ("div.rn.f32" in ptx) == normalize
+
+
+HISTOGRAM_SIGNATURE = {"base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "counts": "*i32"}
+
+
+@pytest.mark.parametrize("code", [*CODES, TAU32])
+def test_the_histogram_kernels_compile_for_sm90_with_native_atomics(code: int) -> None:
+    """Integer reductions in the memory system (``red``/``atom`` add), never a compare-and-swap
+    loop; and, as every kernel (the tie search's too), no approximation."""
+    base = FloatCode.F32 if code == TAU32 else code
+    shared = {"N_AGENTS": 3, "BASE": base, "AGENT": code, "BLOCK": magnitude.BLOCK}
+    high = _ptx(magnitude.high_tile, HISTOGRAM_SIGNATURE, {**shared, "HIGH": HIGH_BINS})
+    low_signature = {**HISTOGRAM_SIGNATURE, "targets": "*i32"}
+    low_signature["counts"] = low_signature.pop("counts")  # after targets, as the kernel takes them
+    low = _ptx(magnitude.low_tile, low_signature, {**shared, "N_CUTS": 2, "LOW": LOW_BINS})
+    tie_signature = {"base": "*u8", "agent_at": "i64", "m": "i32", "lo": "i64", "value": "i64", "begin": "i64",
+                     "ties": "*u8"}  # fmt: skip
+    ties = _ptx(magnitude.tie_tile, tie_signature, {"BASE": base, "AGENT": code, "BLOCK": magnitude.BLOCK})
+    assert FORBIDDEN.findall(ties) == []
+    for ptx in (high, low):
+        assert FORBIDDEN.findall(ptx) == []
+        assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]32", ptx), "no native integer atomic add"
+        assert ".cas" not in ptx
+
+
+LINEAR_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "weights": "*fp32",
+    "base_weight": "fp32", "divisor": "fp32",
+}  # fmt: skip
+LINEAR_CASES = [(c, c, c, True, True) for c in CODES] + [
+    (FloatCode.BF16, TAU32, FloatCode.BF16, False, True),
+    (FloatCode.F16, FloatCode.F16, FloatCode.F32, True, False),
+    (FloatCode.F32, FloatCode.F32, FloatCode.BF16, False, False),
+]
+
+
+@pytest.mark.parametrize(("base", "agent", "out", "uses_base", "normalize"), LINEAR_CASES)
+def test_the_linear_kernel_compiles_for_sm90_without_contraction_or_approximate_division(
+    base: int, agent: int, out: int, uses_base: bool, normalize: bool
+) -> None:
+    signature = {**LINEAR_SIGNATURE, "out": OUT_POINTER[FloatCode(out)], "state": "*i64"}
+    constexprs = {"N_AGENTS": 3, "BASE": base, "AGENT": agent, "OUT": out, "USES_BASE": uses_base,
+                  "NORMALIZE": normalize, "BLOCK": linear.BLOCK}  # fmt: skip
+    ptx = _ptx(linear.linear_tile, signature, constexprs)
+    assert FORBIDDEN.findall(ptx) == []
+    assert "mul.rn.f32" in ptx and ("div.rn.f32" in ptx) == normalize
+
+
+VECTORS_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "start": "i64", "div": "i64",
+    "mod": "i64", "coefs": "*fp32", "coef_stride": "i64",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("code", "weights"), [(c, w) for c in [*CODES, TAU32] for w in (True, False)])
+def test_the_vectors_kernel_compiles_for_sm90_without_contraction(code: int, weights: bool) -> None:
+    base = FloatCode.F32 if code == TAU32 else code
+    signature = {**VECTORS_SIGNATURE, "out": OUT_POINTER[FloatCode(base)], "state": "*i64"}
+    constexprs = {"N_AGENTS": 3, "BASE": base, "AGENT": code, "OUT": base, "WEIGHTS": weights,
+                  "BLOCK": vectors.BLOCK}  # fmt: skip
+    ptx = _ptx(vectors.vectors_tile, signature, constexprs)
+    assert FORBIDDEN.findall(ptx) == []
+    assert "mul.rn.f32" in ptx
+
+
+SUMS_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "keys": "*i64",
+    "density": "*fp32", "start": "i64", "acc": "*i64", "first": "*i64",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("code", [*CODES, TAU32])
+def test_the_sums_kernel_compiles_for_sm90_with_float64_adds_and_native_atomics(code: int) -> None:
+    base = FloatCode.F32 if code == TAU32 else code
+    constexprs = {"N_AGENTS": 3, "BASE": base, "AGENT": code, "GROUPS": sums.GROUPS}
+    ptx = _ptx(sums.sums_tile, SUMS_SIGNATURE, constexprs)
+    assert FORBIDDEN.findall(ptx) == []
+    assert "add.rn.f64" in ptx  # the groups' sums, one IEEE addition at a time
+    assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]64", ptx) and ".cas" not in ptx

@@ -394,7 +394,8 @@ def staging(args: argparse.Namespace, base: Path, agents: list[Path], gb: float)
 
 
 def launches_per_tile(args: argparse.Namespace) -> None:
-    """On the CPU: the kernels each tile of a probe and a RAM+ merge launches, on the torch-op path
+    """On the CPU: the kernels each tile of a probe, a RAM+, a linear and a TIES merge (its statistics
+    pass's high and low magnitude histograms apart from the rest) launches, on the torch-op path
     (torch ops that compute, from the profiler) and on the fused path (Triton launches run by the
     interpreter, and the torch ops the tile issues around them), on the warm-up family."""
     os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
@@ -404,6 +405,10 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     from ramstream import api
     from ramstream.backends.torch import fused
     from ramstream.backends.torch import tiles as torch_tiles
+    from ramstream.backends.torch.counting import CountOps
+    from ramstream.backends.torch.fused import gta as fused_gta
+    from ramstream.backends.torch.fused import linear as fused_linear
+    from ramstream.backends.torch.fused import magnitude as fused_magnitude
     from ramstream.backends.torch.fused import probe as fused_probe
     from ramstream.backends.torch.fused import ram as fused_ram
     from ramstream.config import RunOptions
@@ -413,7 +418,16 @@ def launches_per_tile(args: argparse.Namespace) -> None:
                  "aten::alias", "aten::_reshape_alias", "aten::expand", "aten::unsqueeze", "aten::squeeze",
                  "aten::lift_fresh", "aten::detach", "aten::t", "aten::empty_strided", "aten::resolve_conj",
                  "aten::resolve_neg", "aten::_unsafe_view")  # fmt: skip
-    for module, name in ((fused_ram, "merge_tile"), (fused_probe, "probe_tile_launch")):
+    launchers = (
+        (fused_ram, "merge_tile"),
+        (fused_probe, "probe_tile_launch"),
+        (fused_gta, "gta_tile_launch"),
+        (fused_magnitude, "high_launch"),
+        (fused_magnitude, "low_launch"),
+        (fused_magnitude, "tie_launch"),
+        (fused_linear, "linear_launch"),
+    )
+    for module, name in launchers:
         launch = getattr(module, name)
 
         def marked(*a: object, _launch: Callable[..., None] = launch, **k: object) -> None:
@@ -421,15 +435,27 @@ def launches_per_tile(args: argparse.Namespace) -> None:
                 _launch(*a, **k)
 
         setattr(module, name, marked)
-    tiles = [0]
+    tiles: Counter[str] = Counter()
+    current = ["tile"]  # the marker of the tiles run now: "tile", or the histogram being gathered
+    for method, marker in (("abs_high_histogram", "high histogram"), ("abs_low_histogram", "low histogram")):
+        histogram = getattr(CountOps, method)
+
+        def gathered(*a: object, _histogram: Callable[..., Any] = histogram, _marker: str = marker) -> Any:
+            current[0] = _marker
+            try:
+                return _histogram(*a)
+            finally:
+                current[0] = "tile"
+
+        setattr(CountOps, method, gathered)
     loop = torch_tiles.TileBackend._loop
 
     def counted(w: int, rings: object, parts: object, starts: list[int], n: int, step: int, tile: Any) -> None:
-        def marked(*a: object) -> None:
-            with record_function("tile"):
+        def marked(*a: object, _marker: str = current[0]) -> None:
+            with record_function(_marker):
                 tile(*a)
 
-        tiles[0] += len(starts)
+        tiles[current[0]] += len(starts)
         loop(w, rings, parts, starts, n, step, marked)  # type: ignore[arg-type]
 
     torch_tiles.TileBackend._loop = staticmethod(counted)  # type: ignore[assignment]
@@ -441,33 +467,40 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     try:
         for mode in ("ops", "auto"):
             fused.MODE = mode  # type: ignore[assignment]
-            for what in ("probe", "ram+"):
+            for what in ("probe", "ram+", "ties", "linear"):
                 index = runs / f"{mode}.zarr"
-                tiles[0] = 0
+                tiles.clear()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     with profile(activities=[ProfilerActivity.CPU]) as prof:
                         if what == "probe":
                             api.probe(base, members, index=index, options=options)
                         else:
-                            api.merge(base, members, out=runs / f"{mode}-out", index=index, options=options)
+                            given = {"density": 0.3} if what == "ties" else {}
+                            out = runs / f"{mode}-{what}-out"
+                            api.merge(base, members, out=out, method=what, method_options=given, index=index,
+                                      options=options)  # fmt: skip
                 events = prof.events()
-                # what each tile launched: the top-level ops under the tile's marker
-                in_tiles = [e for e in events if e.cpu_parent is not None and e.cpu_parent.name == "tile"]
-                triton = sum(1 for e in in_tiles if e.name == "triton launch")
-                ops = [e.name for e in in_tiles if e.name.startswith("aten::") and e.name not in no_kernel]
-                # and what the calls launched outside their tiles (constants, accumulators, read-backs)
+                # what the calls launched outside their tiles (constants, accumulators, read-backs)
                 outside = [e.name for e in events if e.cpu_parent is None and e.name.startswith("aten::")]
                 outside = [name for name in outside if name not in no_kernel]
                 path = "fused" if mode == "auto" else "torch ops"
+                for marker in sorted(tiles):
+                    # what each tile launched: the top-level ops under the tile's marker
+                    in_tiles = [e for e in events if e.cpu_parent is not None and e.cpu_parent.name == marker]
+                    triton = sum(1 for e in in_tiles if e.name == "triton launch")
+                    ops = [e.name for e in in_tiles if e.name.startswith("aten::") and e.name not in no_kernel]
+                    label = what if marker == "tile" else f"{what} {marker}"
+                    if args.verbose:
+                        print(f"{label}, {path} path, per tile: {dict(Counter(ops).most_common())}")
+                    print(
+                        f"{label}, {path} path: {tiles[marker]} tiles, "
+                        f"{(triton + len(ops)) / max(tiles[marker], 1):.1f} launches per tile ({triton} Triton "
+                        f"launches, {len(ops)} computing torch ops)"
+                    )
                 if args.verbose:
-                    print(f"{what}, {path} path, per tile: {dict(Counter(ops).most_common())}")
                     print(f"{what}, {path} path, outside the tiles: {dict(Counter(outside).most_common())}")
-                print(
-                    f"{what}, {path} path: {tiles[0]} tiles, {(triton + len(ops)) / max(tiles[0], 1):.1f} launches per "
-                    f"tile ({triton} Triton launches, {len(ops)} computing torch ops), {len(outside)} more outside "
-                    "the tiles"
-                )
+                print(f"{what}, {path} path: {len(outside)} launches outside the tiles")
     finally:
         shutil.rmtree(runs, ignore_errors=True)
     del torch

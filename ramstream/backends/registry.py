@@ -28,6 +28,10 @@ class BackendSpec:
     extra: str | None = None  # the optional library (and the ramstream extra installing it)
     # the name in ``module`` that prepares a run of a method (prepare(method) -> stop), if any
     prepare: str | None = None
+    # the name in ``module`` that starts, on a thread, what making a backend with these settings
+    # would otherwise spend its first seconds on (warm(settings); the torch backend: CUDA's
+    # initialisation), if any; the factory waits for it
+    warm: str | None = None
 
     def load(self) -> Callable[[BackendSettings], Backend]:
         return getattr(self._module(), self.factory)  # type: ignore[no-any-return]
@@ -37,6 +41,11 @@ class BackendSpec:
         if self.prepare is None:
             return _nothing
         return getattr(self._module(), self.prepare)(method)  # type: ignore[no-any-return]
+
+    def warmed(self, settings: BackendSettings) -> None:
+        """Start what making this backend with ``settings`` would otherwise wait for."""
+        if self.warm is not None:
+            getattr(self._module(), self.warm)(settings)
 
     def _module(self) -> ModuleType:
         try:
@@ -65,6 +74,7 @@ def _builtin_backends() -> list[BackendSpec]:
             "ramstream.backends.torch.backend",
             "make",
             extra="torch",
+            warm="warm",
         ),
     ]
 
@@ -97,6 +107,16 @@ def make_backend(
     return _REGISTRY.get(name).load()(BackendSettings(threads, device, gpu_memory, memory))
 
 
+def warm_backend(options: RunOptions) -> None:
+    """Start what making the run's backend would otherwise wait for at its first use (the torch
+    backend on CUDA: the device's initialisation), while the run opens its inputs and plans."""
+    _REGISTRY.get(options.backend).warmed(_settings(options))
+
+
 def backend_for(options: RunOptions) -> Backend:
     """The run's compute backend, with its thread count (scoped to its own calls) and device."""
-    return make_backend(options.backend, options.threads, options.device, options.gpu_memory, options.memory)
+    return _REGISTRY.get(options.backend).load()(_settings(options))
+
+
+def _settings(options: RunOptions) -> BackendSettings:
+    return BackendSettings(options.threads, options.device, options.gpu_memory, options.memory)

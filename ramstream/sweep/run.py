@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ramstream.backends.registry import backend_for
+from ramstream.backends.registry import backend_for, warm_backend
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
 from ramstream.errors import ConfigError, OutputError, RamstreamError
 from ramstream.execution.executor import Executor
@@ -145,6 +145,7 @@ def sweep(
     eps = checked_eps(eps)
     parsed = [parse_method(c.method, c.settings, len(agents), allow_nonfinite) for c in candidates]
     min_agents = max(spec.min_agents for spec, _ in parsed)
+    warm_backend(options)  # the device initialises while the family is opened and the outputs planned
     family = open_family(
         base,
         list(agents),

@@ -9,6 +9,7 @@ own module (``merges.py``, ``magnitude.py``, ``exact_sums.py``...). See docs/tor
 from __future__ import annotations
 
 from ramstream.backends.settings import BackendSettings
+from ramstream.backends.torch import device
 from ramstream.backends.torch.counting import CountOps
 from ramstream.backends.torch.merging import MergeOps
 
@@ -16,6 +17,12 @@ from ramstream.backends.torch.merging import MergeOps
 def make(settings: BackendSettings) -> TorchBackend:
     """The registry's factory."""
     return TorchBackend(settings)
+
+
+def warm(settings: BackendSettings) -> None:
+    """The registry's warm-up: CUDA's initialisation started on a thread when ``settings`` choose
+    a CUDA device (the construction waits for it); nothing on the CPU."""
+    device.warm(settings.device)
 
 
 class TorchBackend(MergeOps, CountOps):

@@ -133,6 +133,8 @@ class CountOps(TileBackend):
     def abs_high_histogram(self, arrays: BlockArrays) -> np.ndarray:
         n_agents = len(arrays.agents)
         codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._abs_high_fused(arrays, codes)
         size = n_agents * HIGH_BINS + magnitude.SPREAD
         fixed = self._fixed(self.workers * size * 8, f"the magnitude histograms of {n_agents} agents")
         with self._scoped():
@@ -152,6 +154,8 @@ class CountOps(TileBackend):
         if not wanted:
             return np.zeros((n_agents, n_cuts, LOW_BINS), np.int32)
         codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._abs_low_fused(arrays, codes, targets)
         size = n_agents * n_cuts * LOW_BINS + magnitude.SPREAD
         fixed = self._fixed(self.workers * size * 8, f"the fine magnitude histograms of {n_agents} agents")
         with self._scoped():
@@ -167,6 +171,39 @@ class CountOps(TileBackend):
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=inputs, fixed=fixed)
             total = counts.sum(0)[: n_agents * n_cuts * LOW_BINS].view(n_agents, n_cuts, LOW_BINS)
             return self._host(total).astype(np.int32)
+
+    def _abs_high_fused(self, arrays: BlockArrays, codes: list[int]) -> np.ndarray:
+        """``abs_high_histogram`` in one fused kernel per tile (``fused/magnitude.py``): the
+        counts in one int32 accumulator per worker (the Numba kernels' type), read back once."""
+        from ramstream.backends.torch.fused.magnitude import high_launch
+
+        n_agents = len(arrays.agents)
+        fixed = self._fixed(self.workers * n_agents * HIGH_BINS * 4, f"the magnitude histograms of {n_agents} agents")
+        with self._scoped():
+            counts = torch.zeros((self.workers, n_agents, HIGH_BINS), dtype=torch.int32, device=self._device)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                high_launch(raw, m, counts[w], (codes[0], codes[1]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
+            return self._host(counts.sum(0)).astype(np.int32)
+
+    def _abs_low_fused(self, arrays: BlockArrays, codes: list[int], targets: np.ndarray) -> np.ndarray:
+        """``abs_low_histogram`` in one fused kernel per tile, as ``_abs_high_fused``."""
+        from ramstream.backends.torch.fused.magnitude import low_launch
+
+        n_agents, n_cuts = targets.shape
+        size = n_agents * n_cuts * LOW_BINS
+        fixed = self._fixed(self.workers * size * 4, f"the fine magnitude histograms of {n_agents} agents")
+        with self._scoped():
+            counts = torch.zeros((self.workers, n_agents, n_cuts, LOW_BINS), dtype=torch.int32, device=self._device)
+            aims = self._constant(targets)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                low_launch(raw, m, aims, counts[w], (codes[0], codes[1]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
+            return self._host(counts.sum(0)).astype(np.int32)
 
     def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
         n_agents = len(arrays.agents)
@@ -190,14 +227,22 @@ class CountOps(TileBackend):
         parts = [array_part(arrays.base), array_part(arrays.agents[agent])]
         codes = [int(arrays.base_code), int(arrays.agent_codes[agent])]
         ties = np.zeros(-(-arrays.size // 8), np.uint8)  # bit i % 8 of byte i // 8: position i
+        fused = self._fused(codes)  # one launch per tile (``fused/magnitude.py``)
         with self._scoped():
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                if lo + m > begin:  # tiles start at multiples of 64: whole bytes of the mask
+                if lo + m <= begin:  # tiles start at multiples of 64: whole bytes of the mask
+                    return
+                if fused:
+                    from ramstream.backends.torch.fused.magnitude import tie_launch
+
+                    packed = torch.empty(-(-m // 8), dtype=torch.uint8, device=self._device)
+                    tie_launch(raw, m, lo, value, begin, packed, (codes[0], codes[1]))
+                else:
                     (bits,) = self._abs_bits(raw, codes, [0])
                     equal = (bits.to(torch.int64) == value) & (self._positions(lo, m) >= begin)
                     packed = probe.pack(equal[None])[0]
-                    outputs.put(packed, self._sink(ties, lo // 8, lo // 8 + packed.shape[0]))
+                outputs.put(packed, self._sink(ties, lo // 8, lo // 8 + packed.shape[0]))
 
             self._run(parts, arrays.size, tile)
         positions = np.flatnonzero(np.unpackbits(ties, bitorder="little")[: arrays.size])
@@ -212,6 +257,8 @@ class CountOps(TileBackend):
         if isinstance(keep, KeepArray):
             parts += [array_part(np.ascontiguousarray(keep.keep[t])) for t in range(n_agents)]
         codes = self._codes(arrays)
+        if isinstance(keep, KeepRandom) and not squares and self._fused(codes):
+            return self._abs_sums_fused(arrays, keep, codes)
         with self._scoped():
             zero = torch.zeros((), dtype=torch.float32, device=self._device)
             acc = self._zeros(self.workers, 2 * n_agents, BINS + 1)
@@ -238,6 +285,27 @@ class CountOps(TileBackend):
                 exact_sums.accumulate(acc[w], sums)
 
             self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2)
+            total = self._host(acc.sum(0))
+            sums = renormalised(total).reshape(n_agents, 2, BINS + 1)
+            return ExactSums(sums, self._found(first))
+
+    def _abs_sums_fused(self, arrays: BlockArrays, keep: KeepRandom, codes: list[int]) -> ExactSums:
+        """``abs_sums`` of DARE's draws in one fused kernel per tile (``fused/sums.py``): the
+        accumulators and the first non-finite position per worker, read back once."""
+        from ramstream.backends.torch.fused.sums import sums_launch
+
+        n_agents = len(arrays.agents)
+        with self._scoped():
+            acc = self._zeros(self.workers, 2 * n_agents, BINS + 1)
+            first = self._first()
+            keys = self._constant(np.ascontiguousarray(keep.keys, np.uint64).view(np.int64))
+            density = self._f32(keep.density)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                start = keep.start + lo
+                sums_launch(raw, m, lo, keys, density, start, acc[w], first[w : w + 1], (codes[0], codes[1]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
             total = self._host(acc.sum(0))
             sums = renormalised(total).reshape(n_agents, 2, BINS + 1)
             return ExactSums(sums, self._found(first))

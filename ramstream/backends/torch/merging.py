@@ -261,6 +261,8 @@ class MergeOps(TileBackend):
         divisor = np.float32(0.0) + np.float32(params.base_weight)
         for weight in np.asarray(params.weights, np.float32):
             divisor = np.float32(divisor + weight)
+        if self._fused(codes):
+            return self._merge_linear_fused(arrays, params, divisor, out, out_code)
         with self._scoped():
             weights, base_weight = self._f32(params.weights), self._f32(params.base_weight)
             div = self._f32(divisor) if params.normalize else None
@@ -276,6 +278,33 @@ class MergeOps(TileBackend):
 
             self._run(parts, arrays.size, tile)
             return self._found(first)
+
+    def _merge_linear_fused(
+        self, arrays: BlockArrays, params: LinearParams, divisor: np.float32, out: np.ndarray, out_code: int
+    ) -> int:
+        """``merge_linear`` in one fused kernel per tile (``fused/linear.py``); the output's NaN/Inf
+        flag comes back with the first non-finite input position and answers ``has_nonfinite``."""
+        from ramstream.backends.torch.fused.linear import linear_launch
+
+        codes = self._codes(arrays)
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        carrier = fused.CARRIERS[out_code]
+        base_weight = float(np.float32(params.base_weight))
+        div = float(divisor) if params.normalize else None
+        with self._scoped():
+            weights = self._f32(params.weights)
+            state = self._state(2)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                merged = torch.empty(m, dtype=carrier, device=self._device)
+                linear_launch(raw, m, lo, weights, base_weight, div, merged, state[w], (codes[0], codes[1], out_code))
+                outputs.put(merged, self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
+            found = self._host(state)
+        first = int(found[:, 0].min())
+        self._flags = {fused.key(out, out_code): bool(found[:, 1].max() > 0)}
+        return first if first < probe.NOWHERE else -1
 
     def merge_nearswap(self, arrays: BlockArrays, t: np.float32, out: np.ndarray, out_code: int) -> int:
         parts = self._array_parts(arrays)
@@ -363,6 +392,8 @@ class MergeOps(TileBackend):
         codes = self._codes(arrays)
         raw_out, size = out.view(np.uint8), out.dtype.itemsize
         table = np.ascontiguousarray(coefs, np.float32)
+        if self._fused(codes):
+            return self._merge_vectors_fused(arrays, layout, table, weights, out, out_code)
         with self._scoped():
             self._fixed(table.nbytes, "the per-vector coefficients")
             on_device = self._constant(table)
@@ -385,3 +416,37 @@ class MergeOps(TileBackend):
 
             self._run(parts, arrays.size, tile, inputs=len(parts) + 3)
             return self._found(first)
+
+    def _merge_vectors_fused(
+        self,
+        arrays: BlockArrays,
+        layout: VectorLayout,
+        table: np.ndarray,
+        weights: bool,
+        out: np.ndarray,
+        out_code: int,
+    ) -> int:
+        """``merge_vectors`` in one fused kernel per tile (``fused/vectors.py``); the output's
+        NaN/Inf flag comes back with the first non-finite input position."""
+        from ramstream.backends.torch.fused.vectors import vectors_launch
+
+        codes = self._codes(arrays)
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        carrier = fused.CARRIERS[out_code]
+        where = (int(layout.start), int(layout.div), int(layout.mod))
+        with self._scoped():
+            self._fixed(table.nbytes, "the per-vector coefficients")
+            on_device = self._constant(table)
+            state = self._state(2)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                merged = torch.empty(m, dtype=carrier, device=self._device)
+                codes3 = (codes[0], codes[1], out_code)
+                vectors_launch(raw, m, lo, where, on_device, weights, merged, state[w], codes3)
+                outputs.put(merged, self._sink(raw_out, lo * size, (lo + m) * size))
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
+            found = self._host(state)
+        first = int(found[:, 0].min())
+        self._flags = {fused.key(out, out_code): bool(found[:, 1].max() > 0)}
+        return first if first < probe.NOWHERE else -1

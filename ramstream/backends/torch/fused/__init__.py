@@ -1,9 +1,11 @@
 """Fused Triton kernels for the torch backend: one launch per tile and operation on CUDA.
 
 ``ram.py`` (the RAM / RAM+ merge, K outputs), ``gta.py`` (the GTA merge where every element
-survives or magnitude cuts or random draws decide, K outputs) and ``probe.py`` (masks, coverage and overlap
-counts) each decode the inputs, compute, encode and reduce their side results (the first NaN/Inf
-input, the outputs' NaN/Inf flags, the counts) in one kernel; ``codecs.py`` holds the element
+survives or magnitude cuts or random draws decide, K outputs), ``probe.py`` (masks, coverage and
+overlap counts), ``magnitude.py`` (the |tau| histograms and tie searches of the magnitude cuts),
+``linear.py`` (the linear merge) and ``vectors.py`` (the per-vector merge) each decode the inputs,
+compute, encode and reduce their side results (the first NaN/Inf input, the outputs' NaN/Inf
+flags, the counts) in one kernel, launched with ``ram.EXACT``; ``codecs.py`` holds the element
 functions they share. The torch-op code (``merges.py``, ``probe.py``, ``codecs.py`` one level up)
 stays the CPU path and the reference these kernels are tested against. Both give the Numba
 kernels' bytes: no contraction into fused multiply-adds (compiled with ``enable_fp_fusion=False``),

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ramstream.backends.torch.fused import codecs
-from ramstream.backends.torch.fused.ram import NOWHERE, layout, on_device
+from ramstream.backends.torch.fused.ram import EXACT, NOWHERE, layout, on_device
 
 BLOCK = 1024
 KEEP_ALL: tl.constexpr = tl.constexpr(0)
@@ -172,5 +172,5 @@ def gta_tile_launch(
         gta_tile[(triton.cdiv(m, BLOCK), out.shape[0])](
             raw[0], agents_at, stride, m, lo, weights, scale, cut_value, cut_range, keys, density, start,
             total_weight, lams, out, out.stride(0), state, N_AGENTS=len(raw) - 1, BASE=codes[0], AGENT=codes[1],
-            OUT=codes[2], KEEP=keep, CONSENSUS=consensus, NORMALIZE=normalize, BLOCK=BLOCK,
+            OUT=codes[2], KEEP=keep, CONSENSUS=consensus, NORMALIZE=normalize, BLOCK=BLOCK, **EXACT,
         )  # fmt: skip

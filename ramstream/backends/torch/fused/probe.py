@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ramstream.backends.torch.fused import codecs
-from ramstream.backends.torch.fused.ram import NOWHERE, layout, on_device
+from ramstream.backends.torch.fused.ram import EXACT, NOWHERE, layout, on_device
 
 BLOCK = 1024  # elements per program (a multiple of 8: a program packs whole bytes)
 
@@ -92,5 +92,5 @@ def probe_tile_launch(
     with on_device(raw[0]):
         probe_tile[(triton.cdiv(m, BLOCK),)](
             raw[0], agents_at, stride, m, lo, eps, masks, masks.stride(0), overlap, coverage, first,
-            N_AGENTS=len(raw) - 1, BASE=codes[0], AGENT=codes[1], BLOCK=BLOCK,
+            N_AGENTS=len(raw) - 1, BASE=codes[0], AGENT=codes[1], BLOCK=BLOCK, **EXACT,
         )  # fmt: skip

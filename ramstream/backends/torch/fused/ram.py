@@ -22,6 +22,9 @@ import triton.language as tl
 from ramstream.backends.torch.fused import codecs
 
 BLOCK = 1024  # elements per program
+# compile options of every launch: no multiply-add contraction (triton's default contracts
+# ``a * b + c`` into ``fma``, whose single rounding differs from the Numba kernels' two)
+EXACT = {"enable_fp_fusion": False}
 NOWHERE: tl.constexpr = tl.constexpr(1 << 62)  # ``probe.NOWHERE``: no non-finite value
 
 
@@ -94,7 +97,7 @@ def merge_tile(
     with on_device(raw[0]):
         ram_tile[grid](
             raw[0], agents_at, stride, m, lo, eps, lambdas, out, out.stride(0), state,
-            N_AGENTS=len(raw) - 1, BASE=codes[0], AGENT=codes[1], OUT=codes[2], BLOCK=BLOCK,
+            N_AGENTS=len(raw) - 1, BASE=codes[0], AGENT=codes[1], OUT=codes[2], BLOCK=BLOCK, **EXACT,
         )  # fmt: skip
 
 

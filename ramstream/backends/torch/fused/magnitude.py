@@ -1,0 +1,157 @@
+"""The magnitude histograms of one tile in one Triton launch each, with the counts of
+``backends/numba/magnitude.py``: decode the base and every agent, the 31-bit pattern of
+|tau| = |f32(agent) - f32(base)|, then
+
+- ``high_tile``: per agent, how many elements have each high half (``bits >> 16``, 32768 bins);
+- ``low_tile``: per agent and cut, how many elements whose high half is the cut's target (-1:
+  none) have each low half (``bits & 0xFFFF``);
+- ``tie_tile``: for one agent, where its bits equal a cut's value at or after a block position,
+  bit-packed (bit ``i % 8`` of byte ``i // 8``: element ``i``, as numpy's little bit order).
+
+Counts are integers, so their order does not matter: every counted element is added to its bin
+of the call's int32 accumulator (the Numba kernels' type: a block's count fits) with a native,
+relaxed integer atomic (an add in the memory system, not a compare-and-swap loop). Nothing is
+sent to a hot bin: the elements whose |tau| is exactly 0 (most of a sparse task vector) are
+counted by a reduction in the program (at most ``BLOCK``) and added to bin 0 once; elements past
+the tile are masked out of the atomics.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ramstream.backends.base import HIGH_BINS, LOW_BINS
+from ramstream.backends.torch.fused import codecs
+from ramstream.backends.torch.fused.ram import EXACT, layout, on_device
+
+BLOCK = 1024  # elements per program
+
+
+@triton.jit
+def _abs_bits(base, agents_at, agent_stride, t, b, offsets, mask, AGENT: tl.constexpr):
+    """int32 bit patterns of |tau| of agent ``t`` (``b`` the decoded base)."""
+    a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
+    if AGENT == codecs.TAU32:
+        tau = a  # a task vector already: value - (+0.0), bit for bit
+    else:
+        tau = a - b
+    return tau.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _add(counts, bins, counted, zero):
+    """Add the elements ``counted`` to ``counts + bins``; those that are ``zero`` to bin 0, once."""
+    zeros = tl.sum(zero.to(tl.int32))
+    if zeros > 0:
+        tl.atomic_add(counts, zeros, sem="relaxed")
+    tl.atomic_add(counts + bins, tl.full(bins.shape, 1, tl.int32), mask=counted & ~zero, sem="relaxed")
+
+
+@triton.jit
+def high_tile(
+    base,  # uint8 pointer: the base's raw bytes; agent t's are at base + agents_at + t * agent_stride
+    agents_at,
+    agent_stride,
+    m,
+    counts,  # int32 (N_AGENTS, HIGH): the call's accumulator
+    N_AGENTS: tl.constexpr,
+    BASE: tl.constexpr,
+    AGENT: tl.constexpr,
+    HIGH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < m
+    b = codecs.decode(base, offsets, mask, BASE)
+    for t in range(N_AGENTS):
+        bits = _abs_bits(base, agents_at, agent_stride, t, b, offsets, mask, AGENT)
+        _add(counts + t * HIGH, bits >> 16, mask, mask & (bits == 0))
+
+
+@triton.jit
+def low_tile(
+    base,
+    agents_at,
+    agent_stride,
+    m,
+    targets,  # int32 (N_AGENTS, N_CUTS): the high half each cut counts (-1: none)
+    counts,  # int32 (N_AGENTS, N_CUTS, LOW): the call's accumulator
+    N_AGENTS: tl.constexpr,
+    N_CUTS: tl.constexpr,
+    BASE: tl.constexpr,
+    AGENT: tl.constexpr,
+    LOW: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < m
+    b = codecs.decode(base, offsets, mask, BASE)
+    for t in range(N_AGENTS):
+        bits = _abs_bits(base, agents_at, agent_stride, t, b, offsets, mask, AGENT)
+        for c in range(N_CUTS):
+            target = tl.load(targets + t * N_CUTS + c)
+            if target >= 0:
+                match = mask & ((bits >> 16) == target)
+                _add(counts + (t * N_CUTS + c) * LOW, bits & 0xFFFF, match, match & (bits == 0))
+
+
+@triton.jit
+def tie_tile(
+    base,
+    agent_at,  # the agent's raw bytes at base + agent_at
+    m,
+    lo,
+    value,  # int64: the bits looked for
+    begin,  # int64: the first block position looked at
+    ties,  # uint8 (ceil(m / 8),): the tile's packed mask
+    BASE: tl.constexpr,
+    AGENT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < m
+    b = codecs.decode(base, offsets, mask, BASE)
+    bits = _abs_bits(base, agent_at, 0, 0, b, offsets, mask, AGENT)
+    equal = mask & (bits.to(tl.int64) == value) & (offsets.to(tl.int64) + lo >= begin)
+    bytes_at = tl.program_id(0) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
+    weights = (1 << tl.arange(0, 8)).to(tl.int32)
+    packed = tl.sum(tl.reshape(equal.to(tl.int32), (BLOCK // 8, 8)) * weights[None, :], axis=1)
+    tl.store(ties + bytes_at, packed.to(tl.uint8), mask=bytes_at < (m + 7) // 8)
+
+
+def high_launch(raw: list[torch.Tensor], m: int, counts: torch.Tensor, codes: tuple[int, int]) -> None:
+    """Queue the high-half histograms of one tile into ``counts`` (agents, HIGH_BINS) int32."""
+    agents_at, stride = layout(raw)
+    with on_device(raw[0]):
+        high_tile[(triton.cdiv(m, BLOCK),)](
+            raw[0], agents_at, stride, m, counts,
+            N_AGENTS=len(raw) - 1, BASE=codes[0], AGENT=codes[1], HIGH=HIGH_BINS, BLOCK=BLOCK, **EXACT,
+        )  # fmt: skip
+
+
+def low_launch(
+    raw: list[torch.Tensor], m: int, targets: torch.Tensor, counts: torch.Tensor, codes: tuple[int, int]
+) -> None:
+    """Queue the low-half histograms of one tile into ``counts`` (agents, cuts, LOW_BINS) int32;
+    ``targets`` (agents, cuts) int32 on the device."""
+    agents_at, stride = layout(raw)
+    with on_device(raw[0]):
+        low_tile[(triton.cdiv(m, BLOCK),)](
+            raw[0], agents_at, stride, m, targets, counts,
+            N_AGENTS=len(raw) - 1, N_CUTS=targets.shape[1], BASE=codes[0], AGENT=codes[1], LOW=LOW_BINS,
+            BLOCK=BLOCK, **EXACT,
+        )  # fmt: skip
+
+
+def tie_launch(
+    raw: list[torch.Tensor], m: int, lo: int, value: int, begin: int, ties: torch.Tensor, codes: tuple[int, int]
+) -> None:
+    """Queue the tie search of one tile: ``raw`` the base and one agent, ``ties`` (ceil(m / 8),)
+    uint8 on the device."""
+    agent_at, _ = layout(raw)
+    with on_device(raw[0]):
+        tie_tile[(triton.cdiv(m, BLOCK),)](
+            raw[0], agent_at, m, lo, value, begin, ties, BASE=codes[0], AGENT=codes[1], BLOCK=BLOCK, **EXACT,
+        )  # fmt: skip
