@@ -12,10 +12,7 @@ differ from the Numba kernels'. Skipped where triton is not installed.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
 from ramstream.backends.torch.fused import gta, linear, magnitude, probe, ram, sums, vectors  # noqa: E402
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
+from tests.fused_interpreter import run_check  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CODES = [int(c) for c in FloatCode]
@@ -37,32 +35,12 @@ CODES = [int(c) for c in FloatCode]
 
 @pytest.mark.parametrize(
     "check",
-    [
-        "codecs",
-        "ram_tiles",
-        "probe_tiles",
-        "gta_tiles",
-        "histogram_tiles",
-        "linear_tiles",
-        "vectors_tiles",
-        "sums_tiles",
-        "merges",
-        "gta_merges",
-        "histogram_merges",
-        "linear_merges",
-        "vectors_merges",
-        "sums_merges",
-        "streamed",
-    ],
+    ["codecs", "ram_tiles", "probe_tiles", "gta_tiles", "histogram_tiles", "linear_tiles", "vectors_tiles"],
 )
 def test_the_kernels_give_the_numba_bytes_under_the_interpreter(check: str, tmp_path: Path) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    done = subprocess.run(
-        [sys.executable, "-W", "error::UserWarning", "-m", "tests.fused_checks", check, str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip().endswith(f"{check}: ok")
+    """The tiles' arithmetic; the merges through the API are in test_fused_merges.py and
+    test_fused_gta_merges.py (a file each, so that they run beside these)."""
+    run_check(check, tmp_path)
 
 
 # -- the generated code -----------------------------------------------------------------------
