@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from ramstream import api
 from ramstream.backends.numba import prewarm
 from ramstream.backends.numba.kernel_table import KERNELS
 from ramstream.config import RunOptions
-from tests.families import build_family
+from tests.families import Family, build_family
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,6 +46,23 @@ api.merge(base, agents, out=out, options=RunOptions(cache_dir=Path(cache), quiet
 stop()
 print(json.dumps({"children": children, "compiled": compiled}))
 """
+
+
+def _run_fresh(script: str, fam: Family, tmp_path: Path) -> Any:
+    """Run ``script`` on ``fam`` in a fresh process with an empty Numba cache; what its last line says."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(fam.base), ",".join(map(str, fam.agents)), str(tmp_path / "out"),
+         str(tmp_path / "index")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _digest(directory: Path) -> str:
@@ -83,19 +101,7 @@ def test_the_table_is_what_the_methods_call() -> None:
 
 def test_a_childs_kernels_are_loaded_not_compiled_and_the_bytes_agree(tmp_path: Path) -> None:
     fam = build_family(tmp_path / "fam")
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(REPO))
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(fam.base), ",".join(map(str, fam.agents)), str(tmp_path / "out"),
-         str(tmp_path / "index")],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = _run_fresh(_CHILD, fam, tmp_path)
     assert report["children"] == 1 if (os.cpu_count() or 1) <= 2 else report["children"] >= 1
     assert "_probe_part" in report["compiled"]  # the first kernel: this process's own
     assert "_merge_ram_part" not in report["compiled"]  # the child's: loaded from the cache
@@ -123,20 +129,7 @@ print(json.dumps(counts))
 
 
 def test_children_start_at_the_first_kernel_call_and_only_then(tmp_path: Path) -> None:
-    fam = build_family(tmp_path / "fam")
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(REPO))
-    done = subprocess.run(
-        [sys.executable, "-c", _ARMED, str(fam.base), ",".join(map(str, fam.agents)), str(tmp_path / "out"),
-         str(tmp_path / "index")],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    first, already_merged = json.loads(done.stdout.strip().splitlines()[-1])
+    first, already_merged = _run_fresh(_ARMED, build_family(tmp_path / "fam"), tmp_path)
     assert first >= 1
     assert already_merged == 0
 
