@@ -1,5 +1,11 @@
 """What the suite spent compiling Numba kernels, printed after the slowest tests; a real disk for
-the tests that need one.
+the tests that need one; the longest test files handed out first.
+
+pytest-xdist (``--dist loadfile``) hands out whole files; by default it sorts them by their number
+of tests, which sends the files of a few long end-to-end tests last and leaves the other workers
+idle while they finish. Here the files are handed out in collection order, the longest first
+(``LONGEST_FIRST``, from ``--durations=0`` summed per file on CI's two cores), the others after
+them as collected.
 
 Every test process (each xdist worker) listens to Numba's ``numba:compile`` events and sums the
 top-level ones (a kernel with the helpers it compiled on the way); the controller adds up the
@@ -43,9 +49,41 @@ def _listen() -> None:
     event.register("numba:compile", _Timer())
 
 
+# The test files that take longest (seconds in all, longest first), so that the short ones fill
+# the workers' gaps at the end instead of a long one running alone.
+LONGEST_FIRST = (
+    "test_quantized.py",
+    "test_torch_backend.py",
+    "test_resume.py",
+    "test_memory.py",
+    "test_backends.py",
+    "test_dask.py",
+    "test_moe.py",
+    "test_methods_magnitude.py",
+    "test_fused_merges.py",
+    "test_agents_lab.py",
+    "test_fused_kernels.py",
+    "test_mergekit_parity.py",
+    "test_fused_gta_merges.py",
+    "test_torch_streamed.py",
+    "test_prewarm.py",
+    "test_reliability.py",
+    "test_demo_sweep.py",
+    "test_lora.py",
+    "test_sweep.py",
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _listen()
     config.stash[_STASH] = []
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order set below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as collected
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
