@@ -51,8 +51,9 @@ def _dequantize_part(codes, n, table, scales, scale_cols, offset, cols, bm, bn, 
         while i < m:
             k = min(m - i, block_end - col)
             scale = scales[band + block]
+            src, dst = raw[t0 + i : t0 + i + k], vals[i : i + k]
             for j in range(k):
-                vals[i + j] = table[raw[t0 + i + j]] * scale
+                dst[j] = table[src[j]] * scale
             i += k
             col += k
             if col == block_end:
