@@ -129,10 +129,10 @@ def write_family(root: Path, shapes: dict[str, tuple[int, ...]] = SHAPES) -> tup
     return paths[0], paths[1:]
 
 
-def expected_lambdas() -> np.ndarray:
+def expected_lambdas(shapes: dict[str, tuple[int, ...]] = SHAPES) -> np.ndarray:
     """lambda_t from the whole-model counts of the periodic pattern (float64, as the spec)."""
     shared, unique = np.zeros(N_AGENTS), np.zeros(N_AGENTS)
-    periods = sum(int(np.prod(shape)) for shape in SHAPES.values()) // PERIOD
+    periods = sum(int(np.prod(shape)) for shape in shapes.values()) // PERIOD
     for q in range(PERIOD):
         c = sum(q in a for a in ACTIVE)
         for t in range(N_AGENTS):
@@ -228,3 +228,85 @@ def test_a_sweep_of_six_candidates_stays_within_budget(tmp_path_factory: pytest.
     stdout, peak, overhead = measured(tmp_path_factory.mktemp("sweep"), (base, agents), sweep, root / "cache")
     assert stdout.count("merged: ") == 6, stdout
     assert peak - overhead < BUDGET + MARGIN, within(peak, overhead, "sweep")
+
+
+# An FP8 base whose one quantized tensor is larger than the budget in its own bytes (72 MiB of
+# FP8; 144 MiB as the bf16 the base is read as, 288 MiB dequantized to float32), bf16 agents.
+FP8_NAME = "model.layers.0.mlp.down_proj.weight"
+FP8_SHAPES: dict[str, tuple[int, ...]] = {FP8_NAME: (36864, 2048), "model.norm.weight": (2048,)}
+FP8_TINY_SHAPES: dict[str, tuple[int, ...]] = {FP8_NAME: (256, 2048), "model.norm.weight": (2048,)}
+FP8_CONFIG = '{"model_type": "deepseek_v3", "torch_dtype": "bfloat16", "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}}'  # noqa: E501
+
+
+def fp8_scales(shape: tuple[int, ...]) -> np.ndarray:
+    rows, cols = shape
+    return np.random.default_rng(1).uniform(0.002, 0.006, (-(-rows // 128), -(-cols // 128))).astype(np.float32)
+
+
+def fp8_codes(start: int, stop: int) -> np.ndarray:
+    """E4M3 codes of magnitude 0.25 to 8 (exponents 5 to 9), either sign: a hash of each index."""
+    mixed = (np.arange(start, stop, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+    return ((0x28 + mixed % np.uint64(40)) | ((mixed >> np.uint64(20)) & np.uint64(1)) << np.uint64(7)).astype(np.uint8)
+
+
+def fp8_base_as_bf16(start: int, stop: int, shape: tuple[int, ...] = FP8_SHAPES[FP8_NAME]) -> np.ndarray:
+    """float32: the FP8 tensor's elements [start, stop) dequantized by torch, rounded to bf16 (what
+    bf16 agents of this base were trained from, and what the merge reads the base as)."""
+    import torch
+
+    cols = shape[1]
+    fp8 = torch.from_numpy(fp8_codes(start, stop)).view(torch.float8_e4m3fn).to(torch.float32).numpy()
+    rows, columns = np.divmod(np.arange(start, stop), cols)
+    values = (fp8 * fp8_scales(shape)[rows // 128, columns // 128]).astype(np.float32)
+    return bf16_to_f32(f32_to_bf16(values))
+
+
+def write_fp8_family(root: Path, shapes: dict[str, tuple[int, ...]] = FP8_SHAPES) -> tuple[Path, list[Path]]:
+    paths = [root / "base", *(root / f"agent{t}" for t in range(N_AGENTS))]
+    scale_name = FP8_NAME + "_scale_inv"
+    scales = fp8_scales(shapes[FP8_NAME])
+    for m, path in enumerate(paths):
+        path.mkdir(parents=True)
+        (path / "config.json").write_text(FP8_CONFIG if m == 0 else '{"model_type": "deepseek_v3"}')
+
+        def chunk(name: str, start: int, stop: int, m: int = m) -> np.ndarray:
+            if name == scale_name:
+                return scales.reshape(-1)[start:stop]
+            if m == 0:
+                return fp8_codes(start, stop) if name == FP8_NAME else f32_to_bf16(base_values(name, start, stop))
+            base = (
+                fp8_base_as_bf16(start, stop, shapes[FP8_NAME]) if name == FP8_NAME else base_values(name, start, stop)
+            )
+            return f32_to_bf16((base.reshape(-1, 2 * PERIOD) + deltas(m - 1)).ravel())
+
+        specs = [(n, "BF16", s) for n, s in shapes.items()]
+        if m == 0:
+            specs = [(FP8_NAME, "F8_E4M3", shapes[FP8_NAME]), (scale_name, "F32", scales.shape)]
+            specs.append(("model.norm.weight", "BF16", shapes["model.norm.weight"]))
+        write_safetensors_chunked(path / "model.safetensors", specs, chunk)
+    return paths[0], paths[1:]
+
+
+def test_merge_of_an_fp8_base_with_a_quantized_tensor_over_the_budget_stays_within_budget(tmp_path: Path) -> None:
+    """The base's blocks are decoded (by the backend, into bf16) a block at a time: the peak stays
+    within the budget, and sampled elements are RAM+ of the base converted to bf16."""
+    write_fp8_family(
+        tmp_path / "tiny", FP8_TINY_SHAPES
+    )  # the overhead's run: the same kernels, the dequantization's too
+    base, agents = write_fp8_family(tmp_path / "family")
+    out = tmp_path / "out"
+    stdout, peak, overhead = measured(tmp_path, (base, agents), ["merge"], tmp_path / "cache")
+    assert stdout.strip().splitlines()[0].startswith(f"merged: {out} (ram+"), stdout
+    assert peak - overhead < BUDGET + MARGIN, within(peak, overhead, "FP8 merge")
+
+    lam32 = expected_lambdas(FP8_SHAPES).astype(np.float32)
+    numel = int(np.prod(FP8_SHAPES[FP8_NAME]))
+    starts = (0, (numel // 2) // PERIOD * PERIOD, numel - 2 * PERIOD)
+    picks = np.array([s + q for s in starts for q in (*range(20), PERIOD - 1, PERIOD + 3)], dtype=np.int64)
+    base_at = np.concatenate(
+        [fp8_base_as_bf16(s, s + 2 * PERIOD)[[*range(20), PERIOD - 1, PERIOD + 3]] for s in starts]
+    )
+    values = [bf16_to_f32(read_elements(a / "model.safetensors", FP8_NAME, picks)) for a in agents]
+    want = direct_merge(base_at, values, lam32)
+    got = read_elements(model_file_of(out, FP8_NAME), FP8_NAME, picks)
+    np.testing.assert_array_equal(got, want)

@@ -17,9 +17,10 @@ import pytest
 
 from ramstream import api
 from ramstream.backends.numba import prewarm
-from ramstream.backends.numba.kernel_table import KERNELS
+from ramstream.backends.numba.kernel_table import INPUT_KERNELS, KERNELS
 from ramstream.config import RunOptions
 from tests.families import Family, build_family
+from tests.quantized_families import build_fp8_family
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,7 +74,7 @@ def _digest(directory: Path) -> str:
 
 
 def test_every_recorded_type_parses_back_to_itself() -> None:
-    texts = {t for entries in KERNELS.values() for _, _, types in entries for t in types}
+    texts = {t for entries in [*KERNELS.values(), INPUT_KERNELS] for _, _, types in entries for t in types}
     assert texts
     for text in texts:
         assert str(prewarm.numba_type(text)) == text
@@ -85,6 +86,9 @@ def test_every_recorded_kernel_exists() -> None:
     for method in KERNELS:
         for kernel in prewarm.kernels(method):
             assert hasattr(kernel.dispatcher, "compile")
+    assert INPUT_KERNELS
+    for entry in INPUT_KERNELS:
+        assert hasattr(prewarm.Kernel.of(*entry).dispatcher, "compile")
 
 
 @pytest.mark.slow
@@ -132,6 +136,22 @@ def test_children_start_at_the_first_kernel_call_and_only_then(tmp_path: Path) -
     first, already_merged = _run_fresh(_ARMED, build_family(tmp_path / "fam"), tmp_path)
     assert first >= 1
     assert already_merged == 0
+
+
+# Only quantized tensors: the run's first kernel call decodes the FP8 base's first block.
+_ONLY_FP8 = {
+    "model.layers.0.self_attn.q_proj.weight": ((300, 200), True),
+    "model.layers.0.mlp.down_proj.weight": ((130, 260), True),
+}
+
+
+def test_a_first_call_decoding_an_fp8_base_hands_out_the_methods_kernels(tmp_path: Path) -> None:
+    fam, _ = build_fp8_family(tmp_path / "fam", shapes=_ONLY_FP8, trained_from="bf16")
+    first, already_merged = _run_fresh(_ARMED, fam, tmp_path)
+    assert first >= 1
+    assert already_merged == 0
+    api.merge(fam.base, fam.agents, out=tmp_path / "plain", options=RunOptions(cache_dir=tmp_path / "i2", quiet=True))
+    assert _digest(tmp_path / "out") == _digest(tmp_path / "plain")
 
 
 def test_cached_kernels_are_not_handed_out(tmp_path: Path) -> None:

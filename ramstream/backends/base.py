@@ -28,6 +28,7 @@ import numpy as np
 
 from ramstream.backends.vector_sums import VectorLayout
 from ramstream.blocks import BlockArrays
+from ramstream.blocks.quantized import ScaledCodes
 
 Consensus = Literal["none", "sum"]
 
@@ -315,6 +316,12 @@ class Backend(Protocol):
     def lora_product(self, left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
         """``out`` (flat, zeroed) <- (left @ right) * scale in ``blocks.lora``'s order: a LoRA
         agent's update, computed on the host while its block is assembled (``blocks.lora.Product``)."""
+        ...
+
+    def fp8_dequantize(self, run: ScaledCodes, out: np.ndarray, code: int) -> None:
+        """``out`` (the carrier of ``code``: F32, BF16 or F16) <- an FP8 run's values, encoded, in
+        ``blocks.quantized``'s order and bytes: a quantized input's block, decoded on the host while
+        the block is assembled (``blocks.quantized.Dequantize``)."""
         ...
 
     def close(self) -> None:

@@ -3,8 +3,9 @@ read their own tiles) or read-only mapped views of the raw carriers (``base``, `
 
 A LoRA agent's input is its float32 task vector over the block (code ``TAU32``), computed once
 per block (or span) from its factors (``blocks.lora``) and handed out both ways; a quantized
-tensor's (``format.quantized``) is its dequantized float32 values (code ``F32``,
-``blocks.quantized``), the same way.
+tensor's (``format.quantized``) is its dequantized values (``blocks.quantized``: code ``F32``, or
+``BF16``/``F16`` for a base read as that dtype), the same way. Both are computed by what the
+reader is given (the backend's ``lora_product`` and ``fp8_dequantize``, for their speed).
 
 Views are made on first use, so a block read through ``sources`` maps nothing; the pages mapped
 for a batch's blocks are released with the batch (``BlockReader.release``). Read-ahead hints and
@@ -21,7 +22,7 @@ from typing import cast
 import numpy as np
 
 from ramstream.blocks.lora import Product, delta_block, numpy_product
-from ramstream.blocks.quantized import dequantized_block
+from ramstream.blocks.quantized import Dequantize, carrier_code, dequantized_block, numpy_dequantize
 from ramstream.blocks.sources import BlockSources
 from ramstream.errors import InputError, NonFiniteWeightError, TaskVectorOverflowError
 from ramstream.format import codecs
@@ -117,11 +118,19 @@ class BlockArrays:
 class BlockReader:
     """Hands out (and releases) the inputs of the family's blocks over open files."""
 
-    def __init__(self, family: Family, plan: Plan, files: InputFiles, product: Product = numpy_product) -> None:
+    def __init__(
+        self,
+        family: Family,
+        plan: Plan,
+        files: InputFiles,
+        product: Product = numpy_product,
+        dequantize: Dequantize = numpy_dequantize,
+    ) -> None:
         self.family = family
         self.plan = plan
         self.files = files
         self.product = product  # computes LoRA agents' updates (the backend's, for its speed)
+        self.dequantize = dequantize  # decodes FP8 inputs (the backend's, for its speed)
         self._mapped: dict[int, list[tuple[int, int]]] = {}  # block index -> ranges mapped for it
 
     def _refs(self, block: Block) -> list[Ref]:
@@ -146,24 +155,30 @@ class BlockReader:
 
     def _computed(self, ref: Ref, start: int, stop: int, is_base: bool) -> np.ndarray | None:
         """An input's values over [start, stop) when they are computed, not read: a LoRA agent's
-        task vector, a quantized tensor's float32 values (the base's as ``quantized_base_as``
-        says); None for a tensor read from its file."""
+        task vector, a quantized tensor's values (float32, or the base's bf16/f16 carrier as
+        ``quantized_base_as`` says); None for a tensor read from its file."""
         if isinstance(ref, DeltaRef):
             return delta_block(ref, self.files, start, stop, self.product)
         if isinstance(ref, QuantRef):
-            return dequantized_block(ref, self.files, start, stop, self._as_dtype(is_base))
+            return dequantized_block(ref, self.files, start, stop, self._as_dtype(is_base), self.dequantize)
         return None
 
     def _as_dtype(self, is_base: bool) -> str:
         """What a quantized member's values are rounded to: the base's setting, an agent's f32."""
         return self.family.quantized_base_as if is_base else "f32"
 
+    def _code(self, ref: Ref, is_base: bool) -> int:
+        """An input's format code (a quantized one's: the carrier it is decoded into)."""
+        if isinstance(ref, QuantRef):
+            return int(carrier_code(self._as_dtype(is_base)))
+        return _code(ref)
+
     def _sources(self, block: Block, start: int, stop: int, held: tuple[np.ndarray | None, ...]) -> BlockSources:
         refs = self._refs(block)
         return BlockSources(
             tuple(_file(r, m.files[0]) for r, m in zip(refs, self.family.members, strict=True)),
             np.array([_offset(r, start) for r in refs], np.int64),
-            np.array([_code(r) for r in refs], np.int64),
+            np.array([self._code(r, k == 0) for k, r in enumerate(refs)], np.int64),
             stop - start,
             self.plan.tensors[block.tensor].name,
             held if any(h is not None for h in held) else (),
@@ -176,7 +191,7 @@ class BlockReader:
             self.files.float_view(cast(TensorRef, r), start, stop) if h is None else h
             for r, h in zip(refs, held, strict=True)
         ]
-        codes = [_code(r) for r in refs]
+        codes = [self._code(r, k == 0) for k, r in enumerate(refs)]
         agents, agent_codes = views[1:], codes[1:]
         if len({a.dtype for a in agents}) > 1:
             agents = [_readonly(codecs.decode(a, c)) for a, c in zip(agents, agent_codes, strict=True)]
@@ -221,7 +236,8 @@ class BlockReader:
         for k, (ref, member) in enumerate(zip(self._refs(block), self.family.members, strict=True)):
             if isinstance(ref, QuantRef):
                 as_dtype = self._as_dtype(k == 0)
-                value = dequantized_block(ref, self.files, element, element + 1, as_dtype)[0]
+                code = carrier_code(as_dtype)
+                value = codecs.decode(dequantized_block(ref, self.files, element, element + 1, as_dtype), code)[0]
                 if not np.isfinite(value):
                     beyond = ", or a value beyond f16's range (--quantized-base-as f16)" if as_dtype == "f16" else ""
                     return NonFiniteWeightError(
@@ -282,7 +298,7 @@ def _code(ref: Ref) -> int:
     if isinstance(ref, DeltaRef):
         return TAU32
     if isinstance(ref, QuantRef):
-        return int(FloatCode.F32)  # its values, dequantized
+        return int(FloatCode.F32)  # an agent's values, dequantized (``BlockReader._code``: the base's)
     return int(FLOAT_CODES[ref.entry.dtype])
 
 

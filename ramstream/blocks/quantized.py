@@ -13,11 +13,21 @@ Only what the block needs is read: its FP8 bytes and the rows of S its rows fall
 mapped for them are released at once.
 
 A base read as bf16 or f16 (``--quantized-base-as``, ``Family.quantized_base_as``) has these
-values rounded to that dtype, to nearest, ties to even, and back to float32 (``round_to``): the
-values the base converted to that dtype first holds, as the agents trained from it saw them.
+values rounded to that dtype, to nearest, ties to even: the values the base converted to that
+dtype first holds, as the agents trained from it saw them. Such a block is handed out in that
+dtype's 2-byte carrier (code BF16 or F16), as a bf16 base's block is, so the kernels read half
+the bytes of a float32 one and decode them as they decode any bf16 input: the same values.
+
+The FP8 decoding (table, scale, rounding) is a ``Dequantize`` the reader is given: the backend's
+(``Backend.fp8_dequantize``: the Numba backend's runs on all cores, in one pass per element), by
+default ``numpy_dequantize``; every one writes the same bytes. MXFP4 is decoded with numpy here
+(gpt-oss's experts: a transpose per expert, which a per-element kernel would not make cheaper).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,55 +69,95 @@ FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3,
 E8M0_NAN = 255  # the one E8M0 scale that is no power of two
 
 
-ROUND_CODES = {"bf16": FloatCode.BF16, "f16": FloatCode.F16}
-ROUND_CHUNK = 1 << 16  # elements rounded at a time: the codec's temporaries stay small
+ROUND_CODES = {"f32": FloatCode.F32, "bf16": FloatCode.BF16, "f16": FloatCode.F16}
+CARRIERS = {FloatCode.F32: np.float32, FloatCode.BF16: np.uint16, FloatCode.F16: np.uint16}
+ROUND_CHUNK = 1 << 16  # elements decoded at a time by numpy: its temporaries stay small
 
 
-def dequantized_block(ref: QuantRef, files: InputFiles, start: int, stop: int, as_dtype: str = "f32") -> np.ndarray:
-    """float32 (stop - start,): elements [start, stop) (flat, row-major) of ``ref``'s values,
-    rounded to ``as_dtype`` (bf16, f16; f32: as they are) and back."""
-    out = np.empty(max(stop - start, 0), np.float32)
+@dataclass(frozen=True, eq=False)
+class ScaledCodes:
+    """A run of an FP8 weight's elements to dequantize: ``codes[k]`` is the element at flat position
+    ``offset + k`` of the rows from band ``first`` on (``first`` = the band of ``bm`` rows the
+    run starts in), and ``scales`` (float32, C-contiguous, (bands, scale_cols)) are the scales of
+    those bands, so element (i, j) of the run's rows takes ``scales[i // bm, j // bn]``."""
+
+    codes: np.ndarray  # uint8 (n,)
+    table: np.ndarray  # float32 (256,): the value of each FP8 byte (``FP8_VALUES``)
+    scales: np.ndarray  # float32 (bands, scale_cols)
+    offset: int
+    cols: int
+    block: tuple[int, int]  # (bm, bn)
+
+
+# dequantize(run, out, code): out (the carrier of ``code``: float32 for F32, uint16 for BF16/F16,
+# the run's size) <- fp(table[codes] * scale), one float32 multiply per element (no fused
+# multiply-add), encoded to ``code`` as ``format.codecs.encode`` does. A backend may give a faster
+# one with the same bytes (``Backend.fp8_dequantize``).
+Dequantize = Callable[[ScaledCodes, np.ndarray, int], None]
+
+
+def numpy_dequantize(run: ScaledCodes, out: np.ndarray, code: int) -> None:
+    """``Dequantize`` in numpy, ``ROUND_CHUNK`` elements at a time: a table lookup, the scales
+    multiplied per band of rows, then the encoding (one thread, a few passes over each chunk)."""
+    bm, bn = run.block
+    per_band = run.cols * bm
+    with np.errstate(over="ignore", invalid="ignore"):  # an Inf or NaN is named where the block is merged
+        for lo in range(0, run.codes.size, ROUND_CHUNK):
+            hi = min(lo + ROUND_CHUNK, run.codes.size)
+            values = out[lo:hi] if code == FloatCode.F32 else np.empty(hi - lo, np.float32)
+            np.take(run.table, run.codes[lo:hi], out=values)
+            at, end = run.offset + lo, run.offset + hi
+            for band in range(at // per_band, (end - 1) // per_band + 1):
+                b0, b1 = max(at, band * per_band), min(end, (band + 1) * per_band)
+                per_column = np.repeat(run.scales[band], bn)[: run.cols]
+                _scale_run(values[b0 - at : b1 - at], b0 % run.cols, per_column)
+            if code != FloatCode.F32:
+                out[lo:hi] = codecs.encode(values, code)
+
+
+def dequantized_block(
+    ref: QuantRef,
+    files: InputFiles,
+    start: int,
+    stop: int,
+    as_dtype: str = "f32",
+    dequantize: Dequantize = numpy_dequantize,
+) -> np.ndarray:
+    """Elements [start, stop) (flat, row-major) of ``ref``'s values in the carrier of
+    ``as_dtype`` (``carrier_code``): float32 for f32, uint16 holding bf16 or f16 values."""
+    code = carrier_code(as_dtype)
+    out = np.empty(max(stop - start, 0), CARRIERS[code])
     if stop > start:
         if ref.layout == "mxfp4":
-            _mxfp4_into(out, ref, files, start)
+            values = np.empty(out.size, np.float32)
+            _mxfp4_into(values, ref, files, start)
+            out[:] = values if code == FloatCode.F32 else codecs.encode(values, code)
         else:
-            _scaled_into(out, ref, files, start)
-        round_to(out, as_dtype)
+            dequantize(_scaled_codes(ref, files, start, stop), out, code)
+            files.release(ref.weight, start, stop)
     return out
 
 
-def round_to(values: np.ndarray, as_dtype: str) -> None:
-    """Round float32 ``values`` in place to bf16 or f16 (nearest, ties to even) and back; f32
-    leaves them. A value beyond f16's range becomes an infinity, as converting it does."""
-    code = ROUND_CODES.get(as_dtype)
-    if code is None:
-        return
-    for lo in range(0, values.size, ROUND_CHUNK):
-        part = values[lo : lo + ROUND_CHUNK]
-        part[:] = codecs.decode(codecs.encode(part, code), code)
+def carrier_code(as_dtype: str) -> FloatCode:
+    """The format a quantized tensor read as ``as_dtype`` (f32, bf16, f16) is handed out in."""
+    return ROUND_CODES[as_dtype]
 
 
-def _scaled_into(out: np.ndarray, ref: QuantRef, files: InputFiles, start: int) -> None:
-    """Fill ``out`` with elements [start, start + out.size) of an FP8 weight times its scales."""
-    stop = start + out.size
+def _scaled_codes(ref: QuantRef, files: InputFiles, start: int, stop: int) -> ScaledCodes:
+    """Elements [start, stop) of an FP8 weight (mapped: the caller releases them once decoded) and
+    the scales of the bands of rows they touch (a copy; their pages released here)."""
     weight, scale_ref = ref.weight, ref.scale
     cols = weight.entry.shape[1]
     bm, bn = ref.block
     scale_cols = -(-cols // bn)  # the scales as a 2-D array (a per-tensor one is 1 x 1, a per-row one rows x 1)
-    raw = np.frombuffer(files.byte_range(weight, start, stop), np.uint8)  # FP8: one byte per element
-    np.take(FP8_VALUES[weight.entry.dtype], raw, out=out)
-    del raw
-    files.release(weight, start, stop)
+    codes = np.frombuffer(files.byte_range(weight, start, stop), np.uint8)  # FP8: one byte per element
     first, last = start // cols // bm, (stop - 1) // cols // bm  # the bands of bm rows the block touches
     scale_raw = files.float_view(scale_ref, first * scale_cols, (last + 1) * scale_cols)
     scales = codecs.decode(scale_raw, FLOAT_CODES[scale_ref.entry.dtype]).reshape(-1, scale_cols)
     del scale_raw
     files.release(scale_ref, first * scale_cols, (last + 1) * scale_cols)
-    with np.errstate(over="ignore", invalid="ignore"):  # an Inf or NaN is named where the block is merged
-        for band in range(first, last + 1):
-            lo, hi = max(start, band * bm * cols), min(stop, (band + 1) * bm * cols)
-            per_column = np.repeat(scales[band - first], bn)[:cols]
-            _scale_run(out[lo - start : hi - start], lo % cols, per_column)
+    table, offset = FP8_VALUES[weight.entry.dtype], start - first * bm * cols
+    return ScaledCodes(codes, table, np.ascontiguousarray(scales, np.float32), offset, cols, (bm, bn))
 
 
 def _scale_run(values: np.ndarray, column: int, per_column: np.ndarray) -> None:

@@ -37,7 +37,7 @@ class LocalExecutor:
     ) -> None:
         progress.where = f"{self.backend.name} on {self.backend.device}"
         with InputFiles() as files, WriteBehind(self.depth) as behind:
-            reader = BlockReader(family, plan, files, self.backend.lora_product)
+            reader = BlockReader(family, plan, files, self.backend.lora_product, self.backend.fp8_dequantize)
             for i, batch in enumerate(batches):
                 if i + 1 < len(batches):
                     reader.prefetch(batches[i + 1])

@@ -48,6 +48,7 @@ from ramstream.backends.numba import (
     nearswap,
     nonfinite,
     probe,
+    quantized,
     sce,
     vectors,
 )
@@ -67,6 +68,7 @@ from ramstream.backends.numba.sources import ITEMSIZES
 from ramstream.backends.settings import BackendSettings
 from ramstream.backends.vector_sums import DIGITS, VectorLayout
 from ramstream.blocks import BlockArrays, BlockSources
+from ramstream.blocks.quantized import ScaledCodes
 from ramstream.errors import ConfigError
 from ramstream.io.reader import InputFiles
 
@@ -516,6 +518,11 @@ class NumbaBackend:
     def lora_product(self, left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
         workers = self._workers(out.size)
         lora.lora_product(left, right, scale, out, workers)
+
+    def fp8_dequantize(self, run: ScaledCodes, out: np.ndarray, code: int) -> None:
+        bm, bn = run.block
+        workers = self._workers(out.size)
+        quantized.dequantize(run.codes, run.table, run.scales, run.offset, run.cols, bm, bn, out, code, workers)
 
     def close(self) -> None:
         self._files.close()

@@ -81,4 +81,9 @@ KERNELS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ('nonfinite', '_count_exponent_part', ('array(uint16, 1d, C)', 'uint16', 'int64', 'int64')),
     ],
 }
+
+# Kernels that decode a block's inputs (an FP8 base's), called before any method's kernel.
+INPUT_KERNELS: list[tuple[str, str, tuple[str, ...]]] = [
+    ('quantized', '_dequantize_part', ('int64', 'int64', 'array(float32, 1d, C)', 'array(float32, 1d, C)', 'int64', 'int64', 'int64', 'int64', 'int64', 'int64', 'int64', 'int64', 'int64')),
+]
 # fmt: on

@@ -14,6 +14,8 @@ one no child has begun yet it compiles itself, as without children.
 
 Which kernels, with which argument types, is ``kernel_table.KERNELS``, recorded from each
 method's merge of a small family by ``tools/record_kernels.py`` (a test checks it is current).
+A run whose first call is one of ``kernel_table.INPUT_KERNELS`` (decoding a block's inputs before
+any method's kernel: an FP8 base's dequantization) hands all of the method's kernels to children.
 What is computed never changes: a run whose first call has other argument types than the
 recorded ones (another dtype) starts no child, a call of other types does not wait, and a child
 that fails or hangs costs at most ``WAIT_SECONDS`` of waiting. ``RAMSTREAM_PREWARM=0`` turns it
@@ -38,7 +40,7 @@ from typing import Any
 from numba import typeof, types
 
 from ramstream.backends.numba import workers
-from ramstream.backends.numba.kernel_table import KERNELS
+from ramstream.backends.numba.kernel_table import INPUT_KERNELS, KERNELS
 
 WAIT_SECONDS = 300.0  # the longest this process waits for a child's kernel
 MAX_CHILDREN = 4
@@ -88,6 +90,12 @@ class Kernel:
 def kernels(method: str) -> list[Kernel]:
     """The kernels a merge with ``method`` calls, in the order it first calls them."""
     return [Kernel.of(*entry) for entry in KERNELS.get(method, ())]
+
+
+def is_input_kernel(part: Any, called: tuple[types.Type, ...]) -> bool:
+    """Whether ``part`` called with types ``called`` is a recorded input kernel (any method's)."""
+    inputs = (Kernel.of(*entry) for entry in INPUT_KERNELS)
+    return any(k.dispatcher is part and k.signature[:-2] == called for k in inputs)
 
 
 @dataclass
@@ -168,6 +176,8 @@ class _Pending:
             recorded = kernels(method)
             called = tuple(typeof(a) for a in args)
             now = [p for p, k in enumerate(recorded) if k.dispatcher is part and k.signature[:-2] == called]
+            if not now and is_input_kernel(part, called):
+                now = [-1]  # the inputs decoded first: every kernel of the method comes later
             later = [(p, k) for p, k in enumerate(recorded) if now and p > now[0] and not k.cached()]
             self.spawn(method, later)
             workers.before_call(self.wait_for if self.kernels else None)

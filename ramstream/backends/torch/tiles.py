@@ -32,6 +32,7 @@ from ramstream.backends.torch.staging import ALIGN, InputRing, OutputRing, Part,
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
 from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.blocks.lora import numpy_product
+from ramstream.blocks.quantized import ScaledCodes, numpy_dequantize
 from ramstream.config import show_size
 from ramstream.errors import ConfigError, DeviceError
 from ramstream.io.reader import InputFiles
@@ -311,6 +312,10 @@ class TileBackend:
     def lora_product(self, left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
         """On the host, with numpy (the block is assembled there before it is staged)."""
         numpy_product(left, right, scale, out)
+
+    def fp8_dequantize(self, run: ScaledCodes, out: np.ndarray, code: int) -> None:
+        """On the host, with numpy, as ``lora_product``."""
+        numpy_dequantize(run, out, code)
 
     def close(self) -> None:
         for pool in (self._pool, self._workers_pool):
