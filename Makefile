@@ -48,9 +48,10 @@ TEST_ENV := NUMBA_CACHE_DIR=$(CURDIR)/.numba-cache/$(KERNELS_DIGEST)
 
 # pytest-xdist: 4 workers (twice CI's two cores: the tests spend much of their time waiting for
 # disk syncs and child processes), a test file per worker at a time (its module fixtures are built
-# once, and two workers rarely compile the same kernel at once). The tests write only under their
-# own tmp_path.
-WORKERS := -n 4 --dist loadfile
+# once), the longest files first (tests/conftest.py). The tests write only under their own
+# tmp_path. --compile-first: every method's kernels are compiled into the cache, a process per core,
+# before the first test, instead of by each worker and each CLI process the tests start.
+WORKERS := -n 4 --dist loadfile --compile-first
 
 # The tests write their checkpoints, indexes and outputs under pytest's base temp: on a tmpfs
 # (/dev/shm) where there is one with room, since a sync there costs nothing (every journal mark of a

@@ -3,9 +3,8 @@ the tests that need one; the longest test files handed out first.
 
 pytest-xdist (``--dist loadfile``) hands out whole files; by default it sorts them by their number
 of tests, which sends the files of a few long end-to-end tests last and leaves the other workers
-idle while they finish. Here the files are handed out in collection order, the longest first
-(``LONGEST_FIRST``, from ``--durations=0`` summed per file on CI's two cores), the others after
-them as collected.
+idle while they finish. Here those files (``LONG_FEW``) go first, the others after them by their
+number of tests, as xdist would.
 
 Every test process (each xdist worker) listens to Numba's ``numba:compile`` events and sums the
 top-level ones (a kernel with the helpers it compiled on the way); the controller adds up the
@@ -15,9 +14,13 @@ they compile into the same on-disk cache, so the next test process loads them in
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from typing import Any
 import pytest
 
 _COMPILED = {"seconds": 0.0, "kernels": 0}
+_FIRST: dict[str, float] = {}  # --compile-first: kernels compiled, processes, wall seconds
 _KEY = "ramstream_numba_compile"
 _STASH = pytest.StashKey[list[dict[str, float]]]()
 
@@ -49,29 +53,23 @@ def _listen() -> None:
     event.register("numba:compile", _Timer())
 
 
-# The test files that take longest (seconds in all, longest first), so that the short ones fill
-# the workers' gaps at the end instead of a long one running alone.
-LONGEST_FIRST = (
-    "test_quantized.py",
-    "test_torch_backend.py",
-    "test_resume.py",
-    "test_memory.py",
-    "test_backends.py",
-    "test_dask.py",
-    "test_moe.py",
-    "test_methods_magnitude.py",
+# Files of a few long tests (interpreter checks, end-to-end pipelines): handed out first, so that
+# they do not run alone at the end.
+LONG_FEW = (
+    "test_fused_gta_merges.py",
     "test_fused_merges.py",
     "test_agents_lab.py",
-    "test_fused_kernels.py",
-    "test_mergekit_parity.py",
-    "test_fused_gta_merges.py",
-    "test_torch_streamed.py",
-    "test_prewarm.py",
-    "test_reliability.py",
     "test_demo_sweep.py",
-    "test_lora.py",
-    "test_sweep.py",
+    "test_fused_kernels.py",
 )
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--compile-first",
+        action="store_true",
+        help="compile every method's recorded Numba kernels into the cache, a process per core, before the tests",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -79,11 +77,54 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STASH] = []
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order set below
         config.option.loadscopereorder = False
+    if config.getoption("compile_first") and not hasattr(config, "workerinput"):
+        _compile_first()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as collected
+    rank = {name: k for k, name in enumerate(LONG_FEW)}
+    count = Counter(item.path for item in items)
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[item.path]))  # stable within a file
+
+
+# A child of --compile-first: compiles the recorded kernels at the given positions of the list
+# ``recorded_kernels`` makes.
+_COMPILE = """
+import sys
+from tests.conftest import recorded_kernels
+kernels = recorded_kernels()
+for position in sys.argv[1:]:
+    kernels[int(position)].compile()
+"""
+
+
+def recorded_kernels() -> list[Any]:
+    """prewarm's ``Kernel`` of every distinct recorded kernel: each method's, then the inputs'."""
+    from ramstream.backends.numba import prewarm
+
+    entries = [entry for method in prewarm.KERNELS.values() for entry in method] + list(prewarm.INPUT_KERNELS)
+    distinct = {(module, name, tuple(types)): None for module, name, types in entries}
+    return [prewarm.Kernel.of(module, name, types) for module, name, types in distinct]
+
+
+def _compile_first() -> None:
+    """Compile the recorded kernels not cached yet, shared round-robin by a child per core."""
+    try:
+        kernels = recorded_kernels()
+    except ImportError:  # numba absent: nothing compiles
+        return
+    start = time.perf_counter()
+    todo = [str(k) for k, kernel in enumerate(kernels) if not kernel.cached()]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    processes = max(1, min(cores, 4))
+    shares = [todo[k::processes] for k in range(processes)]
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    children = [subprocess.Popen([sys.executable, "-c", _COMPILE, *share], env=env) for share in shares if share]
+    for child in children:
+        if child.wait(timeout=900):
+            raise pytest.UsageError(f"--compile-first: a child compiling kernels {child.args[3:]} failed")
+    _FIRST.update(kernels=len(todo), processes=len(children), seconds=time.perf_counter() - start)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -103,6 +144,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     parts = config.stash[_STASH] or [_COMPILED]
     seconds = sum(p["seconds"] for p in parts)
     kernels = sum(p["kernels"] for p in parts)
+    if _FIRST:
+        terminalreporter.write_line(
+            f"numba: --compile-first compiled {_FIRST['kernels']:.0f} recorded kernels in "
+            f"{_FIRST['seconds']:.1f} s before the tests ({_FIRST['processes']:.0f} processes)"
+        )
     terminalreporter.write_line(
         f"numba: {kernels} kernel compiles took {seconds:.1f} s in all "
         f"(summed over {len(parts)} test process(es); subprocesses not counted)"
