@@ -207,7 +207,7 @@ def plan_from_tensors(
         if not t.merged:
             continue
         unit = _row(t) * (bands or {}).get(t.name, 1)
-        aligned = row_aligned or unit > _row(t)
+        aligned = row_aligned or t.name in (bands or {})  # a band of one row (per-channel scales) too
         step = max(1, block_elems // unit) * unit if aligned else block_elems
         for start in range(0, t.numel, step):
             blocks.append(Block(len(blocks), ti, start, min(start + step, t.numel)))

@@ -248,20 +248,28 @@ def test_deepseek_moe_every_budget_and_backend(deepseek: tuple[Family, Path], tm
     _same(_merge(fam.base, fam, tmp_path / "torch", "ties", given, backend="torch", block_elems=1 << 16), converted)
 
 
+@pytest.fixture(scope="module")
+def deepseek_channel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Family, Path]:
+    """The same experts in compressed-tensors' FP8 with a scale per channel (row)."""
+    root = tmp_path_factory.mktemp("deepseek-channel")
+    return build_fp8_family(root, shapes=deepseek_shapes(2, 24), densities=(0.05, 0.4), seed=7, strategy="channel")
+
+
 KILLS = {
-    "probe": ("ram+", "progress/probe/c.1", []),
-    "merge": ("ties", "journal/merge/c.1", []),
-    "merge-fp8-out": ("ties", "journal/merge/c.1", ["--out-dtype", "fp8"]),
+    "probe": ("ram+", "progress/probe/c.1", [], "deepseek"),
+    "merge": ("ties", "journal/merge/c.1", [], "deepseek"),
+    "merge-fp8-out": ("ties", "journal/merge/c.1", ["--out-dtype", "fp8"], "deepseek"),
+    "merge-fp8-out-channel": ("ties", "journal/merge/c.1", ["--out-dtype", "fp8"], "deepseek_channel"),
 }
 
 
 @pytest.mark.slow  # three CLI processes per case
 @pytest.mark.parametrize("where", list(KILLS))
 def test_killed_mid_pass_the_rerun_gives_the_same_bytes(
-    deepseek: tuple[Family, Path], tmp_path: Path, where: str
+    request: pytest.FixtureRequest, tmp_path: Path, where: str
 ) -> None:
-    fam, _ = deepseek
-    method, step, more = KILLS[where]
+    method, step, more, family = KILLS[where]
+    fam, _ = request.getfixturevalue(family)
     opts = ["--method", method, *(["--density", "0.3"] if method == "ties" else []), "--memory", "16MiB", "--quiet"]
     opts += more
     members = [fam.base, *fam.agents]
@@ -468,7 +476,8 @@ def test_out_dtype_fp8_writes_the_bases_scheme(fp8: tuple[Family, Path], tmp_pat
         assert_bit_identical(out, expected)
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"] == quantization_config()
-    assert "scales recomputed per block" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "scales recomputed from the merged values (one per block, channel or tensor" in card
     again = tmp_path / "again"  # the output is an FP8 base like the one it came from
     ok(in_process("merge", out, *fam.agents, "--out", again, "--cache-dir", tmp_path / "c"))
 

@@ -6,6 +6,8 @@ the test quantizes its linear weights, writes bf16 agents trained from it, merge
 real CLI, and loads the output with ``AutoModelForCausalLM``: the bf16 output (``quantization_config``
 dropped) and the ``--out-dtype fp8`` one (transformers dequantizes it on a machine without a GPU)
 both load with no missing or unexpected weight, hold what ramstream wrote, and run a forward pass.
+The same model with compressed-tensors' per-channel scales is loaded the same way where the
+``compressed-tensors`` package (through which transformers reads that scheme) is installed.
 """
 
 from __future__ import annotations
@@ -117,3 +119,60 @@ def test_the_fp8_merge_loads_in_transformers_as_ramstream_reads_it(
     expanded = scale.repeat_interleave(BLOCK, 0)[:rows].repeat_interleave(BLOCK, 1)[:, :cols]
     ours = (written[name].to(torch.float32) * expanded).to(torch.bfloat16)
     assert torch.equal(loaded[name], ours)
+
+
+CT_WEIGHTS = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False}
+CT_ACTIVATIONS = {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True, "dynamic": True}
+CT_SCHEME = {
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {
+        "group_0": {"targets": ["Linear"], "weights": CT_WEIGHTS, "input_activations": CT_ACTIVATIONS},
+    },
+    "ignore": ["lm_head"],
+}
+
+
+def test_the_fp8_merge_of_a_compressed_tensors_base_loads_in_transformers(
+    family: tuple[Path, list[Path]], tmp_path: Path
+) -> None:
+    """The same model with compressed-tensors' per-channel scales (activations quantized
+    dynamically, so no input scales): its FP8 merge loads and holds what ramstream wrote."""
+    pytest.importorskip(
+        "compressed_tensors", reason="transformers reads compressed-tensors checkpoints through that package"
+    )
+    base, agents = family
+    tensors = safetensors_torch.load_file(str(base / "model.safetensors"))
+    ct: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        if name.endswith("_scale_inv"):
+            continue
+        if tensor.dtype != torch.float8_e4m3fn:
+            ct[name] = tensor
+            continue
+        rows, cols = tensor.shape
+        scale = tensors[name + "_scale_inv"].repeat_interleave(BLOCK, 0)[:rows].repeat_interleave(BLOCK, 1)[:, :cols]
+        value = tensor.to(torch.float32) * scale
+        per_row = torch.clamp(value.abs().amax(dim=1, keepdim=True) / 448.0, min=1e-12)
+        ct[name], ct[name + "_scale"] = (value / per_row).to(torch.float8_e4m3fn), per_row
+    config = {**json.loads((base / "config.json").read_text()), "quantization_config": CT_SCHEME}
+    ct_base = _write(tmp_path / "ct-base", ct, config)
+    out = tmp_path / "merged-ct"
+    args = ["merge", str(ct_base), *map(str, agents), "--out", str(out), "--cache-dir", str(tmp_path / "index")]
+    result = CliRunner().invoke(main, [*args, "--out-dtype", "fp8"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "config.json").read_text())["quantization_config"] == CT_SCHEME
+    written = safetensors_torch.load_file(str(out / "model.safetensors"))
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert written[name].dtype == torch.float8_e4m3fn
+    assert written[name + "_scale"].shape == ct[name + "_scale"].shape
+    quantization = transformers.CompressedTensorsConfig(run_compressed=False)  # decompressed: runs on a CPU
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        str(out), quantization_config=quantization, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert torch.isfinite(model(torch.tensor([[1, 2, 3, 4]])).logits).all()
+    ours = written[name].to(torch.float32) * written[name + "_scale"]
+    loaded = model.state_dict()[name].to(torch.float32)
+    assert torch.allclose(loaded, ours, rtol=2**-7, atol=0)

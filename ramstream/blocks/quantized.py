@@ -230,18 +230,48 @@ def encode_fp8(values: np.ndarray, dtype: str) -> np.ndarray:
     return np.where(np.isnan(values), nan, code).astype(np.uint8)
 
 
-def quantize_bands(values: np.ndarray, cols: int, block: tuple[int, int], dtype: str) -> tuple[np.ndarray, np.ndarray]:
+def quantize_bands(
+    values: np.ndarray, cols: int, block: tuple[int, int], dtype: str, scale_dtype: str = "F32"
+) -> tuple[np.ndarray, np.ndarray]:
     """``(codes, scales)`` of whole rows of a tensor (float32, flat, starting at a band of
     ``block[0]`` rows): per block of bm x bn, scale = f32(max |v|) / f32(largest finite) (1 for
-    an all-zero block), code = fp8(f32(v / scale)); scales (bands, ceil(cols / bn)) float32."""
+    an all-zero block), code = fp8(f32(v / scale)); scales (bands, ceil(cols / bn)) float32.
+    A per-channel scale is a block of 1 x cols, a per-tensor one a block of rows x cols; either
+    way a few rows are handled at a time, so a band as large as a whole tensor needs no
+    temporaries of its size.
+
+    ``scale_dtype`` (the base's scale tensors' dtype): the scales are rounded to it (to nearest,
+    ties to even, kept within its positive finite range) before the codes are computed, so a
+    code times its stored scale is the value a reader gets back."""
     bm, bn = block
     rows = values.size // cols
     bands, scale_cols = -(-rows // bm), -(-cols // bn)
-    padded = np.zeros((bands * bm, scale_cols * bn), np.float32)
-    padded[:rows, :cols] = values.reshape(rows, cols)
-    amax = np.abs(padded).reshape(bands, bm, scale_cols, bn).max(axis=(1, 3))
+    step = max(1, ROUND_CHUNK // max(cols, 1))  # rows at a time: the temporaries stay small
+    amax = np.zeros((bands, scale_cols), np.float32)
+    for r0 in range(0, rows, step):
+        chunk = np.abs(values[r0 * cols : min(r0 + step, rows) * cols].reshape(-1, cols))
+        per_group = np.maximum.reduceat(chunk, np.arange(0, cols, bn), axis=1)  # (chunk rows, scale_cols)
+        np.maximum.at(amax, np.arange(r0, r0 + chunk.shape[0]) // bm, per_group)
     scales = np.where(amax > 0, amax / _positive_fp8(dtype)[-1], np.float32(1)).astype(np.float32)
-    per_element = np.repeat(np.repeat(scales, bm, axis=0), bn, axis=1)[:rows, :cols].reshape(-1)
-    with np.errstate(over="ignore", invalid="ignore"):
-        codes = encode_fp8((values / per_element).astype(np.float32), dtype)
+    if scale_dtype != "F32":
+        scales = _rounded_scales(scales, FLOAT_CODES[scale_dtype])
+    codes = np.empty(values.size, np.uint8)
+    for r0 in range(0, rows, step):
+        r1 = min(r0 + step, rows)
+        per_element = np.repeat(scales[np.arange(r0, r1) // bm], bn, axis=1)[:, :cols].reshape(-1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            scaled = (values[r0 * cols : r1 * cols] / per_element).astype(np.float32)
+        codes[r0 * cols : r1 * cols] = encode_fp8(scaled, dtype)
     return codes, scales
+
+
+# The smallest and largest positive finite value of a 2-byte scale format (exact in float32).
+SCALE_RANGE = {FloatCode.F16: (2.0**-24, 65504.0), FloatCode.BF16: (2.0**-133, (2 - 2.0**-7) * 2.0**127)}
+
+
+def _rounded_scales(scales: np.ndarray, code: FloatCode) -> np.ndarray:
+    """float32 ``scales`` rounded to format ``code`` and back, clamped to its smallest and largest
+    positive finite values (an f16 scale underflowing to 0 would make every code NaN)."""
+    rounded = codecs.decode(codecs.encode(scales, code), code)
+    low, high = SCALE_RANGE.get(code, (0.0, np.inf))
+    return np.clip(rounded, np.float32(low), np.float32(high)).astype(np.float32)

@@ -127,6 +127,9 @@ class Checkpoint:
     described_by: tuple[Path, ...] = ()
     quantized: dict[str, QuantRef] = field(default_factory=dict)  # tensors read dequantized (their scales apart)
     scheme: QuantScheme | None = None  # set when ``quantized`` is not empty
+    # Static activation scales (``*.input_scale``): read by no method; written back, as they are,
+    # beside an output in the checkpoint's own FP8 scheme, whose quantization_config names them.
+    activation_scales: dict[str, TensorRef] = field(default_factory=dict)
 
     @property
     def files(self) -> tuple[Path, ...]:

@@ -189,9 +189,11 @@ def _compressed_tensors(checkpoint: Checkpoint, config_path: Path, config: dict[
 
 def _paired(checkpoint: Checkpoint, suffix: str, dtype: str, strategies: Strategies, scheme: QuantScheme) -> Checkpoint:
     """Each ``<weight><suffix>`` scale paired with its weight as a ``QuantRef`` and taken out of
-    the tensors, activation scales dropped; anything that does not fit is refused."""
+    the tensors, activation scales set apart (``activation_scales``); anything that does not fit
+    is refused."""
     tensors = dict(checkpoint.tensors)
     quantized: dict[str, QuantRef] = {}
+    activation: dict[str, TensorRef] = {}
     for name in list(checkpoint.tensors):
         if name.endswith(ZERO_POINT_SUFFIX):
             raise UnsupportedDtypeError(
@@ -199,7 +201,7 @@ def _paired(checkpoint: Checkpoint, suffix: str, dtype: str, strategies: Strateg
                 f"ramstream does not read; {CONVERT}"
             )
         if name.endswith(ACTIVATION_SCALE_SUFFIX):
-            del tensors[name]  # how activations were quantized: nothing a dequantized model uses
+            activation[name] = tensors.pop(name)  # how activations were quantized: no value of the model
         elif name.endswith(suffix):
             scale = tensors.pop(name)
             weight = _checked_weight(scale, tensors.get(name[: -len(suffix)]), dtype, suffix)
@@ -212,7 +214,7 @@ def _paired(checkpoint: Checkpoint, suffix: str, dtype: str, strategies: Strateg
             )
     if not quantized:
         return checkpoint
-    return replace(checkpoint, tensors=tensors, quantized=quantized, scheme=scheme)
+    return replace(checkpoint, tensors=tensors, quantized=quantized, scheme=scheme, activation_scales=activation)
 
 
 def _block_of(scale: TensorRef, weight: TensorRef, strategies: Strategies) -> tuple[int, int]:

@@ -157,9 +157,7 @@ class MergeBlocks:
         return Staged(runs, self.writer.staging_runs(slot, runs), where)
 
     def _fp8_of(self, block: Block) -> fp8_out.Fp8Tensor:
-        tensor = self.job.plan.tensors[block.tensor]
-        block_shape = self.job.family.base.quantized[tensor.name].block
-        return fp8_out.Fp8Tensor(tensor.name, tensor.shape, block_shape, self.job.out_dtypes[block.tensor])
+        return fp8_out.Fp8Tensor.like(self.job.family.base.quantized[self.job.plan.tensors[block.tensor].name])
 
     def out_of(self, staged: Staged, i: int, block: Block) -> tuple[np.ndarray, int]:
         """Block ``i`` of the batch's output (its format's raw carrier) and format code; for a
@@ -387,6 +385,7 @@ def run_merges(
     writers = [ShardWriter(job.layout, work) for job, work in zip(jobs, works, strict=True)]
     work = MergeWork(jobs, writers, journal, works, outputs, journal_dir)
     try:
+        _copy_activation_scales(first, writers)  # first: no block marked done before they are written
         executor.run(work, first.family, plan, todo, progress)
         with InputFiles() as files:
             for k, t in enumerate(copies):
@@ -403,6 +402,22 @@ def run_merges(
             writer.close()
         progress.close()
     return dict(work.failed)
+
+
+def _copy_activation_scales(job: MergeJob, writers: Sequence[ShardWriter]) -> None:
+    """Copy the base's static activation scales into the outputs whose layout holds them (an
+    output in the base's FP8 scheme): a few bytes each, rewritten by every run until the pass is
+    done, so a resumed merge has them too."""
+    scales = job.family.base.activation_scales
+    if not scales or not any(name in w.layout.placements for w in writers for name in scales):
+        return
+    with InputFiles() as files:
+        for name, ref in scales.items():
+            data = bytes(files.byte_range(ref, 0, ref.entry.nbytes))
+            files.release(ref, 0, ref.entry.numel)
+            for writer in writers:
+                if data and name in writer.layout.placements:
+                    writer.write(name, 0, data)
 
 
 def _copy_tensor(

@@ -97,7 +97,8 @@ def _quantized(family: Family, record: dict[str, Any]) -> list[str]:
     if family.base.scheme is not None and record["run"]["out_dtype"] == "fp8":
         lines.append(
             "The merged tensors the base stores quantized are written in its scheme, their scales recomputed "
-            "per block from the merged values, and config.json keeps its `quantization_config`."
+            "from the merged values (one per block, channel or tensor, as the base has them, with the base's "
+            "names, dtypes and shapes), and config.json keeps its `quantization_config`."
         )
     elif family.base.scheme is not None:
         out = record["run"]["out_dtype"]

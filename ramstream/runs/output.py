@@ -10,6 +10,7 @@ merge`` writes with the same arguments.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from ramstream.version import __version__
 
 OutDtype = Literal["auto", "bf16", "f16", "f32", "fp8"]
 QUANTIZED_OUT_DTYPE = "BF16"  # what a quantized base tensor is written as by default
+FP8_OUT_METHODS = ("fp8", "compressed-tensors")  # the schemes --out-dtype fp8 writes back
 
 
 @dataclass(frozen=True)
@@ -120,14 +122,18 @@ def plan_output(
 
 
 def shard_layout(output: OutputPlan, plan: Plan, family: Family) -> ShardLayout:
-    """The output's tensors in the shards; a tensor written in FP8 is followed by its scales."""
+    """The output's tensors in the shards; a tensor written in FP8 is followed by its scales (the
+    base's scale tensor: its name, dtype and shape), and an output in FP8 ends with the base's
+    static activation scales."""
     entries: list[tuple[str, str, tuple[int, ...], int]] = []
     for dtype, t in zip(output.dtypes, plan.tensors, strict=True):
         entries.append((t.name, dtype, t.shape, t.numel * ITEMSIZE[dtype]))
         if dtype in FP8_FLOATS:
-            bm, bn = family.base.quantized[t.name].block
-            shape = (-(-t.shape[0] // bm), -(-t.shape[1] // bn))
-            entries.append((t.name + fp8_out.SCALE_SUFFIX, "F32", shape, 4 * shape[0] * shape[1]))
+            fp8 = fp8_out.Fp8Tensor.like(family.base.quantized[t.name])
+            entries.append((fp8.scale_name, fp8.scale_dtype, fp8.scale_shape, fp8.scale_nbytes))
+    if any(d in FP8_FLOATS for d in output.dtypes):  # the scheme's static activation scales, as the base has them
+        for name, ref in family.base.activation_scales.items():
+            entries.append((name, ref.entry.dtype, ref.entry.shape, ref.entry.nbytes))
     return plan_shards(entries, int(output.run["shard_size"]))
 
 
@@ -341,19 +347,26 @@ def check_rows_fit(plan: Plan, spec: MethodSpec, family: Family, options: RunOpt
 
 
 def check_bands_fit(plan: Plan, bands: dict[str, int], family: Family, options: RunOptions, out_itemsize: int) -> None:
-    """A tensor written in FP8 holds a band of its scales' rows per block: refuse a band the
-    budget cannot hold, naming the tensor and the --memory that would do."""
+    """A tensor written in FP8 holds a band of its scales' rows per block (a per-tensor scale: the
+    whole tensor): refuse a band the budget cannot hold, naming the tensor and the --memory that
+    would do."""
     if not bands or options.block_elems is not None:
         return
     per_element = bytes_per_element(family, out_itemsize)
     fits = elements_within(options.memory, per_element)
     for t in plan.tensors:
-        band = row_elements(t) * bands.get(t.name, 0)
+        rows = min(bands.get(t.name, 0), t.shape[0] if t.shape else 1)
+        band = row_elements(t) * rows
         if band > fits:
+            one_scale = math.prod(family.base.quantized[t.name].scale.entry.shape) == 1
+            what = (
+                f"one scale for the whole tensor, so a block holds all its {band} elements, which need"
+                if one_scale
+                else f"a scale per {bands[t.name]} rows, and a band of {band} elements needs"
+            )
             raise ConfigError(
-                f"tensor {t.name!r}: --out-dtype fp8 writes a scale per {bands[t.name]} rows, and a band of "
-                f"{band} elements needs more than --memory {show_size(options.memory)}; pass --memory "
-                f"{_mib(memory_for(band, per_element))} or more"
+                f"tensor {t.name!r}: --out-dtype fp8 writes {what} more than --memory "
+                f"{show_size(options.memory)}; pass --memory {_mib(memory_for(band, per_element))} or more"
             )
 
 
@@ -380,13 +393,14 @@ def out_dtypes(family: Family, out_dtype: OutDtype) -> tuple[str, ...]:
 
 def _fp8_dtypes(family: Family) -> tuple[str, ...]:
     """``--out-dtype fp8``: the tensors the base stores in FP8 written in its scheme, the others as
-    the base stores them; only for a base of the fp8 scheme (block scales, ``_scale_inv``)."""
+    the base stores them; for a base of the fp8 scheme (block scales, ``_scale_inv``) or of
+    compressed-tensors' FP8 (``_scale`` per tensor, channel or block)."""
     base = family.base
-    if base.scheme is None or base.scheme.method != "fp8":
+    if base.scheme is None or base.scheme.method not in FP8_OUT_METHODS:
         stored = "is not stored quantized" if base.scheme is None else f"is stored in {base.scheme.summary}"
         raise ConfigError(
-            f"--out-dtype fp8 writes the merge in the base's own FP8 scheme (quant_method fp8, block scales), "
-            f"but the base {base.path} {stored}; use --out-dtype bf16"
+            f"--out-dtype fp8 writes the merge in the base's own FP8 scheme (quant_method fp8, or "
+            f"compressed-tensors float-quantized), but the base {base.path} {stored}; use --out-dtype bf16"
         )
     return tuple(
         base.quantized[name].weight.entry.dtype if name in base.quantized else ref.entry.dtype
