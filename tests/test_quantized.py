@@ -75,7 +75,8 @@ def _merge(
     return read_model_dir(out)
 
 
-def _same(got: dict[str, Any], expected: dict[str, Any]) -> None:
+def same_tensors(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    """The same tensors, dtypes, shapes and bytes (``read_model_dir``'s view of two outputs)."""
     assert sorted(got) == sorted(expected)
     for name in expected:
         assert got[name][:2] == expected[name][:2], name
@@ -90,7 +91,7 @@ def test_fp8_base_merges_as_its_f32_conversion(
     converted = _merge(as_f32, fam, tmp_path / "f32", method, given)
     for block in (192, 4096):  # blocks that start mid-row and mid-band of 128 rows; whole tensors
         quantized = _merge(fam.base, fam, tmp_path / f"fp8-{block}", method, given, block_elems=block)
-        _same(quantized, converted)
+        same_tensors(quantized, converted)
     assert not any(name.endswith("_scale_inv") for name in converted)
 
 
@@ -103,7 +104,7 @@ def test_fp8_base_matches_the_dense_reference(fp8: tuple[Family, Path], tmp_path
 def test_e5m2_base(tmp_path: Path) -> None:
     fam, as_f32 = build_fp8_family(tmp_path / "fam", fmt="e5m2", seed=4)
     quantized = _merge(fam.base, fam, tmp_path / "fp8", "ram+", {}, block_elems=320)
-    _same(quantized, _merge(as_f32, fam, tmp_path / "f32", "ram+", {}))
+    same_tensors(quantized, _merge(as_f32, fam, tmp_path / "f32", "ram+", {}))
     assert_bit_identical(tmp_path / "fp8", reference_merge(fam, out_dtype="bf16"))
 
 
@@ -205,7 +206,7 @@ def test_torch_backend_writes_the_bytes_of_the_f32_conversion(
     pytest.importorskip("torch")
     fam, as_f32 = fp8
     converted = _merge(as_f32, fam, tmp_path / "f32", method, given)
-    _same(_merge(fam.base, fam, tmp_path / "torch", method, given, backend="torch", block_elems=2048), converted)
+    same_tensors(_merge(fam.base, fam, tmp_path / "torch", method, given, backend="torch", block_elems=2048), converted)
 
 
 # -- a DeepSeek-shaped mixture of experts: many FP8 experts, many batches, kill -9 and resume -------
@@ -243,9 +244,10 @@ def test_deepseek_moe_every_budget_and_backend(deepseek: tuple[Family, Path], tm
     given = {"density": 0.3}
     converted = _merge(as_f32, fam, tmp_path / "f32", "ties", given)
     for block in (4096, 1 << 18):  # blocks that cut rows and bands of 128 rows; many tensors a block
-        _same(_merge(fam.base, fam, tmp_path / f"fp8-{block}", "ties", given, block_elems=block), converted)
+        same_tensors(_merge(fam.base, fam, tmp_path / f"fp8-{block}", "ties", given, block_elems=block), converted)
     pytest.importorskip("torch")
-    _same(_merge(fam.base, fam, tmp_path / "torch", "ties", given, backend="torch", block_elems=1 << 16), converted)
+    on_torch = _merge(fam.base, fam, tmp_path / "torch", "ties", given, backend="torch", block_elems=1 << 16)
+    same_tensors(on_torch, converted)
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +315,7 @@ def test_compressed_tensors_scales(tmp_path: Path, strategy: str) -> None:
     fam, as_f32 = build_fp8_family(tmp_path / "fam", strategy=strategy, seed=5)
     for method, given in (("ram+", {}), ("ties", {"density": 0.3})):
         converted = _merge(as_f32, fam, tmp_path / f"f32-{method}", method, given)
-        _same(_merge(fam.base, fam, tmp_path / f"fp8-{method}", method, given, block_elems=320), converted)
+        same_tensors(_merge(fam.base, fam, tmp_path / f"fp8-{method}", method, given, block_elems=320), converted)
     assert_bit_identical(tmp_path / "fp8-ram+", reference_merge(fam, out_dtype="bf16"))
     config = json.loads((tmp_path / "fp8-ram+" / "config.json").read_text())
     assert "quantization_config" not in config
@@ -382,14 +384,14 @@ def test_mxfp4_base_merges_as_its_f32_conversion(
     fam, as_f32 = mxfp4
     converted = _merge(as_f32, fam, tmp_path / "f32", method, given)
     for block in (192, 1 << 16):  # blocks that cut an expert's rows and groups of 32; whole tensors
-        _same(_merge(fam.base, fam, tmp_path / f"mx-{block}", method, given, block_elems=block), converted)
+        same_tensors(_merge(fam.base, fam, tmp_path / f"mx-{block}", method, given, block_elems=block), converted)
     assert not any(name.endswith(("_blocks", "_scales")) for name in converted)
     if method == "ram+":
         assert_bit_identical(tmp_path / "mx-192", reference_merge(fam, out_dtype="bf16"))
         config = json.loads((tmp_path / "mx-192" / "config.json").read_text())
         assert "quantization_config" not in config
     pytest.importorskip("torch")
-    _same(_merge(fam.base, fam, tmp_path / "torch", method, given, backend="torch", block_elems=320), converted)
+    same_tensors(_merge(fam.base, fam, tmp_path / "torch", method, given, backend="torch", block_elems=320), converted)
 
 
 GATE_UP = "model.layers.0.mlp.experts.gate_up_proj"

@@ -32,7 +32,7 @@ from tests.quantized_families import (
     write_dir,
 )
 from tests.test_cli import in_process, ok, one_line_error
-from tests.test_quantized import reference_density
+from tests.test_quantized import reference_density, same_tensors
 
 DENSITIES = (0.05, 0.4, 0.5)
 METHODS: list[tuple[str, dict[str, Any], list[str]]] = [
@@ -66,25 +66,18 @@ def _api_merge(base: Path, fam: Family, out: Path, method: str, given: dict[str,
     return read_model_dir(out)
 
 
-def _same(got: dict[str, Any], expected: dict[str, Any]) -> None:
-    assert sorted(got) == sorted(expected)
-    for name in expected:
-        assert got[name][:2] == expected[name][:2], name
-        assert got[name][2].tobytes() == expected[name][2].tobytes(), name
-
-
 @pytest.mark.parametrize(("method", "given", "flags"), METHODS, ids=[m for m, _, _ in METHODS])
 def test_the_default_merges_as_the_bf16_conversion(
     trained: tuple[Family, Path, Path], tmp_path: Path, method: str, given: dict[str, Any], flags: list[str]
 ) -> None:
     fam, as_bf16, _ = trained
     expected = _cli_merge(as_bf16, fam, tmp_path / "bf16", ["--method", method, *flags])
-    _same(_cli_merge(fam.base, fam, tmp_path / "auto", ["--method", method, *flags]), expected)
+    same_tensors(_cli_merge(fam.base, fam, tmp_path / "auto", ["--method", method, *flags]), expected)
     bf16 = ["--method", method, *flags, "--quantized-base-as", "bf16"]
-    _same(_cli_merge(fam.base, fam, tmp_path / "explicit", bf16, "--memory", "16MiB"), expected)
+    same_tensors(_cli_merge(fam.base, fam, tmp_path / "explicit", bf16, "--memory", "16MiB"), expected)
     for block in (192, 4096):  # blocks that start mid-row and mid-band of 128 rows
         got = _api_merge(fam.base, fam, tmp_path / f"api-{block}", method, given, base_as="bf16", block_elems=block)
-        _same(got, expected)
+        same_tensors(got, expected)
     card = (tmp_path / "auto" / "README.md").read_text()
     assert "then rounded to bf16 as its bf16 conversion holds them" in card
 
@@ -92,7 +85,7 @@ def test_the_default_merges_as_the_bf16_conversion(
 def test_torch_backend_merges_as_the_bf16_conversion(trained: tuple[Family, Path, Path], tmp_path: Path) -> None:
     fam, as_bf16, _ = trained
     expected = _api_merge(as_bf16, fam, tmp_path / "bf16", "ram+", {})
-    _same(_api_merge(fam.base, fam, tmp_path / "torch", "ram+", {}, backend="torch", block_elems=2048), expected)
+    same_tensors(_api_merge(fam.base, fam, tmp_path / "torch", "ram+", {}, backend="torch", block_elems=2048), expected)
 
 
 def test_f32_keeps_the_dequantized_values(trained: tuple[Family, Path, Path], tmp_path: Path) -> None:
@@ -100,7 +93,7 @@ def test_f32_keeps_the_dequantized_values(trained: tuple[Family, Path, Path], tm
     f32 = ["--quantized-base-as", "f32"]
     expected = _cli_merge(as_f32, fam, tmp_path / "as-f32", [])
     got = _cli_merge(fam.base, fam, tmp_path / "f32", f32)
-    _same(got, expected)
+    same_tensors(got, expected)
     other = _cli_merge(as_bf16, fam, tmp_path / "as-bf16", [])
     assert any(got[n][2].tobytes() != other[n][2].tobytes() for n in QUANTIZED), "the setting changes the merge"
     assert "rounded to" not in (tmp_path / "f32" / "README.md").read_text()
@@ -186,7 +179,7 @@ def test_f16_merges_as_the_f16_conversion(trained: tuple[Family, Path, Path], tm
     }
     base_f16 = write_dir(tmp_path / "base-f16", as_f16, {"model_type": "deepseek_v3", "torch_dtype": "float16"})
     expected = _cli_merge(base_f16, fam, tmp_path / "as-f16", [])
-    _same(_cli_merge(fam.base, fam, tmp_path / "f16", ["--quantized-base-as", "f16"]), expected)
+    same_tensors(_cli_merge(fam.base, fam, tmp_path / "f16", ["--quantized-base-as", "f16"]), expected)
 
 
 def test_mxfp4_read_as_bf16(tmp_path: Path) -> None:
@@ -202,7 +195,7 @@ def test_mxfp4_read_as_bf16(tmp_path: Path) -> None:
     expected = _api_merge(as_bf16, fam, tmp_path / "as-bf16", "ties", {"density": 0.3})
     for setting in ("auto", "bf16"):
         got = _api_merge(fam.base, fam, tmp_path / setting, "ties", {"density": 0.3}, base_as=setting, block_elems=192)
-        _same(got, expected)
+        same_tensors(got, expected)
 
 
 def test_sweep_reads_the_base_as_told(trained: tuple[Family, Path, Path], tmp_path: Path) -> None:
@@ -213,7 +206,7 @@ def test_sweep_reads_the_base_as_told(trained: tuple[Family, Path, Path], tmp_pa
         grid = ["--grid", "ram+:r=0.1", "--out-dtype", "bf16", "--quantized-base-as", setting, "--quiet"]
         ok(in_process("sweep", *members, "--out", out, *grid, "--cache-dir", cache))
         (candidate,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
-        _same(read_model_dir(candidate), _cli_merge(converted, fam, tmp_path / f"as-{setting}", ["--r", "0.1"]))
+        same_tensors(read_model_dir(candidate), _cli_merge(converted, fam, tmp_path / f"as-{setting}", ["--r", "0.1"]))
 
 
 def _set_header(index: Path, value: object) -> None:
