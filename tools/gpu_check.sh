@@ -19,8 +19,9 @@
 #       6 GB family written first included (BENCH_METHODS=ram+,ties,... runs fewer merges).
 set -u
 
-# What the image lacks (docs/torch.md, "On a lent GPU machine"): zarr and its dependencies.
-MISSING=(zarr numcodecs donfig crc32c google-crc32c typing_extensions packaging pyyaml)
+# What the image lacks (docs/torch.md, "On a lent GPU machine"): zarr and its dependencies, at the
+# versions `make install` resolves here (zarr from 3.2 needs msgspec too, and is untested here).
+MISSING=(zarr==3.1.6 numcodecs==0.16.6 donfig crc32c google-crc32c typing_extensions packaging pyyaml)
 
 usage() {
     sed -n '2,20p' "$0" >&2
