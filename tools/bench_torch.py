@@ -14,7 +14,8 @@ with the torch ops instead of the fused kernels), then each merge of ``PASSES`` 
 the statistics it gathers into the index, then with them cached), written to /dev/shm; torch again
 under ``--gpu-memory 2GiB``; RAM+ also with the torch ops and written to the data's disk. Each as
 GB/s of input and % of the slowest floor; every torch output compared byte for byte with Numba's;
-the kernels a torch pass launches per GB (the profiler's device kernels) and their busy time. The
+the kernels a torch pass launches per GB (the profiler's device kernels) and their busy time; the
+host's own time by function in a RAM+ and a TIES merge on torch (cProfile, to the log). The
 warm-up family's merges run first, so no timing includes a compile. ``--cuda --device cpu
 --family quick`` runs the same steps with torch on the CPU (a dry run where there is no GPU).
 
@@ -260,6 +261,21 @@ class GpuBench:
         )
         bench_spine.log(f"{what} on {name}: {count} launches ({count / self.gb:.0f} per GB), kernels {busy:.2f} s")
 
+    def host_profile(self, what: str, run: Callable[[], object]) -> None:
+        """Where the host's time goes in a torch pass (the main thread, which drives the streams):
+        the functions by their own time, to the log."""
+        import cProfile
+        import io
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        run()
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+        bench_spine.log(f"host profile of {what} on torch (the main thread, by own time):\n{text.getvalue()}")
+
     def run(self, methods: list[str]) -> None:
         runs = self.runs
         index = {e: runs / f"{e.replace(' ', '-')}.zarr" for e in ("numba", "torch")}
@@ -304,6 +320,9 @@ class GpuBench:
                     self.timed(f"{method} written to disk", engine, self.merge(engine, method, index[engine], disk))
                     self.same(f"{method} written to disk", engine, disk, reference)
                 self.launches(method, self.merge("torch", method, index["torch"], out), ops=True)
+                shutil.rmtree(out, ignore_errors=True)
+            if method in ("ram+", "ties"):
+                self.host_profile(method, self.merge("torch", method, index["torch"], out))
                 shutil.rmtree(out, ignore_errors=True)
             self.launches(method, self.merge("torch", method, index["torch"], out))
         finally:
