@@ -67,7 +67,14 @@ run | bench)
     cd "$repo" || exit 1
     step device "$logs/device.txt" "$python" -c "
 import torch
-print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())
+import numba, numpy
+try:
+    import triton
+    triton_version = triton.__version__
+except ImportError:
+    triton_version = None
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(),
+      'triton', triton_version, 'numba', numba.__version__, 'numpy', numpy.__version__)
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(torch.cuda.get_device_name(0), p.total_memory // 2**20, 'MiB', p.multi_processor_count, 'SMs')
