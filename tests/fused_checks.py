@@ -674,7 +674,8 @@ def sums_merges(scratch: Path) -> None:
 
 def merges(scratch: Path) -> None:
     """RAM and RAM+ merges (the probe pass included) with the torch backend on the CPU, its fused
-    kernels interpreted, on BF16, F16 and F32 families: the Numba bytes, every tile fused."""
+    kernels interpreted, one method on each of the BF16, F16 and F32 families: the Numba bytes, every
+    tile fused."""
     calls = {"ram": 0, "probe": 0}
     _count(fused_ram, "merge_tile", calls, "ram")
     _count(fused_probe, "probe_tile_launch", calls, "probe")
@@ -763,20 +764,30 @@ def _overflow_refused(scratch: Path) -> None:
     assert len(messages) == 2 and messages[0] == messages[1] and "f16" in messages[0], messages
 
 
+# The families of ``_merges``, taken in turn: BF16, F16 in one file, F32.
+FAMILY_FORMATS = (("BF16", False), ("F16", True), ("F32", False))
+
+
 def _merges(scratch: Path, methods: list[tuple[str, dict[str, object]]]) -> None:
+    """Each method through the API, Numba's bytes against the fused kernels', on the next family
+    of ``FAMILY_FORMATS`` in turn: a check of three methods or more runs every format through
+    the API, and each kernel meets every format on its own in the ``*_tiles`` checks. (Every
+    method on every format cost three times the interpreter's time for no other path.)"""
     from tests.families import build_family
     from tests.test_backends import _merge
 
     shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
-    for dtype, single in (("BF16", False), ("F16", True), ("F32", False)):
-        (scratch / dtype).mkdir(parents=True)
-        family = build_family(scratch / dtype, dtype=dtype, shapes=shapes, single_file=single, identical_agent=True,
-                              subset_agent=True)  # fmt: skip
-        for number, (method, given) in enumerate(methods):
-            name = f"{dtype}-{method}-{number}"
-            expected = _merge(family, scratch / "numba" / name / "out", method, given, "numba")
-            got = _merge(family, scratch / "torch" / name / "out", method, given, "torch", device="cpu", threads=1)
-            assert got == expected, f"{name}: not the Numba bytes"
+    families = {}
+    for number, (method, given) in enumerate(methods):
+        dtype, single = FAMILY_FORMATS[number % len(FAMILY_FORMATS)]
+        if dtype not in families:
+            (scratch / dtype).mkdir(parents=True)
+            families[dtype] = build_family(scratch / dtype, dtype=dtype, shapes=shapes, single_file=single,
+                                           identical_agent=True, subset_agent=True)  # fmt: skip
+        name = f"{dtype}-{method}-{number}"
+        expected = _merge(families[dtype], scratch / "numba" / name / "out", method, given, "numba")
+        got = _merge(families[dtype], scratch / "torch" / name / "out", method, given, "torch", device="cpu", threads=1)
+        assert got == expected, f"{name}: not the Numba bytes"
 
 
 def _count(module: object, name: str, calls: dict[str, int], key: str) -> None:
