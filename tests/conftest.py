@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-_COMPILED = {"seconds": 0.0, "kernels": 0}
+_COMPILED: dict[str, Any] = {"seconds": 0.0, "kernels": 0, "by_kernel": {}}  # by_kernel: name -> seconds
 _FIRST: dict[str, float] = {}  # --compile-first: kernels compiled, processes, wall seconds
 _KEY = "ramstream_numba_compile"
 _STASH = pytest.StashKey[list[dict[str, float]]]()
@@ -49,6 +49,8 @@ def _listen() -> None:
             if not starts:  # a top-level compile: its nested ones are inside it
                 _COMPILED["seconds"] += spent
                 _COMPILED["kernels"] += 1
+                name = getattr(getattr(ev.data.get("dispatcher"), "py_func", None), "__qualname__", "?")
+                _COMPILED["by_kernel"][name] = _COMPILED["by_kernel"].get(name, 0.0) + spent
 
     event.register("numba:compile", _Timer())
 
@@ -153,6 +155,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         f"numba: {kernels} kernel compiles took {seconds:.1f} s in all "
         f"(summed over {len(parts)} test process(es); subprocesses not counted)"
     )
+    by_kernel: dict[str, float] = {}
+    for part in parts:
+        for name, spent in part.get("by_kernel", {}).items():
+            by_kernel[name] = by_kernel.get(name, 0.0) + spent
+    slowest = sorted(by_kernel.items(), key=lambda item: -item[1])[:8]
+    if slowest:
+        terminalreporter.write_line("numba: the longest: " + ", ".join(f"{n} {s:.1f} s" for n, s in slowest))
 
 
 @pytest.fixture

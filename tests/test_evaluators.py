@@ -148,6 +148,11 @@ if middle == 0:
     time.sleep(600)
     os._exit(0)
 os.waitpid(middle, 0)
+deadline = time.monotonic() + 30  # the daemon has logged itself before the evaluator goes on (under load
+while time.monotonic() < deadline:  # it could be killed first, once the evaluator had exited)
+    if os.path.exists(log) and open(log).read().strip():
+        break
+    time.sleep(0.01)
 with open(log, "a") as f:
     f.write(f"{os.getpid()} ")
 if mode == "hang":

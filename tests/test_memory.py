@@ -158,8 +158,9 @@ def direct_merge(base: np.ndarray, agents: list[np.ndarray], lam32: np.ndarray) 
     return f32_to_bf16((base + merged).astype(np.float32))
 
 
-def test_merge_of_a_tensor_twice_the_budget_stays_within_budget(tmp_path: Path) -> None:
-    base, agents = write_family(tmp_path / "family")
+def test_merge_of_a_tensor_twice_the_budget_stays_within_budget(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _, base, agents = shared_family(tmp_path_factory)
+    tmp_path = tmp_path_factory.mktemp("merge")
     out = tmp_path / "out"
     stdout, peak, overhead = measured(tmp_path, (base, agents), ["merge"], tmp_path / "cache")
     lines = stdout.strip().splitlines()
