@@ -34,6 +34,14 @@ FP8_SHAPES: dict[str, tuple[tuple[int, ...], bool]] = {
 }
 
 
+def cut_blocks(method: str) -> tuple[int, int]:
+    """Block sizes for a quantized base's merge: one that starts blocks mid-row and mid-band of
+    128 rows (192 elements, shorter than a row too), and one of whole tensors. The magnitude-trimming
+    methods take 1216 (mid-row and mid-band, longer than a row): their statistics pass costs per
+    block, and how blocks cut a quantized tensor is the reading's, the same for every method."""
+    return (1216 if method in ("ties", "breadcrumbs", "breadcrumbs_ties") else 192, 4096)
+
+
 def quantization_config(fmt: str = "e4m3", block: int = BLOCK) -> dict[str, Any]:
     return {"quant_method": "fp8", "fmt": fmt, "weight_block_size": [block, block], "activation_scheme": "dynamic"}
 

@@ -31,6 +31,7 @@ from tests.quantized_families import (
     FP8_SHAPES,
     build_fp8_family,
     build_mxfp4_family,
+    cut_blocks,
     quantization_config,
     quantize,
     write_dir,
@@ -89,7 +90,7 @@ def test_fp8_base_merges_as_its_f32_conversion(
 ) -> None:
     fam, as_f32 = fp8
     converted = _merge(as_f32, fam, tmp_path / "f32", method, given)
-    for block in (192, 4096):  # blocks that start mid-row and mid-band of 128 rows; whole tensors
+    for block in cut_blocks(method):
         quantized = _merge(fam.base, fam, tmp_path / f"fp8-{block}", method, given, block_elems=block)
         same_tensors(quantized, converted)
     assert not any(name.endswith("_scale_inv") for name in converted)

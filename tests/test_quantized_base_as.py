@@ -28,6 +28,7 @@ from tests.quantized_families import (
     build_fp8_family,
     build_mxfp4_family,
     converted_dir,
+    cut_blocks,
     torch_bf16,
     write_dir,
 )
@@ -75,7 +76,7 @@ def test_the_default_merges_as_the_bf16_conversion(
     same_tensors(_cli_merge(fam.base, fam, tmp_path / "auto", ["--method", method, *flags]), expected)
     bf16 = ["--method", method, *flags, "--quantized-base-as", "bf16"]
     same_tensors(_cli_merge(fam.base, fam, tmp_path / "explicit", bf16, "--memory", "16MiB"), expected)
-    for block in (192, 4096):  # blocks that start mid-row and mid-band of 128 rows
+    for block in cut_blocks(method):
         got = _api_merge(fam.base, fam, tmp_path / f"api-{block}", method, given, base_as="bf16", block_elems=block)
         same_tensors(got, expected)
     card = (tmp_path / "auto" / "README.md").read_text()
