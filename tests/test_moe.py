@@ -166,20 +166,36 @@ KILLS = {
 }
 
 
-@pytest.mark.slow  # two CLI processes per case
+def _options_of(method: str) -> list[str]:
+    given = ["--method", method, *(["--density", "0.3"] if method == "ties" else [])]
+    return [*given, "--memory", "16MiB", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(moe_large: Family, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """Each method's output of an uninterrupted CLI merge (TIES's serves two kill cases)."""
+    members = [moe_large.base, *moe_large.agents]
+    outputs = {}
+    for method in sorted({method for method, _ in KILLS.values()}):
+        root = tmp_path_factory.mktemp(f"reference-{method}")
+        run_ok(cli("merge", *members, "--out", root / "out", *_options_of(method), "--cache-dir", root / "cache"))
+        outputs[method] = (root / "out" / "model.safetensors").read_bytes()
+    return outputs
+
+
+@pytest.mark.slow  # a CLI process per case, and the uninterrupted merges
 @pytest.mark.parametrize("where", list(KILLS))
-def test_killed_mid_pass_the_rerun_gives_the_same_bytes(moe_large: Family, tmp_path: Path, where: str) -> None:
+def test_killed_mid_pass_the_rerun_gives_the_same_bytes(
+    moe_large: Family, uninterrupted: dict[str, bytes], tmp_path: Path, where: str
+) -> None:
     method, step = KILLS[where]
     members = [moe_large.base, *moe_large.agents]
-    given = ["--method", method, *(["--density", "0.3"] if method == "ties" else [])]
-    opts = [*given, "--memory", "16MiB", "--quiet"]
-    run_ok(cli("merge", *members, "--out", tmp_path / "ref", *opts, "--cache-dir", tmp_path / "cache-ref"))
     out = tmp_path / "out"
-    args: list[str | Path] = ["merge", *members, "--out", out, *opts, "--cache-dir", tmp_path / "cache"]
+    args: list[str | Path] = ["merge", *members, "--out", out, *_options_of(method), "--cache-dir", tmp_path / "cache"]
     kill_at_step(args, renamed_to(step))
     assert not (out / "model.safetensors").exists()
     run_ok(cli(*args))
-    assert (out / "model.safetensors").read_bytes() == (tmp_path / "ref" / "model.safetensors").read_bytes()
+    assert (out / "model.safetensors").read_bytes() == uninterrupted[method]
 
 
 def _options(tmp_path: Path, block_elems: int) -> RunOptions:
