@@ -30,7 +30,7 @@ import pytest
 _COMPILED: dict[str, Any] = {"seconds": 0.0, "kernels": 0, "by_kernel": {}}  # by_kernel: name -> seconds
 _FIRST: dict[str, float] = {}  # --compile-first: kernels compiled, processes, wall seconds
 _KEY = "ramstream_numba_compile"
-_STASH = pytest.StashKey[list[dict[str, float]]]()
+_STASH = pytest.StashKey[list[dict[str, Any]]]()  # each worker's _COMPILED
 
 
 def _listen() -> None:

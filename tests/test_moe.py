@@ -28,7 +28,7 @@ from tests.checks import Interrupted, interrupted_after
 from tests.families import Family, build_family, decode, encode, read_model_dir, write_safetensors
 from tests.reference import reference_merge
 from tests.test_backends import METHODS, _merge
-from tests.test_resume import cli, kill_at_step, renamed_to, run_ok
+from tests.test_resume import cli, killed_then_rerun, renamed_to, run_ok
 
 
 def moe_shapes(layers: int, experts: int, rows: int = 8, hidden: int = 16) -> dict[str, tuple[int, ...]]:
@@ -166,7 +166,7 @@ KILLS = {
 }
 
 
-def _options_of(method: str) -> list[str]:
+def _cli_flags(method: str) -> list[str]:
     given = ["--method", method, *(["--density", "0.3"] if method == "ties" else [])]
     return [*given, "--memory", "16MiB", "--quiet"]
 
@@ -178,7 +178,7 @@ def uninterrupted(moe_large: Family, tmp_path_factory: pytest.TempPathFactory) -
     outputs = {}
     for method in sorted({method for method, _ in KILLS.values()}):
         root = tmp_path_factory.mktemp(f"reference-{method}")
-        run_ok(cli("merge", *members, "--out", root / "out", *_options_of(method), "--cache-dir", root / "cache"))
+        run_ok(cli("merge", *members, "--out", root / "out", *_cli_flags(method), "--cache-dir", root / "cache"))
         outputs[method] = (root / "out" / "model.safetensors").read_bytes()
     return outputs
 
@@ -191,11 +191,8 @@ def test_killed_mid_pass_the_rerun_gives_the_same_bytes(
     method, step = KILLS[where]
     members = [moe_large.base, *moe_large.agents]
     out = tmp_path / "out"
-    args: list[str | Path] = ["merge", *members, "--out", out, *_options_of(method), "--cache-dir", tmp_path / "cache"]
-    kill_at_step(args, renamed_to(step))
-    assert not (out / "model.safetensors").exists()
-    run_ok(cli(*args))
-    assert (out / "model.safetensors").read_bytes() == uninterrupted[method]
+    args: list[str | Path] = ["merge", *members, "--out", out, *_cli_flags(method), "--cache-dir", tmp_path / "cache"]
+    assert killed_then_rerun(args, renamed_to(step), out) == uninterrupted[method]
 
 
 def _options(tmp_path: Path, block_elems: int) -> RunOptions:

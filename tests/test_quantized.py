@@ -38,7 +38,7 @@ from tests.quantized_families import (
 )
 from tests.reference import reference_merge
 from tests.test_cli import as_process, assert_nothing_finished, in_process, ok, one_line_error
-from tests.test_resume import cli, kill_at_step, renamed_to, run_ok
+from tests.test_resume import cli, killed_then_rerun, renamed_to, run_ok
 
 METHODS: list[tuple[str, dict[str, Any]]] = [
     ("ram+", {}),
@@ -279,10 +279,7 @@ def test_killed_mid_pass_the_rerun_gives_the_same_bytes(
     run_ok(cli("merge", *members, "--out", tmp_path / "ref", *opts, "--cache-dir", tmp_path / "cache-ref"))
     out = tmp_path / "out"
     args: list[str | Path] = ["merge", *members, "--out", out, *opts, "--cache-dir", tmp_path / "cache"]
-    kill_at_step(args, renamed_to(step))
-    assert not (out / "model.safetensors").exists()
-    run_ok(cli(*args))
-    assert (out / "model.safetensors").read_bytes() == (tmp_path / "ref" / "model.safetensors").read_bytes()
+    assert killed_then_rerun(args, renamed_to(step), out) == (tmp_path / "ref" / "model.safetensors").read_bytes()
     if where == "probe":  # bf16 agents: the base was read as bf16 (the default, auto), the probe resumed so
         (index,) = (tmp_path / "cache" / "index").glob("*.zarr")
         assert open_index_store(index).header.quantized_base_as == "bf16"

@@ -111,6 +111,15 @@ def kill_at_step(args: list[str | Path], step: dict[str, object]) -> None:
     assert done.returncode == KILLED, f"the kill step {step} was never reached:\n{done.stdout}{done.stderr}"
 
 
+def killed_then_rerun(args: list[str | Path], step: dict[str, object], out: Path) -> bytes:
+    """Kill the CLI merge ``args`` at ``step``; it left no model in ``out``; run it again to the
+    end: the rerun's model bytes."""
+    kill_at_step(args, step)
+    assert not (out / "model.safetensors").exists()
+    run_ok(cli(*args))
+    return (out / "model.safetensors").read_bytes()
+
+
 def renamed_to(suffix: str, n: int = 1) -> dict[str, object]:
     """The step just before the n-th rename into a path ending with ``suffix``."""
     return {"event": "os.rename", "arg": 1, "suffix": suffix, "n": n}

@@ -171,6 +171,8 @@ PASSES: dict[str, dict[str, object]] = {
     "multislerp": {"weights": [1.0]},
 }
 SHM = Path("/dev/shm")
+DISK_WRITE = "writing the output to the data's disk, synced"  # the write floors' names
+SHM_WRITE = "writing the output to /dev/shm"
 
 
 def _launches(run: Callable[[], object], cuda: bool) -> tuple[int, float]:
@@ -343,10 +345,10 @@ def gpu(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> 
         floors["pinned host-to-device copy"] = _h2d_floor()
     # a write floor as GB/s of input: the pass reads every member and writes one model's bytes
     disk = bench_spine.write_once(out_bytes, Path(args.data) / "write-floor.bin")
-    floors["writing the output to the data's disk, synced"] = gb / disk["seconds"]
+    floors[DISK_WRITE] = gb / disk["seconds"]
     if SHM.is_dir():
         shm = bench_spine.write_once(out_bytes, SHM / "ramstream-write-floor.bin")
-        floors["writing the output to /dev/shm"] = gb / shm["seconds"]
+        floors[SHM_WRITE] = gb / shm["seconds"]
     methods = args.methods.split(",") if args.methods else list(PASSES)
     runs = Path(tempfile.mkdtemp(prefix="bench-torch-", dir=args.data))
     try:
@@ -373,9 +375,9 @@ def gpu(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> 
         f"inputs {gb:.2f} GB; --memory {args.memory}"
     )
     # a pass's slowest floor: the reads, the copy to the device and the write to where it wrote
-    shared = [v for k, v in floors.items() if not k.startswith("writing")]
-    to_disk = min([*shared, floors["writing the output to the data's disk, synced"]])
-    to_shm = min([*shared, floors.get("writing the output to /dev/shm", to_disk)])
+    shared = [v for k, v in floors.items() if k not in (DISK_WRITE, SHM_WRITE)]
+    to_disk = min([*shared, floors[DISK_WRITE]])
+    to_shm = min([*shared, floors.get(SHM_WRITE, to_disk)])
     for row in bench.rows:
         if "GBps" in row:
             slowest = to_disk if "disk" in str(row["pass"]) else to_shm
