@@ -199,8 +199,8 @@ class NumbaBackend:
                 arrays.base_code,
                 _agents(arrays),
                 arrays.agent_codes,
-                params.weights,
-                params.scale,
+                _writable_f32(params.weights),
+                _writable_f32(params.scale),
                 mode,
                 keep_array,
                 keys,
@@ -241,8 +241,8 @@ class NumbaBackend:
                 prune.lo,
                 prune.width,
                 prune.inverse,
-                params.weights,
-                params.scale,
+                _writable_f32(params.weights),
+                _writable_f32(params.scale),
                 CONSENSUS[params.consensus],
                 params.normalize,
                 lams,
@@ -549,3 +549,11 @@ def _addresses(outs: Sequence[np.ndarray], nbytes: int) -> np.ndarray:
     if any(not o.flags.c_contiguous or o.nbytes != nbytes for o in outs):
         raise ValueError("a kernel writes contiguous outputs of the block's size")
     return np.array([o.ctypes.data for o in outs], np.int64)
+
+
+def _writable_f32(values: np.ndarray) -> np.ndarray:
+    """``values`` as a writable C-contiguous float32 array (a copy if it is a read-only view).
+    Numba compiles a kernel once per argument type, and read-only is part of the type: the GTA
+    methods' per-tensor weights are read-only views, model_stock's and the slerp family's fresh
+    arrays, so without this a run of both compiled the GTA merge twice (about 10 s each)."""
+    return np.require(values, np.float32, ["C", "W"])

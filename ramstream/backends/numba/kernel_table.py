@@ -11,7 +11,7 @@ KERNELS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ('nonfinite', '_count_exponent_part', ('array(uint16, 1d, C)', 'uint16', 'int64', 'int64')),
     ],
     'task_arithmetic': [
-        ('gta', '_gta_merge_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'readonly array(float32, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint8, 2d, C)', 'array(uint64, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint32, 2d, C)', 'array(int64, 3d, C)', 'int64', 'bool', 'array(float32, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64')),
+        ('gta', '_gta_merge_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'array(float32, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint8, 2d, C)', 'array(uint64, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint32, 2d, C)', 'array(int64, 3d, C)', 'int64', 'bool', 'array(float32, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64')),
         ('nonfinite', '_count_exponent_part', ('array(uint16, 1d, C)', 'uint16', 'int64', 'int64')),
     ],
     'linear': [
@@ -22,24 +22,24 @@ KERNELS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ('magnitude', '_high_histogram_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'array(int32, 3d, C)', 'int64', 'int64')),
         ('magnitude', '_low_histogram_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'array(int32, 2d, C)', 'array(int32, 4d, C)', 'int64', 'int64')),
         ('magnitude', '_tie_count_part', ('int64', 'int64', 'int64', 'int64', 'int64', 'uint32', 'int64', 'int64', 'int64')),
-        ('gta', '_gta_merge_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'readonly array(float32, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint8, 2d, C)', 'array(uint64, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint32, 2d, C)', 'array(int64, 3d, C)', 'int64', 'bool', 'array(float32, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64')),
+        ('gta', '_gta_merge_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'array(float32, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint8, 2d, C)', 'array(uint64, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint32, 2d, C)', 'array(int64, 3d, C)', 'int64', 'bool', 'array(float32, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64')),
         ('nonfinite', '_count_exponent_part', ('array(uint16, 1d, C)', 'uint16', 'int64', 'int64')),
     ],
     'breadcrumbs': [
         ('magnitude', '_low_histogram_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'array(int32, 2d, C)', 'array(int32, 4d, C)', 'int64', 'int64')),
         ('magnitude', '_tie_count_part', ('int64', 'int64', 'int64', 'int64', 'int64', 'uint32', 'int64', 'int64', 'int64')),
-        ('gta', '_gta_merge_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'readonly array(float32, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint8, 2d, C)', 'array(uint64, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint32, 2d, C)', 'array(int64, 3d, C)', 'int64', 'bool', 'array(float32, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64')),
+        ('gta', '_gta_merge_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'array(float32, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint8, 2d, C)', 'array(uint64, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint32, 2d, C)', 'array(int64, 3d, C)', 'int64', 'bool', 'array(float32, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64')),
         ('nonfinite', '_count_exponent_part', ('array(uint16, 1d, C)', 'uint16', 'int64', 'int64')),
     ],
     'dare_ties': [
         ('exact_stats', '_abs_sums_block_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'int64', 'array(uint64, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint8, 2d, C)', 'bool', 'array(int64, 4d, C)', 'array(int64, 1d, C)', 'int64', 'int64')),
-        ('gta', '_gta_merge_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'readonly array(float32, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint8, 2d, C)', 'array(uint64, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint32, 2d, C)', 'array(int64, 3d, C)', 'int64', 'bool', 'array(float32, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64')),
+        ('gta', '_gta_merge_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'array(float32, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint8, 2d, C)', 'array(uint64, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(uint32, 2d, C)', 'array(int64, 3d, C)', 'int64', 'bool', 'array(float32, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64')),
         ('nonfinite', '_count_exponent_part', ('array(uint16, 1d, C)', 'uint16', 'int64', 'int64')),
     ],
     'della': [
         ('della', '_della_keep_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64', 'array(uint64, 1d, C)', 'array(int64, 1d, C)', 'array(float32, 1d, C)', 'array(float32, 1d, C)', 'bool', 'array(float32, 2d, C)', 'int64', 'int64')),
         ('exact_stats', '_abs_sums_block_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'int64', 'array(uint64, 1d, C)', 'array(float32, 1d, C)', 'int64', 'array(float32, 2d, C)', 'bool', 'array(int64, 4d, C)', 'array(int64, 1d, C)', 'int64', 'int64')),
-        ('della', '_della_merge_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64', 'array(uint64, 1d, C)', 'array(int64, 1d, C)', 'array(float32, 1d, C)', 'array(float32, 1d, C)', 'bool', 'readonly array(float32, 1d, C)', 'array(float32, 1d, C)', 'int64', 'bool', 'array(float32, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64')),
+        ('della', '_della_merge_part', ('int64', 'int64', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64', 'array(uint64, 1d, C)', 'array(int64, 1d, C)', 'array(float32, 1d, C)', 'array(float32, 1d, C)', 'bool', 'array(float32, 1d, C)', 'array(float32, 1d, C)', 'int64', 'bool', 'array(float32, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64', 'int64')),
         ('nonfinite', '_count_exponent_part', ('array(uint16, 1d, C)', 'uint16', 'int64', 'int64')),
     ],
     'model_stock': [
