@@ -30,6 +30,7 @@ import pytest
 _COMPILED: dict[str, Any] = {"seconds": 0.0, "kernels": 0, "by_kernel": {}}  # by_kernel: name -> seconds
 _FIRST: dict[str, float] = {}  # --compile-first: kernels compiled, processes, wall seconds
 _KEY = "ramstream_numba_compile"
+_CPU_TIMES: dict[str, Any] = {}  # --cpu-times: the file, the test running, the compiles seen in it
 _STASH = pytest.StashKey[list[dict[str, Any]]]()  # each worker's _COMPILED
 
 
@@ -51,6 +52,10 @@ def _listen() -> None:
                 _COMPILED["kernels"] += 1
                 name = getattr(getattr(ev.data.get("dispatcher"), "py_func", None), "__qualname__", "?")
                 _COMPILED["by_kernel"][name] = _COMPILED["by_kernel"].get(name, 0.0) + spent
+                if _CPU_TIMES:
+                    _CPU_TIMES["compiles"].append(
+                        f"compile\t{spent:.2f}\t{name}{ev.data.get('args')}\t{_CPU_TIMES['test']}"
+                    )
 
     event.register("numba:compile", _Timer())
 
@@ -72,9 +77,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="compile every method's recorded Numba kernels into the cache, a process per core, before the tests",
     )
+    parser.addoption(
+        "--cpu-times",
+        metavar="FILE",
+        help="append each test's CPU seconds (its process and the child processes it waited for) to FILE, "
+        "and each Numba compile inside a test with its argument types",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("cpu_times"):
+        _CPU_TIMES.update(file=config.getoption("cpu_times"), test="", compiles=[])
     _listen()
     config.stash[_STASH] = []
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order set below
@@ -162,6 +175,29 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     slowest = sorted(by_kernel.items(), key=lambda item: -item[1])[:8]
     if slowest:
         terminalreporter.write_line("numba: the longest: " + ", ".join(f"{n} {s:.1f} s" for n, s in slowest))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """--cpu-times: what a test cost in CPU, not in wall time (the suite shares two cores)."""
+    if not _CPU_TIMES:
+        return (yield)
+    _CPU_TIMES["test"] = item.nodeid
+    before = _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        lines = [f"test\t{_cpu_seconds() - before:.2f}\t{item.nodeid}", *_CPU_TIMES["compiles"]]
+        _CPU_TIMES["compiles"].clear()
+        with open(_CPU_TIMES["file"], "a") as out:
+            out.write("".join(line + "\n" for line in lines))
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 @pytest.fixture

@@ -25,6 +25,9 @@ from ramstream.backends.torch.fused import probe as fused_probe
 from ramstream.backends.torch.fused import ram as fused_ram
 from ramstream.backends.torch.probe import NOWHERE
 from ramstream.format.dtypes import TAU32, FloatCode
+from tests import interpreter_speedup
+
+interpreter_speedup.install()
 
 CODES = (FloatCode.BF16, FloatCode.F16, FloatCode.F32, FloatCode.F64)
 CARRIER = {FloatCode.BF16: np.uint16, FloatCode.F16: np.uint16, FloatCode.F32: np.float32, FloatCode.F64: np.float64}
