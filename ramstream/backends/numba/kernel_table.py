@@ -6,7 +6,7 @@ child processes to compile. Written by ``tools/record_kernels.py``; do not edit 
 # fmt: off
 KERNELS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
     'ram+': [
-        ('probe', '_probe_part', ('array(int64, 1d, C)', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'int64', 'float64', 'array(uint8, 2d, A)', 'array(int64, 3d, C)', 'array(int64, 2d, C)', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64')),
+        ('probe', '_probe_part', ('array(int64, 1d, C)', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'int64', 'float64', 'array(uint8, 1d, C)', 'int64', 'array(int64, 3d, C)', 'array(int64, 2d, C)', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64')),
         ('merge_ram', '_merge_ram_part', ('array(int64, 1d, C)', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'int64', 'float64', 'array(float32, 2d, C)', 'array(int64, 1d, C)', 'int64', 'array(int64, 1d, C)', 'array(int64, 1d, C)', 'int64', 'int64')),
         ('nonfinite', '_count_exponent_part', ('array(uint16, 1d, C)', 'uint16', 'int64', 'int64')),
     ],

@@ -21,12 +21,28 @@ from ramstream.backends.numba.workers import run_parts
 
 
 def probe_block(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite, failed) -> None:  # type: ignore[no-untyped-def]
-    """The probe of one block, one part per row of the partial results (``overlap.shape[0]``)."""
-    run_parts(_probe_part, overlap.shape[0], fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite, failed)
+    """The probe of one block, one part per row of the partial results (``overlap.shape[0]``).
+    ``masks`` (agents, bytes) is usually a column range of a batch's buffer, and C-contiguous when
+    the block fills the buffer: the kernel takes it as one flat run of bytes and a row stride,
+    whose Numba type is the same either way (a C and a strided array are two compiles)."""
+    flat, row = flat_rows(masks)
+    run_parts(
+        _probe_part, overlap.shape[0], fds, offsets, codes, n, eps, flat, row, overlap, coverage, nonfinite, failed
+    )
+
+
+def flat_rows(rows: np.ndarray) -> tuple[np.ndarray, int]:
+    """A 2-D uint8 array whose rows are contiguous, as a 1-D view from its first byte to its last
+    and the byte distance between its rows: row ``t`` is ``flat[t * stride : t * stride + width]``."""
+    if rows.ndim != 2 or rows.dtype != np.uint8 or (rows.shape[1] > 1 and rows.strides[1] != 1):
+        raise ValueError("the masks must be a 2-D uint8 array with contiguous rows")
+    stride = int(rows.strides[0]) if rows.shape[0] > 1 else rows.shape[1]
+    length = (rows.shape[0] - 1) * stride + rows.shape[1] if rows.size else 0
+    return np.lib.stride_tricks.as_strided(rows, shape=(length,), strides=(1,)), stride
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _probe_part(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite, failed, w, workers):  # type: ignore[no-untyped-def]
+def _probe_part(fds, offsets, codes, n, eps, masks, row_stride, overlap, coverage, nonfinite, failed, w, workers):  # type: ignore[no-untyped-def]
     n_inputs = fds.shape[0]
     n_agents = n_inputs - 1
     n_reads = reads_of(n)
@@ -69,7 +85,7 @@ def _probe_part(fds, offsets, codes, n, eps, masks, overlap, coverage, nonfinite
             if bad and first_bad < 0:
                 first_bad = lo + first_nonfinite_of(raw, codes, sub, m, agent_bits)
             _pad(active, count, m)
-            _pack(active, lo, m, masks)
+            _pack(active, lo, m, masks, row_stride)
             _count(active, count, equal, m, overlap[w], coverage[w])
     nonfinite[w] = first_bad
 
@@ -91,12 +107,12 @@ def _pad(active, count, m):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", cache=True)
-def _pack(active, lo, m, masks):  # type: ignore[no-untyped-def]
+def _pack(active, lo, m, masks, row_stride):  # type: ignore[no-untyped-def]
     byte0 = lo // 8
     n_words = (m + 7) // 8
     for t in range(active.shape[0]):
         words = active[t].view(np.uint64)
-        dst = masks[t, byte0 : byte0 + n_words]
+        dst = masks[t * row_stride + byte0 : t * row_stride + byte0 + n_words]
         for j in range(n_words):
             dst[j] = np.uint8((words[j] * PACK_MULTIPLIER) >> SHIFT)
 
