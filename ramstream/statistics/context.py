@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import numpy as np
+import zarr
 
 from ramstream.backends.base import MAX_PROBE_AGENTS
 from ramstream.config import RunOptions
@@ -49,6 +50,9 @@ class StatsContext:
         self._store: IndexStore | None = None
         self._overlap: OverlapCounts | None = None
         self._partials_cache: tuple[str, int, np.ndarray] | None = None  # key, unit, its partials
+        # key -> the store it was opened from and the statistic's array: opening one costs two
+        # metadata reads, and a method's walk over the tensors reads each unit of it in turn
+        self._arrays: dict[str, tuple[IndexStore, zarr.Array]] = {}
 
     @property
     def store(self) -> IndexStore:
@@ -153,8 +157,7 @@ class StatsContext:
         lo, hi = int(unit_of[blocks.start]), int(unit_of[blocks.stop - 1]) + 1
         cached = self._partials_cache
         if cached is None or cached[0] != stat.key or cached[1] != lo or hi != lo + 1:
-            array, _ = self.store.statistic(stat.key, shape, stat.dtype)
-            data = self.store.read_statistic(array, slice(lo, hi))
+            data = self.store.read_statistic(self._array(stat, shape), slice(lo, hi))
             if hi == lo + 1:
                 self._partials_cache = (stat.key, lo, data)
         else:
@@ -166,3 +169,11 @@ class StatsContext:
         if rows[-1] - rows[0] == len(rows) - 1:
             return flat[rows[0] : rows[-1] + 1]
         return flat[rows]
+
+    def _array(self, stat: BlockStatistic, shape: tuple[int, ...]) -> zarr.Array:
+        """The statistic's array in the store open now (kept while the store is)."""
+        store = self.store
+        opened = self._arrays.get(stat.key)
+        if opened is None or opened[0] is not store:
+            opened = self._arrays[stat.key] = (store, store.statistic(stat.key, shape, stat.dtype)[0])
+        return opened[1]
