@@ -192,6 +192,34 @@ def test_a_tile_fills_its_staging_slot() -> None:
         device.close()
 
 
+def test_a_block_is_cut_into_tiles_of_one_length() -> None:
+    """A slot of 2^k bytes holds 2^j elements of a base and three bf16 agents, so a block of
+    2^i elements is whole tiles; a block a little longer is as many tiles, of one length but the
+    last (not whole tiles and a 64-element tail: one more tile to stage, launch and wait for)."""
+    device = SimulatedGpu(budget=8 << 30)
+    backend = torch_backend.TorchBackend(BackendSettings(threads=2, memory=64 << 20), streams=device)
+    try:
+        parts = [Part(2, lambda dst, lo, m: dst.fill(0)) for _ in range(4)]
+        most = backend._tile_elems(parts, 4, 64)
+        assert most == backend._slot // 8 and most & (most - 1) == 0
+        for n, count in ((4 * most, 4), (4 * most + 64, 5), (3 * most - 64, 3), (most // 2 + 64, 1)):
+            lengths: list[int] = []
+            backend._run(parts, n, lambda w, lo, m, raw, outputs, seen=lengths: seen.append(m))
+            assert len(lengths) == count and sum(lengths) == n, (n, lengths)
+            assert len(set(lengths[:-1])) <= 1 and all(m % 64 == 0 for m in lengths[:-1]), (n, lengths)
+            assert lengths[0] - lengths[-1] < 64 * count, (n, lengths)
+    finally:
+        backend.close()
+        device.close()
+
+
+@given(n=st.integers(1, 1 << 20), most=st.integers(1, 4096), align=st.sampled_from([64, 192, 1000]))
+def test_even_steps_cut_as_few_tiles_as_the_longest_allowed(n: int, most: int, align: int) -> None:
+    step = torch_tiles.even_step(n, most * align, align)
+    assert step % align == 0 and step <= most * align
+    assert -(-n // step) == -(-n // (most * align))
+
+
 def test_a_failed_read_is_raised_once_every_piece_of_its_tile_is_done() -> None:
     """No piece of a failed tile may still write into the slot after the error left: the next
     call reuses the ring."""

@@ -28,7 +28,7 @@ from ramstream.backends.torch import (
     magnitude,
     probe,
 )
-from ramstream.backends.torch.staging import ALIGN, InputRing, OutputRing, Part, Staging, array_part, file_part
+from ramstream.backends.torch.staging import InputRing, OutputRing, Part, Staging, array_part, file_part
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
 from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.blocks.lora import numpy_product
@@ -143,7 +143,10 @@ class TileBackend:
             fits = room // (WORK_BYTES * (inputs + 2))
             if align > max(fits, GROUP):
                 self._refuse_whole_slices(align, inputs, fixed)
-            elems = min((self._slot - ALIGN * len(parts)) // per_element, fits)
+            # the slot's bytes, not less the padding between its parts (the ring makes room for
+            # that): a slot of 2^k bytes then holds 2^j elements, and a block of 2^i elements is
+            # whole tiles, not whole tiles and a 64-element tail
+            elems = min(self._slot // per_element, fits)
             if TILE_CAP is not None:
                 elems = min(elems, TILE_CAP)
         return max(align, elems // align * align)
@@ -177,7 +180,7 @@ class TileBackend:
         threads takes one balanced range of tiles with its own rings (torch ops release the
         GIL), and its own partial results."""
         self._flags = {}  # a later operation may write into the buffers a fused merge flagged
-        step = self._tile_elems(parts, inputs or len(parts), align, fixed)
+        step = even_step(n, self._tile_elems(parts, inputs or len(parts), align, fixed), align)
         starts = list(range(0, n, step))
         if self.workers == 1:
             self._loop(0, self._rings[0], parts, starts, n, step, tile)
@@ -330,6 +333,18 @@ def _first_line(error: BaseException) -> str:
 
 def _read_error(sources: BlockSources, k: int) -> Callable[[], Exception]:
     return lambda: sources.read_error(k)
+
+
+def even_step(n: int, most: int, align: int) -> int:
+    """The tile length (a multiple of ``align``, at most ``most``, itself one) that cuts ``n``
+    elements into as few tiles as ``most`` allows, of one length but the last: a block a little
+    longer than a whole number of tiles is not whole tiles and a short tail to stage, launch and
+    wait for on its own."""
+    if n <= most:
+        return most
+    count = -(-n // most)
+    longest = -(-n // count)
+    return -(-longest // align) * align
 
 
 def _power_of_two_below(n: int) -> int:
