@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ramstream.backends.numba.codecs import BF16, F16, F32, F64, TILE, decode_array, encode_array
 from ramstream.backends.numba.lora import lora_product
 from ramstream.backends.numba.merge_ram import merge_ram_block
-from ramstream.backends.numba.probe import probe_block
+from ramstream.backends.numba.probe import flat_rows, probe_block
 from ramstream.backends.numba.sources import READ_TILE
 from ramstream.blocks.lora import numpy_product
 from tests.families import bf16_to_f32, f32_to_bf16
@@ -477,3 +477,17 @@ def test_the_numba_lora_product_writes_numpys_bits(rows: int, rank: int, cols: i
     numpy_product(left, right, np.float32(scale), want)
     lora_product(left, right, np.float32(scale), got)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_masks_are_one_flat_run_of_bytes_whatever_their_layout() -> None:
+    """The probe kernel takes the masks (agents, bytes) as one flat run and a row stride: a column
+    range of a wider buffer, the whole buffer and a single row are one Numba type (one compile)."""
+    buffer = np.arange(5 * 40, dtype=np.uint8).reshape(5, 40)
+    for rows in (buffer[:, 8:24], buffer, buffer[2:3, 8:24], buffer[:, 39:]):
+        flat, stride = flat_rows(rows)
+        assert flat.flags.c_contiguous and flat.flags.writeable and flat.ndim == 1
+        for t in range(rows.shape[0]):
+            np.testing.assert_array_equal(flat[t * stride : t * stride + rows.shape[1]], rows[t])
+        assert flat.size == (rows.shape[0] - 1) * stride + rows.shape[1]
+    with pytest.raises(ValueError, match="contiguous rows"):
+        flat_rows(buffer[:, ::2])

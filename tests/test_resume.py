@@ -224,6 +224,16 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return make_reference(tmp_path_factory.mktemp("resume-small"), SMALL, "4MiB", seed=12)
 
 
+def paced(reference: Reference) -> tuple[float, float]:
+    """The seconds of a run with nothing to do, timed now, and how much slower the machine is
+    now than when ``reference`` was timed: the suite's load changes between a module's fixture
+    and its tests, and kills timed from a busier moment land after a quieter run has finished."""
+    t0 = time.monotonic()
+    run_ok(cli("merge", *reference.members, "--out", reference.out, "--index", reference.index, *reference.merge_opts))
+    startup = time.monotonic() - t0
+    return startup, startup / reference.startup
+
+
 def kill_repeatedly(
     cmd: list[str], delays: list[float], out: Path | None, reference: Reference | None = None
 ) -> tuple[list[int], list[str]]:
@@ -247,7 +257,8 @@ def test_killed_merge_resumes_to_identical_bytes(tmp_path: Path, large: Referenc
     index, out = tmp_path / "index.zarr", tmp_path / "out"
     shutil.copytree(large.index, index)
     cmd = cli("merge", *large.members, "--out", out, "--index", index, *large.merge_opts, *ONE_THREAD)
-    delays = [large.startup * rng.uniform(0.8, 1.0) + large.merge_work * rng.uniform(0.0, 0.2) for _ in range(KILLS)]
+    startup, speed = paced(large)
+    delays = [startup * rng.uniform(0.8, 1.0) + large.merge_work * speed * rng.uniform(0.0, 0.2) for _ in range(KILLS)]
     outcomes, looked_finished = kill_repeatedly(cmd, delays, out, large)
     # Each kill lands within the first fifth of what is left, so several land even on a loaded machine.
     assert outcomes.count(KILLED) >= 2, f"too few runs were interrupted: {outcomes} for delays {delays}"
@@ -263,7 +274,8 @@ def test_killed_probe_resumes_to_identical_index(tmp_path: Path, large: Referenc
     rng = random.Random(7)
     index = tmp_path / "index.zarr"
     cmd = cli("probe", *large.members, "--index", index, *PROBE_OPTS, *ONE_THREAD)
-    delays = [large.startup * rng.uniform(0.6, 1.0) + large.probe_work * rng.uniform(0.0, 0.2) for _ in range(KILLS)]
+    startup, speed = paced(large)
+    delays = [startup * rng.uniform(0.6, 1.0) + large.probe_work * speed * rng.uniform(0.0, 0.2) for _ in range(KILLS)]
     outcomes, _ = kill_repeatedly(cmd, delays, None)
     # Each kill lands within the first fifth of what is left, so several land even on a loaded machine.
     assert outcomes.count(KILLED) >= 2, f"too few runs were interrupted: {outcomes} for delays {delays}"
