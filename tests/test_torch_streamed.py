@@ -192,6 +192,37 @@ def test_a_tile_fills_its_staging_slot() -> None:
         device.close()
 
 
+@pytest.mark.parametrize(
+    ("method", "given"), [("ties", {"density": 0.3}), ("model_stock", {}), ("sce", {"select_topk": 0.5})]
+)
+def test_every_method_reads_its_inputs_with_preadv(
+    family: Family, tmp_path: Path, method: str, given: dict[str, Any], numba_bytes: NumbaBytes
+) -> None:
+    """Not only the probe and RAM: a method's passes read every input from its file into the
+    staging slot (``preadv``), copying from the block's views only where they hold decoded
+    values (agents of mixed formats, handed out as float32); the Numba bytes either way."""
+    from ramstream.backends.torch import staging
+
+    mixed = build_family(tmp_path / "mixed", shapes=SHAPES, agent_dtypes=("F32", "BF16", "F16"), seed=5)
+    for fam, views in ((family, False), (mixed, True)):
+        made = {"file": 0, "array": 0}
+        with pytest.MonkeyPatch.context() as patch:
+            for kind in made:
+                patch.setattr(torch_tiles, f"{kind}_part", _counting(getattr(staging, f"{kind}_part"), made, kind))
+            with simulated_gpu(SimulatedGpu):
+                got = _merge(fam, tmp_path / method / str(views) / "out", method, given, "torch", device="cpu")
+        assert got == numba_bytes.of(fam, tmp_path / str(views), method, given)
+        assert made["array"] > 0 if views else made["file"] > 0 and made["array"] == 0, made
+
+
+def _counting(make: Callable[..., Any], made: dict[str, int], kind: str) -> Callable[..., Any]:
+    def counted(*args: Any) -> Any:
+        made[kind] += 1
+        return make(*args)
+
+    return counted
+
+
 def test_a_block_is_cut_into_tiles_of_one_length() -> None:
     """A slot of 2^k bytes holds 2^j elements of a base and three bf16 agents, so a block of
     2^i elements is whole tiles; a block a little longer is as many tiles, of one length but the

@@ -2,12 +2,13 @@
 
 A call cuts its block into tiles (a multiple of 64 elements, or of whole slices for DELLA) sized
 to the staging slots and, on CUDA, to the GPU memory budget; each tile's inputs are read from the
-files (``sources``: ``preadv``) or copied from the mapped views (``arrays``) into a slot of the
-input ring (pieces in parallel on the backend's thread pool), uploaded on the copy stream while
-the previous tile computes, and its per-element results come back through the output ring into
-the caller's buffers. Counts, histograms and exact sums accumulate on the device and are read
-once per call. The operations themselves are in ``merging.py`` (merges) and ``counting.py``
-(the probe and the statistics); ``backend.py`` puts them together.
+files with ``preadv`` (copied from memory where the block holds them decoded: a LoRA agent, a
+quantized tensor, agents of mixed formats) into a slot of the input ring (pieces in parallel on
+the backend's thread pool), uploaded on the copy stream while the previous tile computes, and
+its per-element results come back through the output ring into the caller's buffers. Counts,
+histograms and exact sums accumulate on the device and are read once per call. The operations
+themselves are in ``merging.py`` (merges) and ``counting.py`` (the probe and the statistics);
+``backend.py`` puts them together.
 """
 
 from __future__ import annotations
@@ -244,9 +245,17 @@ class TileBackend:
             )
         return parts
 
-    @staticmethod
-    def _array_parts(arrays: BlockArrays, base: bool = True) -> list[Part]:
-        return ([array_part(arrays.base)] if base else []) + [array_part(a) for a in arrays.agents]
+    def _array_parts(self, arrays: BlockArrays, base: bool = True) -> list[Part]:
+        """Each input of ``arrays`` (without the base: ``base=False``), in the formats ``_codes``
+        gives: read from its file with ``preadv`` into the slot, as the probe and RAM read, where
+        the files hold those formats; copied from the block's views where the views decoded them
+        (agents stored in different formats, handed out as float32)."""
+        sources = arrays.sources
+        if [int(c) for c in sources.codes] == self._codes(arrays):
+            parts = self._source_parts(sources)
+        else:
+            parts = [array_part(arrays.base), *(array_part(a) for a in arrays.agents)]
+        return parts if base else parts[1:]
 
     def _codes(self, arrays: BlockArrays) -> list[int]:
         return [int(arrays.base_code), *map(int, arrays.agent_codes)]
