@@ -119,6 +119,18 @@ def _family(code: int, n: int, agents: int, seed: int) -> tuple[np.ndarray, list
     return _raw(base, code), [_raw(a, code) for a in out]
 
 
+def _tile_family(code: int, m: int, seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """``_family`` of 3 agents in format ``code``; for ``TAU32`` an F32 base and the agents' task
+    vectors (float32 differences)."""
+    base_code = FloatCode.F32 if code == TAU32 else code
+    base, agents = _family(base_code, m, 3, seed)
+    if code == TAU32:
+        b = decode_array(base, base_code)
+        with np.errstate(all="ignore"):
+            agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+    return base, agents
+
+
 def _raw(values: np.ndarray, code: int) -> np.ndarray:
     if code in (FloatCode.F32, TAU32):
         return values.copy()
@@ -346,11 +358,7 @@ def histogram_tiles() -> None:
     for code in (*CODES, TAU32):
         m = 2500 if code != FloatCode.F64 else 1000
         base_code = FloatCode.F32 if code == TAU32 else code
-        base, agents = _family(base_code, m, 3, seed=11 + code)
-        if code == TAU32:
-            b = decode_array(base, base_code)
-            with np.errstate(all="ignore"):
-                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        base, agents = _tile_family(code, m, seed=11 + code)
         bits = _abs_bits(base, agents, base_code, code)
         high = np.array([np.bincount(row >> 16, minlength=HIGH_BINS) for row in bits])
         busiest = [int(np.argmax(np.where(np.arange(HIGH_BINS) > 0, row, -1))) for row in high]
@@ -460,11 +468,7 @@ def linear_tiles() -> None:
     for code in (*CODES, TAU32):
         m = 2500 if code != FloatCode.F64 else 1000
         base_code = FloatCode.F32 if code == TAU32 else code
-        base, agents = _family(base_code, m, 3, seed=23 + code)
-        if code == TAU32:
-            b = decode_array(base, base_code)
-            with np.errstate(all="ignore"):
-                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        base, agents = _tile_family(code, m, seed=23 + code)
         cases = ((0.0, True, base_code), (0.25, False, FloatCode.F32), (-0.0, False, FloatCode.F16),
                  (1.5, True, FloatCode.BF16))  # fmt: skip
         for w0, normalize, out_code in cases:
@@ -484,6 +488,118 @@ def linear_tiles() -> None:
             assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), what
             assert int(state[0]) == (first if first >= 0 else NOWHERE), what
             assert bool(state[1]) == bool(_nonfinite_encoded(want, out_code).any()), what
+
+
+def _naive_sce(
+    base: np.ndarray, agents: list[np.ndarray], codes: tuple[int, int], weights: np.ndarray,
+    cut_value: np.ndarray, cut_range: np.ndarray, lo: int,
+) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+    """``backends/numba/sce.py`` element by element (numpy: one rounding per op) for a tile at
+    block position ``lo``: the merged float32 values, the variance, the first NaN/Inf input (-1)."""
+    b = decode_array(base, codes[0])
+    values = [decode_array(a, codes[1]) for a in agents]
+    bad = ~np.isfinite(b) | np.any([~np.isfinite(v) for v in values], axis=0)
+    zero, floor = np.float32(0.0), np.float32(1e-6)
+    with np.errstate(all="ignore"):
+        taus = [v if codes[1] == TAU32 else v - b for v in values]
+        mean, m2 = np.zeros(b.shape, np.float64), np.zeros(b.shape, np.float64)
+        for t, tau in enumerate(taus):
+            x = tau.astype(np.float64)
+            d = x - mean
+            mean = mean + d / np.float64(t + 1)
+            m2 = m2 + d * (x - mean)
+        var = (m2 / np.float64(len(taus))).astype(np.float32)
+        bits, at = var.view(np.uint32).astype(np.int64), lo + np.arange(b.shape[0])
+
+        def in_lower(j: int) -> np.ndarray:
+            ties = (bits == cut_value[j]) & (at >= cut_range[j, 0]) & (at < cut_range[j, 1])
+            return (bits < cut_value[j]) | ties
+
+        kept = in_lower(1) & ~in_lower(0)
+        rows = [np.where(kept, tau, zero) for tau in taus]
+        total = np.zeros_like(b)
+        for row in rows:
+            total = total + row
+        plus = total >= zero
+        mixed, divisor = np.zeros_like(b), np.zeros_like(b)
+        for row, w in zip(rows, weights, strict=True):
+            counts = ((row > zero) & plus) | ((row < zero) & ~plus)
+            mixed = mixed + np.where(counts, row * w, zero)
+            divisor = divisor + np.where(counts, w, zero)
+        merged = b + mixed / np.where(divisor >= floor, divisor, floor)
+    return merged.astype(np.float32), var, int(np.argmax(bad)) if bad.any() else -1
+
+
+def sce_tiles() -> None:
+    """``fused/sce.py`` on tiles of a base and 3 agents (BF16, F16, F32, F64, task vectors; NaN,
+    Inf, -0.0, subnormals, variances of exactly 0) at a block position past 0: the variance alone,
+    and the merge with cuts that keep everything, nothing, or a middle band with ties split by
+    block position, to a few output formats: the naive twin's bytes, first position and flag."""
+    from ramstream.backends.torch.fused import sce
+
+    weights = np.array([0.3, 1.7, 0.9], np.float32)
+    lo = 1000
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _tile_family(code, m, seed=41 + code)
+        _, var, first = _naive_sce(base, agents, (base_code, code), weights, np.zeros(2, np.int64),
+                                   np.zeros((2, 2), np.int64), lo)  # fmt: skip
+        finite = np.sort(var.view(np.uint32)[np.isfinite(var)])
+        middle = int(finite[len(finite) // 2])
+        assert (finite == 0).any() and middle > 0, "the family has no zero or no spread of variances"
+        cuts = [
+            ((0, 0xFFFFFFFF), ((0, 0), (0, 1 << 40))),  # everything (finite) kept
+            ((0, 0), ((0, 0), (0, 0))),  # nothing kept
+            ((0, middle), ((lo + 100, lo + 900), (0, lo + m // 2))),  # a band, ties split by position
+        ]
+        staged = _staged(base, agents)
+        got_var = torch.full((m,), 77.0, dtype=torch.float32)
+        state = torch.tensor([NOWHERE, 0], dtype=torch.int64)
+        zeros = torch.zeros(4, dtype=torch.int64)
+        sce.sce_launch(staged, m, lo, torch.from_numpy(weights), zeros, zeros, got_var, state,
+                       (base_code, code, FloatCode.F32), merge=False)  # fmt: skip
+        assert np.array_equal(got_var.numpy().view(np.uint32), var.view(np.uint32)), f"variance {code}"
+        assert int(state[0]) == (first + lo if first >= 0 else NOWHERE), f"variance {code}"
+        for number, (values, ranges) in enumerate(cuts):
+            cut_value, cut_range = np.array(values, np.int64), np.array(ranges, np.int64)
+            merged, _, _ = _naive_sce(base, agents, (base_code, code), weights, cut_value, cut_range, lo)
+            for out_code in (base_code, FloatCode.F32, FloatCode.BF16)[: 2 if number else 3]:
+                want = _encoded(merged, out_code)
+                out = torch.full((m,), 77, dtype=TORCH_CARRIER[out_code])
+                state = torch.tensor([NOWHERE, 0], dtype=torch.int64)
+                sce.sce_launch(staged, m, lo, torch.from_numpy(weights), torch.from_numpy(cut_value),
+                               torch.from_numpy(cut_range), out, state, (base_code, code, out_code))  # fmt: skip
+                what = f"sce {code} cuts {number} -> {out_code}"
+                got = out.numpy().view(want.dtype)
+                assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), what
+                assert int(state[0]) == (first + lo if first >= 0 else NOWHERE), what
+                assert bool(state[1]) == bool(_nonfinite_encoded(want, out_code).any()), what
+
+
+def sce_merges(scratch: Path) -> None:
+    """SCE (every element kept, and a top-k selection with its statistics pass) through the API
+    with the torch backend on the CPU, its fused kernels interpreted: the Numba bytes, every merge
+    and variance tile and the kept elements' sums of squares fused."""
+    from ramstream.backends.torch.fused import sce, sums
+
+    calls = {"merge": 0, "variance": 0, "squares": 0}
+    launch = sce.sce_launch
+    _count(sums, "sums_launch", calls, "squares")
+
+    def counted(*args: object, merge: bool = True) -> None:
+        calls["merge" if merge else "variance"] += 1
+        launch(*args, merge=merge)  # type: ignore[arg-type]
+
+    sce.sce_launch = counted  # type: ignore[assignment]
+    _merges(scratch, [("sce", {"select_topk": 0.3}), ("sce", {})])
+    assert min(calls.values()) > 0, calls
+
+
+def sce_tiles_and_merges(scratch: Path) -> None:
+    """Both SCE checks in one process (one interpreter start-up)."""
+    sce_tiles()
+    sce_merges(scratch)
 
 
 def _nonfinite_encoded(encoded: np.ndarray, code: int) -> np.ndarray:
@@ -548,11 +664,7 @@ def vectors_tiles() -> None:
     for code in (*CODES, TAU32):
         m = 2500 if code != FloatCode.F64 else 1000
         base_code = FloatCode.F32 if code == TAU32 else code
-        base, agents = _family(base_code, m, 3, seed=31 + code)
-        if code == TAU32:
-            b = decode_array(base, base_code)
-            with np.errstate(all="ignore"):
-                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        base, agents = _tile_family(code, m, seed=31 + code)
         # (start, div, mod): rows of 300 from mid-row 7, columns of a 100-wide matrix, one vector
         cases = (((2107, 300, 40), True, base_code), ((500, 1, 100), False, FloatCode.F32),
                  ((0, m, 1), False, base_code), ((64, 37, 1000), True, FloatCode.BF16))  # fmt: skip
@@ -606,7 +718,8 @@ def vectors_merges(scratch: Path) -> None:
 
 def sums_tiles() -> None:
     """``fused/sums.py`` on tiles of a base and 3 agents (every format, task vectors; NaN, Inf,
-    tau overflowing; a tile whose last group is short), DARE's draws at a tensor offset: the
+    tau overflowing; a tile whose last group is short), with DARE's draws at a tensor offset, and
+    on a format each, with keep arrays of one byte per element or every element, of |tau| or tau^2: the
     accumulators of the torch-op path (``exact_sums``), renormalised, and its first position,
     added to what was there."""
     from ramstream.backends.exact_sum import BINS, renormalised
@@ -616,38 +729,46 @@ def sums_tiles() -> None:
 
     keys = np.array([3, (1 << 63) + 12345, 77], np.uint64)
     density = np.array([0.5, 0.1, 0.9], np.float32)
+    random, array, every = int(sums.KEEP_RANDOM), int(sums.KEEP_ARRAY), int(sums.KEEP_ALL)
+    # DARE's draws on every format; the other selections on one format each (the interpreter is slow)
+    more = {FloatCode.BF16: [(array, True)], FloatCode.F32: [(array, False)], TAU32: [(every, True)]}
     for code in (*CODES, TAU32):
-        m = 1100  # two programs of 16 groups, the last group 12 elements short
+        m = 2100  # two programs of 32 groups, the last group 12 elements short
         base_code = FloatCode.F32 if code == TAU32 else code
-        base, agents = _family(base_code, m, 3, seed=41 + code)
-        if code == TAU32:
-            b = decode_array(base, base_code)
-            with np.errstate(all="ignore"):
-                agents = [(decode_array(a, FloatCode.F32) - b).astype(np.float32) for a in agents]
+        base, agents = _tile_family(code, m, seed=41 + code)
         lo, start = 128, (1 << 33) + 128
         b = torch.from_numpy(decode_array(base, base_code))
-        rows, bad = [], np.zeros(m, bool)
-        for t, agent in enumerate(agents):
-            value = torch.from_numpy(decode_array(agent, code))
-            size = (value if code == TAU32 else value - b).abs()
-            bad |= ~np.isfinite(size.numpy())
-            size = torch.where(torch.isfinite(size), size, torch.zeros(()))
-            kept = uniform(int(keys[t]), torch.arange(start, start + m, dtype=torch.int64)) < float(density[t])
-            rows += [size, torch.where(kept, size, torch.zeros(()))]
-        want = torch.zeros((6, BINS + 1), dtype=torch.int64)
-        want[:, 5] = 9
-        exact_sums.accumulate(want, exact_sums.group_sums(torch.stack(rows)))
-        acc = torch.zeros((6, BINS + 1), dtype=torch.int64)
-        acc[:, 5] = 9
-        first = torch.tensor([NOWHERE], dtype=torch.int64)
-        sums.sums_launch(
-            _staged(base, agents), m, lo, torch.from_numpy(keys.view(np.int64)), torch.from_numpy(density), start,
-            acc, first, (base_code, code),
-        )  # fmt: skip
-        what = f"sums {code}"
-        assert np.array_equal(renormalised(acc.numpy()), renormalised(want.numpy())), what
-        assert int(first[0]) == (lo + int(np.argmax(bad)) if bad.any() else NOWHERE), what
-        assert renormalised(want.numpy()).any(), what
+        keep_rows = np.random.default_rng(code).random((3, m)) < np.array([[0.5], [0.0], [0.9]])
+        keep_rows[0, :7] = True  # the NaN/Inf inputs kept
+        for number, (mode, squares) in enumerate([(random, False), *more.get(code, [])]):
+            rows, bad = [], np.zeros(m, bool)
+            for t, agent in enumerate(agents):
+                value = torch.from_numpy(decode_array(agent, code))
+                size = (value if code == TAU32 else value - b).abs()
+                bad |= ~np.isfinite(size.numpy())
+                size = torch.where(torch.isfinite(size), size, torch.zeros(()))
+                if mode == random:
+                    kept = uniform(int(keys[t]), torch.arange(start, start + m, dtype=torch.int64)) < float(density[t])
+                else:
+                    kept = torch.from_numpy(keep_rows[t] | (mode == every))
+                rows += [size, torch.where(kept, size, torch.zeros(()))]
+            stacked = torch.stack(rows)
+            want = torch.zeros((6, BINS + 1), dtype=torch.int64)
+            want[:, 5] = 9
+            group_sums = exact_sums.product_group_sums(stacked, stacked) if squares else exact_sums.group_sums(stacked)
+            exact_sums.accumulate(want, group_sums)
+            acc = torch.zeros((6, BINS + 1), dtype=torch.int64)
+            acc[:, 5] = 9
+            first = torch.tensor([NOWHERE], dtype=torch.int64)
+            keeps = [keep_rows[t].astype(np.uint8) for t in range(3)] if mode == array else []
+            sums.sums_launch(
+                _staged(base, [*agents, *keeps]), m, lo, torch.from_numpy(keys.view(np.int64)),
+                torch.from_numpy(density), start, acc, first, (base_code, code), mode, squares,
+            )  # fmt: skip
+            what = f"sums {code} case {number}"
+            assert np.array_equal(renormalised(acc.numpy()), renormalised(want.numpy())), what
+            assert int(first[0]) == (lo + int(np.argmax(bad)) if bad.any() else NOWHERE), what
+            assert renormalised(want.numpy()).any(), what
 
 
 def sums_merges(scratch: Path) -> None:
@@ -821,6 +942,7 @@ IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
     "linear_merges": linear_merges,
     "vectors_merges": vectors_merges,
     "sums_merges": sums_merges,
+    "sce": sce_tiles_and_merges,
     "streamed": streamed,
 }
 

@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
-from ramstream.backends.torch.fused import gta, linear, magnitude, probe, ram, sums, vectors  # noqa: E402
+from ramstream.backends.torch.fused import gta, linear, magnitude, probe, ram, sce, sums, vectors  # noqa: E402
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
 from tests.fused_interpreter import run_check  # noqa: E402
 
@@ -73,7 +73,7 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 9  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums
+    assert launches >= 10  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, SCE
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -194,16 +194,44 @@ def test_the_vectors_kernel_compiles_for_sm90_without_contraction(code: int, wei
 
 
 SUMS_SIGNATURE = {
-    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "keys": "*i64",
-    "density": "*fp32", "start": "i64", "acc": "*i64", "first": "*i64",
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "keep_at": "i64", "keep_stride": "i64", "m": "i32",
+    "lo": "i64", "keys": "*i64", "density": "*fp32", "start": "i64", "acc": "*i64", "first": "*i64",
 }  # fmt: skip
+SUMS_CASES = [(c, int(sums.KEEP_RANDOM), False) for c in [*CODES, TAU32]] + [
+    (FloatCode.BF16, int(sums.KEEP_ARRAY), True),
+    (FloatCode.F32, int(sums.KEEP_ARRAY), False),
+    (TAU32, int(sums.KEEP_ALL), True),
+]
 
 
-@pytest.mark.parametrize("code", [*CODES, TAU32])
-def test_the_sums_kernel_compiles_for_sm90_with_float64_adds_and_native_atomics(code: int) -> None:
+@pytest.mark.parametrize(("code", "keep", "squares"), SUMS_CASES)
+def test_the_sums_kernel_compiles_for_sm90_with_float64_adds_and_native_atomics(
+    code: int, keep: int, squares: bool
+) -> None:
     base = FloatCode.F32 if code == TAU32 else code
-    constexprs = {"N_AGENTS": 3, "BASE": base, "AGENT": code, "GROUPS": sums.GROUPS}
+    constexprs = {"N_AGENTS": 3, "AGENTS": 4, "BASE": base, "AGENT": code, "KEEP": keep, "SQUARES": squares,
+                  "GROUPS": sums.GROUPS}  # fmt: skip
     ptx = _ptx(sums.sums_tile, SUMS_SIGNATURE, constexprs)
     assert FORBIDDEN.findall(ptx) == []
     assert "add.rn.f64" in ptx  # the groups' sums, one IEEE addition at a time
+    assert ("mul.rn.f64" in ptx) == squares
     assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]64", ptx) and ".cas" not in ptx
+
+
+SCE_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "weights": "*fp32",
+    "cut_value": "*i64", "cut_range": "*i64", "state": "*i64",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("code", "merge"), [(c, m) for c in [*CODES, TAU32] for m in (True, False)])
+def test_the_sce_kernel_compiles_for_sm90_without_contraction_or_approximate_division(code: int, merge: bool) -> None:
+    """The variance's float64 divisions are IEEE (``div.rn.f64``), and so is the merge's float32 one."""
+    base = FloatCode.F32 if code == TAU32 else code
+    out = base if merge else FloatCode.F32
+    signature = {**SCE_SIGNATURE, "out": OUT_POINTER[FloatCode(out)]}
+    constexprs = {"N_AGENTS": 3, "BASE": base, "AGENT": code, "OUT": out, "MERGE": merge, "BLOCK": sce.BLOCK}
+    ptx = _ptx(sce.sce_tile, signature, constexprs)
+    assert FORBIDDEN.findall(ptx) == []
+    assert "div.rn.f64" in ptx and "mul.rn.f64" in ptx
+    assert ("div.rn.f32" in ptx) == merge

@@ -440,8 +440,9 @@ def staging(args: argparse.Namespace, base: Path, agents: list[Path], gb: float)
 
 
 def launches_per_tile(args: argparse.Namespace) -> None:
-    """On the CPU: the kernels each tile of a probe, a RAM+, a linear and a TIES merge (its statistics
-    pass's high and low magnitude histograms apart from the rest) launches, on the torch-op path
+    """On the CPU: the kernels each tile of a probe, a RAM+, a linear, a TIES merge (its statistics
+    pass's high and low magnitude histograms apart from the rest) and an SCE merge (its variance
+    tiles included) launches, on the torch-op path
     (torch ops that compute, from the profiler) and on the fused path (Triton launches run by the
     interpreter, and the torch ops the tile issues around them), on the warm-up family."""
     os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
@@ -457,6 +458,8 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     from ramstream.backends.torch.fused import magnitude as fused_magnitude
     from ramstream.backends.torch.fused import probe as fused_probe
     from ramstream.backends.torch.fused import ram as fused_ram
+    from ramstream.backends.torch.fused import sce as fused_sce
+    from ramstream.backends.torch.fused import sums as fused_sums
     from ramstream.config import RunOptions
 
     # what a tile's torch op launches nothing for: allocation, views, metadata
@@ -472,6 +475,8 @@ def launches_per_tile(args: argparse.Namespace) -> None:
         (fused_magnitude, "low_launch"),
         (fused_magnitude, "tie_launch"),
         (fused_linear, "linear_launch"),
+        (fused_sce, "sce_launch"),
+        (fused_sums, "sums_launch"),
     )
     for module, name in launchers:
         launch = getattr(module, name)
@@ -513,7 +518,7 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     try:
         for mode in ("ops", "auto"):
             fused.MODE = mode  # type: ignore[assignment]
-            for what in ("probe", "ram+", "ties", "linear"):
+            for what in ("probe", "ram+", "ties", "linear", "sce"):
                 index = runs / f"{mode}.zarr"
                 tiles.clear()
                 with warnings.catch_warnings():
@@ -522,7 +527,7 @@ def launches_per_tile(args: argparse.Namespace) -> None:
                         if what == "probe":
                             api.probe(base, members, index=index, options=options)
                         else:
-                            given = {"density": 0.3} if what == "ties" else {}
+                            given = {"ties": {"density": 0.3}, "sce": {"select_topk": 0.3}}.get(what, {})
                             out = runs / f"{mode}-{what}-out"
                             api.merge(base, members, out=out, method=what, method_options=given, index=index,
                                       options=options)  # fmt: skip

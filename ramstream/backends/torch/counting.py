@@ -15,6 +15,7 @@ from ramstream.backends.base import (
     Cuts,
     ExactSums,
     Keep,
+    KeepAll,
     KeepArray,
     KeepRandom,
     MagpruneParams,
@@ -33,7 +34,7 @@ from ramstream.backends.torch import (
     vectors,
 )
 from ramstream.backends.torch.rng import uniform
-from ramstream.backends.torch.staging import OutputRing, array_part
+from ramstream.backends.torch.staging import OutputRing, Part, array_part
 from ramstream.backends.torch.tiles import TileBackend, _torch_dtype
 from ramstream.backends.vector_sums import DIGITS, VectorLayout, normalise
 from ramstream.blocks import BlockArrays
@@ -257,8 +258,9 @@ class CountOps(TileBackend):
         if isinstance(keep, KeepArray):
             parts += [array_part(np.ascontiguousarray(keep.keep[t])) for t in range(n_agents)]
         codes = self._codes(arrays)
-        if isinstance(keep, KeepRandom) and not squares and self._fused(codes):
-            return self._abs_sums_fused(arrays, keep, codes)
+        one_byte = isinstance(keep, KeepArray) and keep.keep.dtype.itemsize == 1
+        if (isinstance(keep, KeepRandom | KeepAll) or one_byte) and self._fused(codes):
+            return self._abs_sums_fused(arrays, keep, codes, parts, squares)
         with self._scoped():
             zero = torch.zeros((), dtype=torch.float32, device=self._device)
             acc = self._zeros(self.workers, 2 * n_agents, BINS + 1)
@@ -289,26 +291,35 @@ class CountOps(TileBackend):
             sums = renormalised(total).reshape(n_agents, 2, BINS + 1)
             return ExactSums(sums, self._found(first))
 
-    def _abs_sums_fused(self, arrays: BlockArrays, keep: KeepRandom, codes: list[int]) -> ExactSums:
-        """``abs_sums`` of DARE's draws in one fused kernel per tile (``fused/sums.py``): the
-        accumulators and the first non-finite position per worker, read back once."""
-        from ramstream.backends.torch.fused.sums import sums_launch
+    def _abs_sums_fused(
+        self, arrays: BlockArrays, keep: Keep, codes: list[int], parts: list[Part], squares: bool
+    ) -> ExactSums:
+        """``abs_sums`` of every element, DARE's draws or a keep array of one byte per element, in
+        one fused kernel per tile (``fused/sums.py``): the accumulators and the first non-finite
+        position per worker, read back once."""
+        from ramstream.backends.torch.fused import sums
 
         n_agents = len(arrays.agents)
+        if isinstance(keep, KeepRandom):
+            mode, start = sums.KEEP_RANDOM, keep.start
+            key_bits, density = np.ascontiguousarray(keep.keys, np.uint64).view(np.int64), keep.density
+        else:
+            mode, start = sums.KEEP_ARRAY if isinstance(keep, KeepArray) else sums.KEEP_ALL, 0
+            key_bits, density = np.zeros(n_agents, np.int64), np.zeros(n_agents, np.float32)
         with self._scoped():
             acc = self._zeros(self.workers, 2 * n_agents, BINS + 1)
             first = self._first()
-            keys = self._constant(np.ascontiguousarray(keep.keys, np.uint64).view(np.int64))
-            density = self._f32(keep.density)
+            keys, densities = self._constant(key_bits), self._f32(density)
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                start = keep.start + lo
-                sums_launch(raw, m, lo, keys, density, start, acc[w], first[w : w + 1], (codes[0], codes[1]))
+                sums.sums_launch(
+                    raw, m, lo, keys, densities, start + lo, acc[w], first[w : w + 1], (codes[0], codes[1]),
+                    int(mode), squares,
+                )  # fmt: skip
 
-            self._run(self._array_parts(arrays), arrays.size, tile)
+            self._run(parts, arrays.size, tile)
             total = self._host(acc.sum(0))
-            sums = renormalised(total).reshape(n_agents, 2, BINS + 1)
-            return ExactSums(sums, self._found(first))
+            return ExactSums(renormalised(total).reshape(n_agents, 2, BINS + 1), self._found(first))
 
     def gram(self, arrays: BlockArrays, weights: bool = False) -> ExactSums:
         n_agents = len(arrays.agents)

@@ -37,7 +37,10 @@ from ramstream.backends.torch.staging import OutputRing, array_part
 from ramstream.backends.torch.tiles import GROUP, TileBackend, _torch_dtype
 from ramstream.backends.vector_sums import VectorLayout
 from ramstream.blocks import BlockArrays, BlockSources
-from ramstream.format.dtypes import TAU32
+from ramstream.format.dtypes import TAU32, FloatCode
+
+# launch(raw, m, lo, merged, state): a fused kernel with one output over one tile
+OneOutput = Callable[[list[torch.Tensor], int, int, torch.Tensor, torch.Tensor], None]
 
 
 class MergeOps(TileBackend):
@@ -287,21 +290,32 @@ class MergeOps(TileBackend):
         from ramstream.backends.torch.fused.linear import linear_launch
 
         codes = self._codes(arrays)
-        raw_out, size = out.view(np.uint8), out.dtype.itemsize
-        carrier = fused.CARRIERS[out_code]
         base_weight = float(np.float32(params.base_weight))
         div = float(divisor) if params.normalize else None
         with self._scoped():
             weights = self._f32(params.weights)
-            state = self._state(2)
+            return self._one_output_fused(
+                arrays, out, out_code,
+                lambda raw, m, lo, merged, state: linear_launch(
+                    raw, m, lo, weights, base_weight, div, merged, state, (codes[0], codes[1], out_code)
+                ),
+            )  # fmt: skip
 
-            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                merged = torch.empty(m, dtype=carrier, device=self._device)
-                linear_launch(raw, m, lo, weights, base_weight, div, merged, state[w], (codes[0], codes[1], out_code))
-                outputs.put(merged, self._sink(raw_out, lo * size, (lo + m) * size))
+    def _one_output_fused(self, arrays: BlockArrays, out: np.ndarray, out_code: int, launch: OneOutput) -> int:
+        """Queue ``launch(raw, m, lo, merged, state)``, a fused kernel with one output, for every
+        tile of the block (inside the caller's scope): the tiles land in ``out``, the kernel's
+        NaN/Inf flag answers ``has_nonfinite``; the first non-finite input position (-1: none)."""
+        raw_out, size = out.view(np.uint8), out.dtype.itemsize
+        carrier = fused.CARRIERS[out_code]
+        state = self._state(2)
 
-            self._run(self._array_parts(arrays), arrays.size, tile)
-            found = self._host(state)
+        def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+            merged = torch.empty(m, dtype=carrier, device=self._device)
+            launch(raw, m, lo, merged, state[w])
+            outputs.put(merged, self._sink(raw_out, lo * size, (lo + m) * size))
+
+        self._run(self._array_parts(arrays), arrays.size, tile)
+        found = self._host(state)
         first = int(found[:, 0].min())
         self._flags = {fused.key(out, out_code): bool(found[:, 1].max() > 0)}
         return first if first < probe.NOWHERE else -1
@@ -327,8 +341,10 @@ class MergeOps(TileBackend):
 
     # -- SCE --------------------------------------------------------------------------------------
     def merge_sce(self, arrays: BlockArrays, params: SceParams, out: np.ndarray, out_code: int) -> int:
-        parts = self._array_parts(arrays)
         codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._merge_sce_fused(arrays, params, out, out_code)
+        parts = self._array_parts(arrays)
         raw_out, size = out.view(np.uint8), out.dtype.itemsize
         values, ranges = params.cuts.value[0].tolist(), params.cuts.range[0].tolist()
         with self._scoped():
@@ -345,9 +361,28 @@ class MergeOps(TileBackend):
             self._run(parts, arrays.size, tile, inputs=2 * len(parts) + 4)
             return self._found(first)
 
+    def _merge_sce_fused(self, arrays: BlockArrays, params: SceParams, out: np.ndarray, out_code: int) -> int:
+        """``merge_sce`` in one fused kernel per tile (``fused/sce.py``): the variance, its cut and
+        the merge; the output's NaN/Inf flag as in ``_merge_linear_fused``."""
+        from ramstream.backends.torch.fused.sce import sce_launch
+
+        codes = self._codes(arrays)
+        with self._scoped():
+            weights = self._f32(params.weights)
+            cut_value = self._constant(params.cuts.value[0].astype(np.int64))
+            cut_range = self._constant(np.ascontiguousarray(params.cuts.range[0], np.int64))
+            return self._one_output_fused(
+                arrays, out, out_code,
+                lambda raw, m, lo, merged, state: sce_launch(
+                    raw, m, lo, weights, cut_value, cut_range, merged, state, (codes[0], codes[1], out_code)
+                ),
+            )  # fmt: skip
+
     def variance(self, arrays: BlockArrays) -> np.ndarray:
         out = np.empty(arrays.size, np.float32)
         codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._variance_fused(arrays, out)
         parts = self._array_parts(arrays)
         with self._scoped():
 
@@ -356,6 +391,26 @@ class MergeOps(TileBackend):
                 outputs.put(sce.variance(self._taus(decoded, codes)), self._sink(out, lo, lo + m))
 
             self._run(parts, arrays.size, tile, inputs=len(parts) + 4)
+        return out
+
+    def _variance_fused(self, arrays: BlockArrays, out: np.ndarray) -> np.ndarray:
+        """``variance`` in one fused kernel per tile (``fused/sce.py`` without the merge)."""
+        from ramstream.backends.torch.fused.sce import sce_launch
+
+        codes = self._codes(arrays)
+        with self._scoped():
+            weights = self._f32(np.zeros(len(arrays.agents), np.float32))
+            cuts = self._constant(np.zeros(6, np.int64))
+            state = self._state(2)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                var = torch.empty(m, dtype=torch.float32, device=self._device)
+                sce_launch(
+                    raw, m, lo, weights, cuts, cuts, var, state[w], (codes[0], codes[1], FloatCode.F32), merge=False
+                )
+                outputs.put(var, self._sink(out, lo, lo + m))
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
         return out
 
     # -- arcee_fusion -----------------------------------------------------------------------------
@@ -431,22 +486,13 @@ class MergeOps(TileBackend):
         from ramstream.backends.torch.fused.vectors import vectors_launch
 
         codes = self._codes(arrays)
-        raw_out, size = out.view(np.uint8), out.dtype.itemsize
-        carrier = fused.CARRIERS[out_code]
         where = (int(layout.start), int(layout.div), int(layout.mod))
         with self._scoped():
             self._fixed(table.nbytes, "the per-vector coefficients")
             on_device = self._constant(table)
-            state = self._state(2)
-
-            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                merged = torch.empty(m, dtype=carrier, device=self._device)
-                codes3 = (codes[0], codes[1], out_code)
-                vectors_launch(raw, m, lo, where, on_device, weights, merged, state[w], codes3)
-                outputs.put(merged, self._sink(raw_out, lo * size, (lo + m) * size))
-
-            self._run(self._array_parts(arrays), arrays.size, tile)
-            found = self._host(state)
-        first = int(found[:, 0].min())
-        self._flags = {fused.key(out, out_code): bool(found[:, 1].max() > 0)}
-        return first if first < probe.NOWHERE else -1
+            return self._one_output_fused(
+                arrays, out, out_code,
+                lambda raw, m, lo, merged, state: vectors_launch(
+                    raw, m, lo, where, on_device, weights, merged, state, (codes[0], codes[1], out_code)
+                ),
+            )  # fmt: skip

@@ -36,7 +36,7 @@ MIX2: tl.constexpr = tl.constexpr(0x94D049BB133111EB)
 
 
 @triton.jit
-def _in_lower(bits, positions, value, begin, end):
+def in_lower(bits, positions, value, begin, end):
     """A cut's lower set: |tau| bits below ``value``, or equal to it at block positions [begin, end)."""
     return (bits < value) | ((bits == value) & (positions >= begin) & (positions < end))
 
@@ -65,9 +65,9 @@ def _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scal
     if KEEP == KEEP_CUTS:
         bits = (tau.to(tl.uint32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
         positions = offsets.to(tl.int64) + lo
-        upper = _in_lower(bits, positions, tl.load(cut_value + 2 * t + 1), tl.load(cut_range + 4 * t + 2),
+        upper = in_lower(bits, positions, tl.load(cut_value + 2 * t + 1), tl.load(cut_range + 4 * t + 2),
                           tl.load(cut_range + 4 * t + 3))  # fmt: skip
-        lower = _in_lower(bits, positions, tl.load(cut_value + 2 * t), tl.load(cut_range + 4 * t),
+        lower = in_lower(bits, positions, tl.load(cut_value + 2 * t), tl.load(cut_range + 4 * t),
                           tl.load(cut_range + 4 * t + 1))  # fmt: skip
         alive = upper & ~lower
     elif KEEP == KEEP_RANDOM:

@@ -1,11 +1,12 @@
-"""DARE's exact sums of one tile in one Triton launch (``abs_sums`` with random keeps), with the
-numbers of ``backends/torch/exact_sums.py`` and so of the Numba kernels: per agent, the sum of
-|tau| over every element and over the elements its random draw keeps (the counter RNG of
-``gta.py``), each group of 64 elements (aligned in the tile: tiles start at multiples of 64)
-summed in float64 in element order from +0.0, each group sum added exactly into the int64 bin of
-its power of two (its 53-bit integer mantissa cut in a low 32-bit part and a high part
-``CARRY_BITS`` bins up, as ``exact_sums.accumulate``) with integer atomics; the first NaN/Inf
-|tau| position (an atomic minimum). A NaN/Inf |tau| counts as 0.
+"""The exact sums of one tile in one Triton launch (``abs_sums``: DARE's random keeps, the keep
+arrays of the magnitude and SCE statistics, their squares), with the numbers of
+``backends/torch/exact_sums.py`` and so of the Numba kernels: per agent, the sum of |tau| (or of
+tau^2, exact in float64) over every element and over the elements kept (the counter RNG of
+``gta.py``'s draw, or a nonzero byte of the agent's keep row), each group of 64 elements (aligned
+in the tile: tiles start at multiples of 64) summed in float64 in element order from +0.0, each
+group sum added exactly into the int64 bin of its power of two (its 53-bit integer mantissa cut
+in a low 32-bit part and a high part ``CARRY_BITS`` bins up, as ``exact_sums.accumulate``) with
+integer atomics; the first NaN/Inf |tau| position (an atomic minimum). A NaN/Inf |tau| counts as 0.
 """
 
 from __future__ import annotations
@@ -19,19 +20,23 @@ from ramstream.backends.torch.fused import codecs
 from ramstream.backends.torch.fused.gta import uniform
 from ramstream.backends.torch.fused.ram import EXACT, NOWHERE, layout, on_device
 
-GROUPS = 16  # groups of 64 elements per program
+GROUPS = 32  # groups of 64 elements per program
 ROW: tl.constexpr = tl.constexpr(BINS + 1)  # an accumulator's length
 FIRST_BIN: tl.constexpr = tl.constexpr(OFFSET - 53 - 1022)  # the bin of biased exponent 0's units
 CARRY: tl.constexpr = tl.constexpr(CARRY_BITS)
+KEEP_ALL: tl.constexpr = tl.constexpr(0)
+KEEP_RANDOM: tl.constexpr = tl.constexpr(1)
+KEEP_ARRAY: tl.constexpr = tl.constexpr(2)
 
 
 @triton.jit
-def _accumulate(acc, sums, groups_mask):
-    """Add the float64 ``sums`` (>= 0, normal or 0) exactly into the accumulator at ``acc``."""
+def _accumulate(acc, sums, counted):
+    """Add the float64 ``sums`` (>= 0, normal or 0) exactly into the accumulators at ``acc``
+    (each row's pointer), where ``counted``."""
     bits = sums.to(tl.int64, bitcast=True)
     units = (bits & 0xFFFFFFFFFFFFF) | 0x10000000000000  # the mantissa times 2^53 (frexp's)
     where = acc + FIRST_BIN + ((bits >> 52) & 0x7FF)
-    counted = groups_mask & (sums != 0.0)
+    counted = counted & (sums != 0.0)
     tl.atomic_add(where, units & 0xFFFFFFFF, mask=counted, sem="relaxed")
     tl.atomic_add(where + CARRY, units >> 32, mask=counted, sem="relaxed")
 
@@ -41,6 +46,8 @@ def sums_tile(
     base,  # uint8 pointer: the base's raw bytes; agent t's are at base + agents_at + t * agent_stride
     agents_at,
     agent_stride,
+    keep_at,  # KEEP_ARRAY: agent t's keep row (one byte per element) at base + keep_at + t * keep_stride
+    keep_stride,
     m,
     lo,
     keys,  # int64 (N_AGENTS,): the random streams' keys (uint64 bits)
@@ -49,36 +56,49 @@ def sums_tile(
     acc,  # int64 (2 * N_AGENTS, ROW): per agent, every element's sum then the kept elements'
     first,  # int64 (1,): the first NaN/Inf |tau| position (min)
     N_AGENTS: tl.constexpr,
+    AGENTS: tl.constexpr,  # N_AGENTS rounded up to a power of two: the rows of the program's blocks
     BASE: tl.constexpr,
     AGENT: tl.constexpr,
+    KEEP: tl.constexpr,
+    SQUARES: tl.constexpr,
     GROUPS: tl.constexpr,
 ):
+    # blocks of (agents, groups): each element of the group loop is decoded for every agent at once
     groups = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
-    groups_mask = groups * 64 < m
-    found = tl.full((GROUPS,), NOWHERE, tl.int64)
-    for t in range(N_AGENTS):
-        key = tl.load(keys + t).to(tl.uint64, bitcast=True)
-        dens = tl.load(density + t)
-        every = tl.zeros((GROUPS,), tl.float64)
-        kept = tl.zeros((GROUPS,), tl.float64)
-        for j in range(64):  # in element order within each group
-            offsets = groups * 64 + j
-            mask = offsets < m
-            b = codecs.decode(base, offsets, mask, BASE)
-            a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
-            if AGENT == codecs.TAU32:
-                size = tl.abs(a)
-            else:
-                size = tl.abs(a - b)
-            odd = codecs.nonfinite(size) & mask
-            found = tl.minimum(found, tl.where(odd, offsets.to(tl.int64) + lo, NOWHERE))
-            value = tl.where(odd, 0.0, size).to(tl.float64)
-            every = every + value
+    agent = tl.arange(0, AGENTS)[:, None]
+    is_agent = agent < N_AGENTS
+    agent_raw = base + agents_at + agent * agent_stride
+    if KEEP == KEEP_RANDOM:
+        key = tl.load(keys + agent, mask=is_agent, other=0).to(tl.uint64, bitcast=True)
+        dens = tl.load(density + agent, mask=is_agent, other=0.0)
+    found = tl.full((AGENTS, GROUPS), NOWHERE, tl.int64)
+    every = tl.zeros((AGENTS, GROUPS), tl.float64)
+    kept = tl.zeros((AGENTS, GROUPS), tl.float64)
+    for j in range(64):  # in element order within each group
+        offsets = (groups * 64 + j)[None, :]
+        mask = is_agent & (offsets < m)
+        a = codecs.decode(agent_raw, offsets, mask, AGENT)
+        if AGENT == codecs.TAU32:
+            size = tl.abs(a)
+        else:
+            size = tl.abs(a - codecs.decode(base, offsets, offsets < m, BASE))
+        odd = codecs.nonfinite(size) & mask
+        found = tl.minimum(found, tl.where(odd, offsets.to(tl.int64) + lo, NOWHERE))
+        value = tl.where(odd, 0.0, size).to(tl.float64)
+        if SQUARES:
+            value = value * value  # exact: a float32's square fits float64's mantissa
+        every = every + value
+        if KEEP == KEEP_RANDOM:
             drawn = uniform(key, offsets.to(tl.int64) + start) < dens
-            kept = kept + tl.where(drawn, value, 0.0)
-        _accumulate(acc + 2 * t * ROW, every, groups_mask)
-        _accumulate(acc + (2 * t + 1) * ROW, kept, groups_mask)
-    position = tl.min(found)
+        elif KEEP == KEEP_ARRAY:
+            drawn = tl.load(base + keep_at + agent * keep_stride + offsets, mask=mask, other=0) != 0
+        else:
+            drawn = mask | ~mask
+        kept = kept + tl.where(drawn, value, 0.0)
+    counted = is_agent & (groups * 64 < m)[None, :]
+    _accumulate(acc + 2 * agent * ROW, every, counted)
+    _accumulate(acc + (2 * agent + 1) * ROW, kept, counted)
+    position = tl.min(tl.min(found, axis=1), axis=0)
     if position < NOWHERE:
         tl.atomic_min(first, position)
 
@@ -93,13 +113,21 @@ def sums_launch(
     acc: torch.Tensor,
     first: torch.Tensor,
     codes: tuple[int, int],
+    keep: int,
+    squares: bool = False,
 ) -> None:
     """Queue the exact sums of one tile into ``acc`` (2 * agents, BINS + 1) int64 and ``first``
-    (1,) int64; ``keys`` int64 and ``density`` float32 (agents,) on the device, ``start`` the
-    tile's first element within its tensor."""
-    agents_at, stride = layout(raw)
+    (1,) int64. ``keep``: ``KEEP_RANDOM`` (``keys`` int64 and ``density`` float32 (agents,) on
+    the device, ``start`` the tile's first element within its tensor), ``KEEP_ARRAY`` (``raw``
+    holds, after the agents, one keep row of one byte per element per agent, one after another)
+    or ``KEEP_ALL``; ``squares``: sums of tau^2 instead of |tau|."""
+    arrays = keep == int(KEEP_ARRAY)
+    n_agents = (len(raw) - 1) // 2 if arrays else len(raw) - 1
+    agents_at, stride = layout(raw[: 1 + n_agents])
+    keep_at, keep_stride = layout([raw[0], *raw[1 + n_agents :]]) if arrays else (0, 0)
     with on_device(raw[0]):
         sums_tile[(triton.cdiv(m, 64 * GROUPS),)](
-            raw[0], agents_at, stride, m, lo, keys, density, start, acc, first,
-            N_AGENTS=len(raw) - 1, BASE=codes[0], AGENT=codes[1], GROUPS=GROUPS, **EXACT,
+            raw[0], agents_at, stride, keep_at, keep_stride, m, lo, keys, density, start, acc, first,
+            N_AGENTS=n_agents, AGENTS=triton.next_power_of_2(n_agents), BASE=codes[0], AGENT=codes[1], KEEP=keep,
+            SQUARES=squares, GROUPS=GROUPS, **EXACT,
         )  # fmt: skip
