@@ -596,6 +596,71 @@ def sce_merges(scratch: Path) -> None:
     assert min(calls.values()) > 0, calls
 
 
+def della_tiles() -> None:
+    """``fused/della.py``'s MAGPRUNE on tiles of whole slices (every format, task vectors; rows of
+    one, inner dimensions of one and more; ties of |tau|, 0 most of all; every mode; with and
+    without 1/p) at a tensor offset past 2^32: the torch-op path's keep values (``della.py``)."""
+    from ramstream.backends.base import DROP_EVERYTHING, KEEP_EVERYTHING, PRUNE
+    from ramstream.backends.torch import della
+    from ramstream.backends.torch.fused import della as fused_della
+
+    keys = np.array([3, (1 << 63) + 12345, 77], np.uint64)
+    lo_p, width = np.array([0.3, 0.5, 0.1], np.float32), np.array([0.2, 0.4, 0.1], np.float32)
+    geometries = [(8, 4, 64), (1, 1, 96), (24, 1, 40), (12, 12, 72)]  # rows, inner, slices
+    for number, code in enumerate((*CODES, TAU32)):
+        base_code = FloatCode.F32 if code == TAU32 else code
+        rows, inner, slices = geometries[number % len(geometries)]
+        slice_size = rows * inner
+        m = slice_size * slices
+        base, agents = _tile_family(code, m, seed=7 + code)
+        b = decode_array(base, base_code)
+        start = (1 << 32) + 5 * slice_size
+        for modes, inverse in (((PRUNE, PRUNE, PRUNE), True), ((PRUNE, KEEP_EVERYTHING, DROP_EVERYTHING), False)):
+            want = []
+            for t, agent in enumerate(agents):
+                value = decode_array(agent, code)
+                with np.errstate(all="ignore"):
+                    tau = value if code == TAU32 else value - b
+                bits = torch.from_numpy(tau.view(np.int32) & 0x7FFFFFFF)
+                position = torch.arange(start, start + m, dtype=torch.int64)
+                want.append(della.keep_values(bits, position, slice_size, rows, int(keys[t]), modes[t],
+                                              torch.tensor(lo_p[t]), torch.tensor(width[t]), inverse))  # fmt: skip
+            constants = (torch.from_numpy(keys.view(np.int64)), torch.tensor(modes, dtype=torch.int64),
+                         torch.from_numpy(lo_p), torch.from_numpy(width))  # fmt: skip
+            got = fused_della.magprune_keep(_staged(base, agents), m, start, rows, slice_size, constants, inverse,
+                                            (base_code, code))  # fmt: skip
+            what = f"della {code} rows {rows} modes {modes} inverse {inverse}"
+            assert np.array_equal(got.numpy().view(np.uint32), torch.stack(want).numpy().view(np.uint32)), what
+            assert (got.numpy() != 0).any() and (got.numpy() == 0).any(), what
+
+
+def della_merges(scratch: Path) -> None:
+    """DELLA (its L1 rescale's statistics pass, 1/p, no rescale) through the API with the torch
+    backend on the CPU, MAGPRUNE, the merge and the exact sums in the fused kernels interpreted:
+    the Numba bytes."""
+    from ramstream.backends.torch.fused import della, gta, sums
+
+    calls = {"keep": 0, "gta": 0, "sums": 0}
+    _count(della, "magprune_keep", calls, "keep")
+    _count(gta, "gta_tile_launch", calls, "gta")
+    _count(sums, "sums_launch", calls, "sums")
+    _merges(
+        scratch,
+        [
+            ("della", {"density": 0.5, "epsilon": 0.1, "seed": 1}),
+            ("della_linear", {"density": 0.5, "epsilon": 0.1, "rescale": "inverse"}),
+            ("della", {"density": 0.4, "epsilon": 0.2, "rescale": "none", "seed": 4}),
+        ],
+    )
+    assert min(calls.values()) > 0, calls
+
+
+def della_tiles_and_merges(scratch: Path) -> None:
+    """Both DELLA checks in one process (one interpreter start-up)."""
+    della_tiles()
+    della_merges(scratch)
+
+
 def sce_tiles_and_merges(scratch: Path) -> None:
     """Both SCE checks in one process (one interpreter start-up)."""
     sce_tiles()
@@ -917,9 +982,9 @@ def _merges(scratch: Path, methods: list[tuple[str, dict[str, object]]]) -> None
 def _count(module: object, name: str, calls: dict[str, int], key: str) -> None:
     launch = getattr(module, name)
 
-    def counted(*args: object, **kwargs: object) -> None:
+    def counted(*args: object, **kwargs: object) -> object:
         calls[key] += 1
-        launch(*args, **kwargs)
+        return launch(*args, **kwargs)
 
     setattr(module, name, counted)
 
@@ -943,6 +1008,7 @@ IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
     "vectors_merges": vectors_merges,
     "sums_merges": sums_merges,
     "sce": sce_tiles_and_merges,
+    "della": della_tiles_and_merges,
     "streamed": streamed,
 }
 

@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
-from ramstream.backends.torch.fused import gta, linear, magnitude, probe, ram, sce, sums, vectors  # noqa: E402
+from ramstream.backends.torch.fused import della, gta, linear, magnitude, probe, ram, sce, sums, vectors  # noqa: E402
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
 from tests.fused_interpreter import run_check  # noqa: E402
 
@@ -73,7 +73,7 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 10  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, SCE
+    assert launches >= 12  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, SCE, DELLA's 2
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -104,7 +104,7 @@ def test_the_probe_kernel_compiles_for_sm90_without_approximations(code: int) ->
 GTA_SIGNATURE = {
     "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "weights": "*fp32",
     "scale": "*fp32", "cut_value": "*i64", "cut_range": "*i64", "keys": "*i64", "density": "*fp32", "start": "i64",
-    "total_weight": "*fp32", "lams": "*fp32",
+    "keep": "*fp32", "keep_stride": "i64", "total_weight": "*fp32", "lams": "*fp32",
     "out_stride": "i64", "state": "*i64",
 }  # fmt: skip
 GTA_CASES = [
@@ -115,6 +115,8 @@ GTA_CASES = [
     (FloatCode.F32, FloatCode.F32, gta.KEEP_RANDOM, 0, True),
     (FloatCode.F32, FloatCode.F32, gta.KEEP_CUTS, 0, True),
     (FloatCode.F64, FloatCode.F64, gta.KEEP_CUTS, 1, False),
+    (FloatCode.BF16, FloatCode.BF16, gta.KEEP_MULTIPLIERS, 1, True),
+    (FloatCode.F32, TAU32, gta.KEEP_MULTIPLIERS, 0, False),
 ]
 
 
@@ -235,3 +237,26 @@ def test_the_sce_kernel_compiles_for_sm90_without_contraction_or_approximate_div
     assert FORBIDDEN.findall(ptx) == []
     assert "div.rn.f64" in ptx and "mul.rn.f64" in ptx
     assert ("div.rn.f32" in ptx) == merge
+
+
+DELLA_KEYS_SIGNATURE = {"base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "rows": "i32",
+                        "inner": "i32", "keys": "*i64"}  # fmt: skip
+DELLA_KEEP_SIGNATURE = {
+    "ordered": "*i64", "m": "i32", "rows": "i32", "inner": "i32", "start": "i64", "draw_keys": "*i64", "mode": "*i64",
+    "lo_p": "*fp32", "width": "*fp32", "keep": "*fp32",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("code", [*CODES, TAU32])
+def test_the_della_keys_kernel_compiles_for_sm90(code: int) -> None:
+    base = FloatCode.F32 if code == TAU32 else code
+    ptx = _ptx(della.keys_tile, DELLA_KEYS_SIGNATURE, {"BASE": base, "AGENT": code, "BLOCK": della.BLOCK})
+    assert FORBIDDEN.findall(ptx) == []
+
+
+@pytest.mark.parametrize("inverse", [True, False])
+def test_the_della_keep_kernel_compiles_for_sm90_without_contraction_or_approximate_division(inverse: bool) -> None:
+    """p = lo + (rank / (rows - 1)) * width, one rounding per op; 1/p an IEEE division."""
+    ptx = _ptx(della.keep_tile, DELLA_KEEP_SIGNATURE, {"INVERSE": inverse, "BLOCK": della.BLOCK})
+    assert FORBIDDEN.findall(ptx) == []
+    assert "div.rn.f32" in ptx and "mul.rn.f32" in ptx and "add.rn.f32" in ptx

@@ -441,8 +441,8 @@ def staging(args: argparse.Namespace, base: Path, agents: list[Path], gb: float)
 
 def launches_per_tile(args: argparse.Namespace) -> None:
     """On the CPU: the kernels each tile of a probe, a RAM+, a linear, a TIES merge (its statistics
-    pass's high and low magnitude histograms apart from the rest) and an SCE merge (its variance
-    tiles included) launches, on the torch-op path
+    pass's high and low magnitude histograms apart from the rest), an SCE merge (its variance
+    tiles included) and a DELLA merge (its L1 statistics included) launches, on the torch-op path
     (torch ops that compute, from the profiler) and on the fused path (Triton launches run by the
     interpreter, and the torch ops the tile issues around them), on the warm-up family."""
     os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
@@ -453,6 +453,7 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     from ramstream.backends.torch import fused
     from ramstream.backends.torch import tiles as torch_tiles
     from ramstream.backends.torch.counting import CountOps
+    from ramstream.backends.torch.fused import della as fused_della
     from ramstream.backends.torch.fused import gta as fused_gta
     from ramstream.backends.torch.fused import linear as fused_linear
     from ramstream.backends.torch.fused import magnitude as fused_magnitude
@@ -486,6 +487,22 @@ def launches_per_tile(args: argparse.Namespace) -> None:
                 _launch(*a, **k)
 
         setattr(module, name, marked)
+
+    class MarkedKernel:
+        """A kernel launched as ``kernel[grid](...)`` inside a launcher (DELLA's two), marked."""
+
+        def __init__(self, kernel: Any) -> None:
+            self.kernel = kernel
+
+        def __getitem__(self, grid: Any) -> Callable[..., None]:
+            def run(*a: object, **k: object) -> None:
+                with record_function("triton launch"):
+                    self.kernel[grid](*a, **k)
+
+            return run
+
+    for name in ("keys_tile", "keep_tile"):
+        setattr(fused_della, name, MarkedKernel(getattr(fused_della, name)))
     tiles: Counter[str] = Counter()
     current = ["tile"]  # the marker of the tiles run now: "tile", or the histogram being gathered
     for method, marker in (("abs_high_histogram", "high histogram"), ("abs_low_histogram", "low histogram")):
@@ -518,7 +535,7 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     try:
         for mode in ("ops", "auto"):
             fused.MODE = mode  # type: ignore[assignment]
-            for what in ("probe", "ram+", "ties", "linear", "sce"):
+            for what in ("probe", "ram+", "ties", "linear", "sce", "della"):
                 index = runs / f"{mode}.zarr"
                 tiles.clear()
                 with warnings.catch_warnings():
@@ -527,7 +544,8 @@ def launches_per_tile(args: argparse.Namespace) -> None:
                         if what == "probe":
                             api.probe(base, members, index=index, options=options)
                         else:
-                            given = {"ties": {"density": 0.3}, "sce": {"select_topk": 0.3}}.get(what, {})
+                            given = {"ties": {"density": 0.3}, "sce": {"select_topk": 0.3},
+                                     "della": {"density": 0.5, "epsilon": 0.1}}.get(what, {})  # fmt: skip
                             out = runs / f"{mode}-{what}-out"
                             api.merge(base, members, out=out, method=what, method_options=given, index=index,
                                       options=options)  # fmt: skip

@@ -258,8 +258,8 @@ class CountOps(TileBackend):
         if isinstance(keep, KeepArray):
             parts += [array_part(np.ascontiguousarray(keep.keep[t])) for t in range(n_agents)]
         codes = self._codes(arrays)
-        one_byte = isinstance(keep, KeepArray) and keep.keep.dtype.itemsize == 1
-        if (isinstance(keep, KeepRandom | KeepAll) or one_byte) and self._fused(codes):
+        as_array = isinstance(keep, KeepArray) and keep.keep.dtype in (np.uint8, np.bool_, np.float32)
+        if (isinstance(keep, KeepRandom | KeepAll) or as_array) and self._fused(codes):
             return self._abs_sums_fused(arrays, keep, codes, parts, squares)
         with self._scoped():
             zero = torch.zeros((), dtype=torch.float32, device=self._device)
@@ -294,8 +294,8 @@ class CountOps(TileBackend):
     def _abs_sums_fused(
         self, arrays: BlockArrays, keep: Keep, codes: list[int], parts: list[Part], squares: bool
     ) -> ExactSums:
-        """``abs_sums`` of every element, DARE's draws or a keep array of one byte per element, in
-        one fused kernel per tile (``fused/sums.py``): the accumulators and the first non-finite
+        """``abs_sums`` of every element, DARE's draws or a keep array (bytes, or DELLA's float32
+        keep values), in one fused kernel per tile (``fused/sums.py``): the accumulators and the first non-finite
         position per worker, read back once."""
         from ramstream.backends.torch.fused import sums
 
@@ -303,8 +303,11 @@ class CountOps(TileBackend):
         if isinstance(keep, KeepRandom):
             mode, start = sums.KEEP_RANDOM, keep.start
             key_bits, density = np.ascontiguousarray(keep.keys, np.uint64).view(np.int64), keep.density
+        elif isinstance(keep, KeepArray):
+            mode, start = sums.KEEP_FLOATS if keep.keep.dtype == np.float32 else sums.KEEP_ARRAY, 0
+            key_bits, density = np.zeros(n_agents, np.int64), np.zeros(n_agents, np.float32)
         else:
-            mode, start = sums.KEEP_ARRAY if isinstance(keep, KeepArray) else sums.KEEP_ALL, 0
+            mode, start = sums.KEEP_ALL, 0
             key_bits, density = np.zeros(n_agents, np.int64), np.zeros(n_agents, np.float32)
         with self._scoped():
             acc = self._zeros(self.workers, 2 * n_agents, BINS + 1)
@@ -390,6 +393,8 @@ class CountOps(TileBackend):
         n_agents = len(arrays.agents)
         keep = np.empty((n_agents, arrays.size), np.float32)
         codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._magprune_keep_fused(arrays, params, keep)
         parts = self._array_parts(arrays)
         with self._scoped():
             lo_p, width = self._f32(params.lo), self._f32(params.width)
@@ -414,6 +419,25 @@ class CountOps(TileBackend):
                 outputs.put(torch.stack(rows), self._sink(keep, lo, lo + m))
 
             self._run(parts, arrays.size, tile, align=params.slice_size, inputs=len(parts) + 4)
+        return keep
+
+    def _magprune_keep_fused(self, arrays: BlockArrays, params: MagpruneParams, keep: np.ndarray) -> np.ndarray:
+        """``magprune_keep`` in three launches per tile (``fused/della.py``)."""
+        from ramstream.backends.torch.fused.della import magprune_keep
+
+        codes = self._codes(arrays)
+        n_agents = len(arrays.agents)
+        with self._scoped():
+            constants = self._magprune_constants(params)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                start = params.start + lo
+                values = magprune_keep(raw, m, start, params.rows, params.slice_size, constants, params.inverse,
+                                       (codes[0], codes[1]))  # fmt: skip
+                outputs.put(values, self._sink(keep, lo, lo + m))
+
+            inputs = 5 * n_agents + 4  # the inputs, the keys, their sort and the keep values
+            self._run(self._array_parts(arrays), arrays.size, tile, align=params.slice_size, inputs=inputs)
         return keep
 
 

@@ -126,7 +126,7 @@ class MergeOps(TileBackend):
             total_weight = np.float32(1.0)
         keep_dtype = _torch_dtype(keep.keep.dtype) if isinstance(keep, KeepArray) else torch.uint8
         align = keep.params.slice_size if isinstance(keep, KeepMagprune) else GROUP
-        if outs and isinstance(keep, KeepAll | KeepCuts | KeepRandom) and self._fused(codes):
+        if outs and isinstance(keep, KeepAll | KeepCuts | KeepRandom | KeepMagprune) and self._fused(codes):
             return self._merge_gta_fused(arrays, params, keep, total_weight, outs, out_code)
         with self._scoped():
             weights, scale = self._f32(params.weights), self._f32(params.scale)
@@ -160,13 +160,15 @@ class MergeOps(TileBackend):
         self,
         arrays: BlockArrays,
         params: GtaParams,
-        keep: KeepAll | KeepCuts | KeepRandom,
+        keep: KeepAll | KeepCuts | KeepRandom | KeepMagprune,
         total_weight: np.float32,
         outs: Sequence[np.ndarray],
         out_code: int,
     ) -> int:
-        """``merge_gta`` without a keep array or MAGPRUNE, in one fused kernel per tile
-        (``fused/gta.py``); the outputs' NaN/Inf flags as in ``_merge_ram_fused``."""
+        """``merge_gta`` without a keep array in one fused kernel per tile (``fused/gta.py``), DELLA's
+        MAGPRUNE in three more (``fused/della.py``: its keep values stay on the device); the
+        outputs' NaN/Inf flags as in ``_merge_ram_fused``."""
+        from ramstream.backends.torch.fused import della as fused_della
         from ramstream.backends.torch.fused import gta
 
         n_agents, k_outputs = len(arrays.agents), len(outs)
@@ -183,7 +185,9 @@ class MergeOps(TileBackend):
         if isinstance(keep, KeepRandom):
             keys = np.ascontiguousarray(keep.keys, np.uint64).view(np.int64)
             density, start = np.asarray(keep.density, np.float32), int(keep.start)
-        mode = {KeepAll: gta.KEEP_ALL, KeepCuts: gta.KEEP_CUTS, KeepRandom: gta.KEEP_RANDOM}[type(keep)]
+        mode = {KeepAll: gta.KEEP_ALL, KeepCuts: gta.KEEP_CUTS, KeepRandom: gta.KEEP_RANDOM,
+                KeepMagprune: gta.KEEP_MULTIPLIERS}[type(keep)]  # fmt: skip
+        prune = keep.params if isinstance(keep, KeepMagprune) else None
         consensus = 0 if params.consensus == "none" else 1
         with self._scoped():
             constants = (
@@ -197,17 +201,26 @@ class MergeOps(TileBackend):
                 self._f32(np.asarray(params.lams)),
             )
             state = self._state(1 + k_outputs)
+            pruning = self._magprune_constants(prune) if prune is not None else ()
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 out = torch.empty((k_outputs, m), dtype=carrier, device=self._device)
+                multipliers = None
+                if prune is not None:
+                    multipliers = fused_della.magprune_keep(
+                        raw, m, prune.start + lo, prune.rows, prune.slice_size, pruning, prune.inverse,
+                        (codes[0], codes[1]),
+                    )  # fmt: skip
                 gta.gta_tile_launch(
                     raw, m, lo, start + lo, constants, out, state[w], (codes[0], codes[1], out_code), int(mode),
-                    consensus, bool(params.normalize),
+                    consensus, bool(params.normalize), multipliers,
                 )  # fmt: skip
                 for k, raw_out in enumerate(raw_outs):
                     outputs.put(out[k], self._sink(raw_out, lo * size, (lo + m) * size))
 
-            self._run(self._array_parts(arrays), arrays.size, tile, inputs=k_outputs + 4)
+            align = prune.slice_size if prune is not None else GROUP
+            inputs = k_outputs + 4 + (5 * n_agents if prune is not None else 0)  # the keys, their sort, the keeps
+            self._run(self._array_parts(arrays), arrays.size, tile, align=align, inputs=inputs)
             found = self._host(state)
         first = int(found[:, 0].min())
         self._flags = {fused.key(out, out_code): bool(found[:, 1 + k].max() > 0) for k, out in enumerate(outs)}

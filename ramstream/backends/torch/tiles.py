@@ -21,6 +21,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from ramstream.backends.base import MagpruneParams
 from ramstream.backends.settings import BackendSettings
 from ramstream.backends.torch import (
     codecs,
@@ -267,6 +268,17 @@ class TileBackend:
     def _constant(self, values: np.ndarray | Sequence[int]) -> torch.Tensor:
         """A small host array on the device, uploaded without a host wait."""
         return self._streams.constant(np.asarray(values))
+
+    def _magprune_constants(self, prune: MagpruneParams) -> tuple[torch.Tensor, ...]:
+        """DELLA's per-agent constants on the device, as ``fused.della.magprune_keep`` takes them:
+        the random keys (uint64 bits as int64), the modes, lo and width."""
+        keys = np.ascontiguousarray(prune.keys, np.uint64).view(np.int64)
+        return (
+            self._constant(keys),
+            self._constant(np.asarray(prune.mode, np.int64)),
+            self._f32(prune.lo),
+            self._f32(prune.width),
+        )
 
     def _host(self, result: torch.Tensor) -> np.ndarray:
         """A small device result on the host, waited for by an event (not a stream sync)."""

@@ -28,6 +28,7 @@ BLOCK = 1024
 KEEP_ALL: tl.constexpr = tl.constexpr(0)
 KEEP_CUTS: tl.constexpr = tl.constexpr(1)
 KEEP_RANDOM: tl.constexpr = tl.constexpr(2)
+KEEP_MULTIPLIERS: tl.constexpr = tl.constexpr(3)  # keep values given per element (DELLA's, ``della.py``)
 
 # the counter RNG of ``backends.rng`` (SplitMix64's finaliser), in uint64 arithmetic
 GOLDEN: tl.constexpr = tl.constexpr(0x9E3779B97F4A7C15)
@@ -54,27 +55,32 @@ def uniform(key, index):
 
 @triton.jit
 def _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale, cut_value, cut_range, keys,
-           density, start, AGENT: tl.constexpr, KEEP: tl.constexpr):  # fmt: skip
+           density, start, keep, keep_stride, AGENT: tl.constexpr, KEEP: tl.constexpr):  # fmt: skip
     """Agent t's weighted delta, whether it survives, and whether its value is NaN/Inf."""
     a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
     if AGENT == codecs.TAU32:
         tau = a
     else:
         tau = a - b
-    d = tl.load(weights + t) * (tau * tl.load(scale + t))
-    if KEEP == KEEP_CUTS:
-        bits = (tau.to(tl.uint32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
-        positions = offsets.to(tl.int64) + lo
-        upper = in_lower(bits, positions, tl.load(cut_value + 2 * t + 1), tl.load(cut_range + 4 * t + 2),
-                          tl.load(cut_range + 4 * t + 3))  # fmt: skip
-        lower = in_lower(bits, positions, tl.load(cut_value + 2 * t), tl.load(cut_range + 4 * t),
-                          tl.load(cut_range + 4 * t + 1))  # fmt: skip
-        alive = upper & ~lower
-    elif KEEP == KEEP_RANDOM:
-        key = tl.load(keys + t).to(tl.uint64, bitcast=True)
-        alive = uniform(key, offsets.to(tl.int64) + start) < tl.load(density + t)
+    if KEEP == KEEP_MULTIPLIERS:  # a kept element survives as (tau * k) * scale
+        k = tl.load(keep + t * keep_stride + offsets, mask=mask, other=0.0)
+        d = tl.load(weights + t) * ((tau * k) * tl.load(scale + t))
+        alive = k != 0.0
     else:
-        alive = mask | ~mask
+        d = tl.load(weights + t) * (tau * tl.load(scale + t))
+        if KEEP == KEEP_CUTS:
+            bits = (tau.to(tl.uint32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
+            positions = offsets.to(tl.int64) + lo
+            upper = in_lower(bits, positions, tl.load(cut_value + 2 * t + 1), tl.load(cut_range + 4 * t + 2),
+                             tl.load(cut_range + 4 * t + 3))  # fmt: skip
+            lower = in_lower(bits, positions, tl.load(cut_value + 2 * t), tl.load(cut_range + 4 * t),
+                             tl.load(cut_range + 4 * t + 1))  # fmt: skip
+            alive = upper & ~lower
+        elif KEEP == KEEP_RANDOM:
+            key = tl.load(keys + t).to(tl.uint64, bitcast=True)
+            alive = uniform(key, offsets.to(tl.int64) + start) < tl.load(density + t)
+        else:
+            alive = mask | ~mask
     return d, alive, codecs.nonfinite(a)
 
 
@@ -92,6 +98,8 @@ def gta_tile(
     keys,  # int64 (N,): the random streams' keys (uint64 bits)
     density,  # float32 (N,)
     start,  # the tile's first element within its tensor (the draws' index)
+    keep,  # float32 (N, keep_stride): KEEP_MULTIPLIERS' keep values
+    keep_stride,
     total_weight,  # float32 (1,): the divisor without consensus
     lams,  # float32 (K,)
     out,
@@ -114,22 +122,22 @@ def gta_tile(
     mixed = tl.zeros((BLOCK,), tl.float32)
     if CONSENSUS == 0:
         for t in range(N_AGENTS):
-            d, alive, odd = _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale,
-                                   cut_value, cut_range, keys, density, start, AGENT, KEEP)  # fmt: skip
+            d, alive, odd = _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale, cut_value,
+                                   cut_range, keys, density, start, keep, keep_stride, AGENT, KEEP)  # fmt: skip
             bad = bad | odd
             mixed = mixed + tl.where(alive, d, 0.0)
         divisor = tl.zeros((BLOCK,), tl.float32) + tl.load(total_weight)
     else:
         majority = tl.zeros((BLOCK,), tl.float32)
         for t in range(N_AGENTS):
-            d, alive, odd = _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale,
-                                   cut_value, cut_range, keys, density, start, AGENT, KEEP)  # fmt: skip
+            d, alive, odd = _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale, cut_value,
+                                   cut_range, keys, density, start, keep, keep_stride, AGENT, KEEP)  # fmt: skip
             bad = bad | odd
             majority = majority + tl.where(alive, d, 0.0)
         divisor = tl.zeros((BLOCK,), tl.float32)
         for t in range(N_AGENTS):
-            d, alive, odd = _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale,
-                                   cut_value, cut_range, keys, density, start, AGENT, KEEP)  # fmt: skip
+            d, alive, odd = _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scale, cut_value,
+                                   cut_range, keys, density, start, keep, keep_stride, AGENT, KEEP)  # fmt: skip
             r = tl.where(alive, d, 0.0)
             kept = ((r > 0.0) & (majority >= 0.0)) | ((r < 0.0) & (majority < 0.0))
             mixed = mixed + tl.where(kept, r, 0.0)
@@ -160,17 +168,20 @@ def gta_tile_launch(
     keep: int,
     consensus: int,
     normalize: bool,
+    multipliers: torch.Tensor | None = None,
 ) -> None:
     """Queue the GTA merge of one tile: ``raw`` the staged inputs (base first, then the agents of
     one format at one stride), ``start`` the tile's first element within its tensor (the random
     draws' index), ``constants`` the device tensors weights, scale, cut values, cut ranges, random
     keys, densities, total weight and lambdas; ``out`` (K, m) in the output's carrier, ``state``
-    (1 + K,)."""
+    (1 + K,); ``multipliers`` (N, m) float32 on the device, the keep values of ``KEEP_MULTIPLIERS``."""
     agents_at, stride = layout(raw)
     weights, scale, cut_value, cut_range, keys, density, total_weight, lams = constants
+    given = weights if multipliers is None else multipliers
     with on_device(raw[0]):
         gta_tile[(triton.cdiv(m, BLOCK), out.shape[0])](
-            raw[0], agents_at, stride, m, lo, weights, scale, cut_value, cut_range, keys, density, start,
-            total_weight, lams, out, out.stride(0), state, N_AGENTS=len(raw) - 1, BASE=codes[0], AGENT=codes[1],
-            OUT=codes[2], KEEP=keep, CONSENSUS=consensus, NORMALIZE=normalize, BLOCK=BLOCK, **EXACT,
+            raw[0], agents_at, stride, m, lo, weights, scale, cut_value, cut_range, keys, density, start, given,
+            0 if multipliers is None else m, total_weight, lams, out, out.stride(0), state, N_AGENTS=len(raw) - 1,
+            BASE=codes[0], AGENT=codes[1], OUT=codes[2], KEEP=keep, CONSENSUS=consensus, NORMALIZE=normalize,
+            BLOCK=BLOCK, **EXACT,
         )  # fmt: skip

@@ -27,6 +27,7 @@ CARRY: tl.constexpr = tl.constexpr(CARRY_BITS)
 KEEP_ALL: tl.constexpr = tl.constexpr(0)
 KEEP_RANDOM: tl.constexpr = tl.constexpr(1)
 KEEP_ARRAY: tl.constexpr = tl.constexpr(2)
+KEEP_FLOATS: tl.constexpr = tl.constexpr(3)  # a keep array of float32 values (DELLA's): kept where not 0
 
 
 @triton.jit
@@ -46,7 +47,7 @@ def sums_tile(
     base,  # uint8 pointer: the base's raw bytes; agent t's are at base + agents_at + t * agent_stride
     agents_at,
     agent_stride,
-    keep_at,  # KEEP_ARRAY: agent t's keep row (one byte per element) at base + keep_at + t * keep_stride
+    keep_at,  # KEEP_ARRAY / KEEP_FLOATS: agent t's keep row at base + keep_at + t * keep_stride
     keep_stride,
     m,
     lo,
@@ -92,6 +93,9 @@ def sums_tile(
             drawn = uniform(key, offsets.to(tl.int64) + start) < dens
         elif KEEP == KEEP_ARRAY:
             drawn = tl.load(base + keep_at + agent * keep_stride + offsets, mask=mask, other=0) != 0
+        elif KEEP == KEEP_FLOATS:
+            row = (base + keep_at + agent * keep_stride).to(tl.pointer_type(tl.float32))
+            drawn = tl.load(row + offsets, mask=mask, other=0.0) != 0.0
         else:
             drawn = mask | ~mask
         kept = kept + tl.where(drawn, value, 0.0)
@@ -119,9 +123,9 @@ def sums_launch(
     """Queue the exact sums of one tile into ``acc`` (2 * agents, BINS + 1) int64 and ``first``
     (1,) int64. ``keep``: ``KEEP_RANDOM`` (``keys`` int64 and ``density`` float32 (agents,) on
     the device, ``start`` the tile's first element within its tensor), ``KEEP_ARRAY`` (``raw``
-    holds, after the agents, one keep row of one byte per element per agent, one after another)
-    or ``KEEP_ALL``; ``squares``: sums of tau^2 instead of |tau|."""
-    arrays = keep == int(KEEP_ARRAY)
+    holds, after the agents, one keep row of one byte per element per agent, one after another),
+    ``KEEP_FLOATS`` (the same with float32 rows) or ``KEEP_ALL``; ``squares``: sums of tau^2 instead of |tau|."""
+    arrays = keep in (int(KEEP_ARRAY), int(KEEP_FLOATS))
     n_agents = (len(raw) - 1) // 2 if arrays else len(raw) - 1
     agents_at, stride = layout(raw[: 1 + n_agents])
     keep_at, keep_stride = layout([raw[0], *raw[1 + n_agents :]]) if arrays else (0, 0)
