@@ -836,6 +836,49 @@ def sums_tiles() -> None:
             assert renormalised(want.numpy()).any(), what
 
 
+def gram_tiles() -> None:
+    """``fused/sums.py``'s Gram sums on tiles of a base and 3 agents (every format, task vectors;
+    NaN, Inf, tau overflowing, negative products; a short last group), of the task vectors and of
+    the base with the agents' weights: the torch-op path's accumulators (``_gram_rows`` and
+    ``exact_sums``), renormalised, and its first position, added to what was there."""
+    from ramstream.backends.exact_sum import BINS, renormalised
+    from ramstream.backends.torch import exact_sums
+    from ramstream.backends.torch.counting import _gram_rows
+    from ramstream.backends.torch.fused import sums
+
+    for number, code in enumerate((*CODES, TAU32)):
+        m = 1100  # one program (``sums_tiles`` has two), the last group 12 elements long
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _tile_family(code, m, seed=5 + code)
+        weights = number % 2 == 1
+        n_vectors = 3 + weights
+        pairs = [(a, b) for a in range(n_vectors) for b in range(a, n_vectors)]
+        left = torch.tensor([a for a, _ in pairs], dtype=torch.int64)
+        right = torch.tensor([b for _, b in pairs], dtype=torch.int64)
+        lo = 192
+        staged = _staged(base, agents)
+        first_want = torch.full((1,), NOWHERE, dtype=torch.int64)
+        rows = _gram_rows(staged, [base_code, code, code, code], 3, weights, first_want, 0, lo, torch.zeros(()))
+        stacked = torch.stack(rows)
+        want = torch.zeros((len(pairs), BINS + 1), dtype=torch.int64)
+        want[:, 7] = 5
+        exact_sums.accumulate(want, exact_sums.product_group_sums(stacked[left], stacked[right]))
+        acc = torch.zeros((len(pairs), BINS + 1), dtype=torch.int64)
+        acc[:, 7] = 5
+        first = torch.tensor([NOWHERE], dtype=torch.int64)
+        sums.gram_launch(staged, m, lo, left, right, acc, first, (base_code, code), weights)
+        what = f"gram {code} weights={weights}"
+        assert np.array_equal(renormalised(acc.numpy()), renormalised(want.numpy())), what
+        assert int(first[0]) == int(first_want[0]) < NOWHERE, what
+        assert weights or (renormalised(want.numpy()) < 0).any(), what  # signed sums of tau products
+
+
+def sums_and_gram_tiles() -> None:
+    """Both exact-sum kernels' tile checks in one process."""
+    sums_tiles()
+    gram_tiles()
+
+
 def sums_merges(scratch: Path) -> None:
     """dare_ties (its L1 rescale's exact sums) through the API with the torch
     backend on the CPU, the sums in the fused kernel: every block's sums equal to the Numba
@@ -874,13 +917,14 @@ def merges(scratch: Path) -> None:
 
 def gta_merges(scratch: Path) -> None:
     """The GTA merges whose selections the fused kernel evaluates (every element, magnitude cuts),
-    as ``merges``; then an overflowing output refused as on the Numba backend. DARE's draws go
-    through the same kernel in ``sums_merges`` (dare_ties), which checks their exact sums too,
-    and in ``gta_tiles`` with and without the sign election."""
-    from ramstream.backends.torch.fused import gta
+    as ``merges``, model_stock's Gram statistics fused too; then an overflowing output refused as
+    on the Numba backend. DARE's draws go through the same kernel in ``sums_merges`` (dare_ties),
+    which checks their exact sums too, and in ``gta_tiles`` with and without the sign election."""
+    from ramstream.backends.torch.fused import gta, sums
 
-    calls = {"gta": 0}
+    calls = {"gta": 0, "gram": 0}
     _count(gta, "gta_tile_launch", calls, "gta")
+    _count(sums, "gram_launch", calls, "gram")  # model_stock's statistics
     _merges(
         scratch,
         [
@@ -891,7 +935,7 @@ def gta_merges(scratch: Path) -> None:
             ("model_stock", {}),
         ],
     )
-    assert calls["gta"] > 0, calls
+    assert min(calls.values()) > 0, calls
     _overflow_refused(scratch)
 
 
@@ -997,7 +1041,7 @@ CHECKS: dict[str, Callable[[], None]] = {
     "histogram_tiles": histogram_tiles,
     "linear_tiles": linear_tiles,
     "vectors_tiles": vectors_tiles,
-    "sums_tiles": sums_tiles,
+    "sums_tiles": sums_and_gram_tiles,
 }
 
 IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {

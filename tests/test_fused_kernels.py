@@ -73,7 +73,8 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 12  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, SCE, DELLA's 2
+    assert launches >= 13  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, Gram, SCE,
+    # DELLA's two
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -260,3 +261,21 @@ def test_the_della_keep_kernel_compiles_for_sm90_without_contraction_or_approxim
     ptx = _ptx(della.keep_tile, DELLA_KEEP_SIGNATURE, {"INVERSE": inverse, "BLOCK": della.BLOCK})
     assert FORBIDDEN.findall(ptx) == []
     assert "div.rn.f32" in ptx and "mul.rn.f32" in ptx and "add.rn.f32" in ptx
+
+
+GRAM_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "left": "*i64",
+    "right": "*i64", "acc": "*i64", "first": "*i64",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("code", "weights"), [(c, i % 2 == 0) for i, c in enumerate([*CODES, TAU32])])
+def test_the_gram_kernel_compiles_for_sm90_with_exact_float64_products_and_native_atomics(
+    code: int, weights: bool
+) -> None:
+    base = FloatCode.F32 if code == TAU32 else code
+    constexprs = {"N_PAIRS": 6, "PAIRS": 8, "BASE": base, "AGENT": code, "WEIGHTS": weights, "GROUPS": sums.GROUPS}
+    ptx = _ptx(sums.gram_tile, GRAM_SIGNATURE, constexprs)
+    assert FORBIDDEN.findall(ptx) == []
+    assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx
+    assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]64", ptx) and ".cas" not in ptx

@@ -442,7 +442,8 @@ def staging(args: argparse.Namespace, base: Path, agents: list[Path], gb: float)
 def launches_per_tile(args: argparse.Namespace) -> None:
     """On the CPU: the kernels each tile of a probe, a RAM+, a linear, a TIES merge (its statistics
     pass's high and low magnitude histograms apart from the rest), an SCE merge (its variance
-    tiles included) and a DELLA merge (its L1 statistics included) launches, on the torch-op path
+    tiles included), a DELLA merge (its L1 statistics included) and a model_stock merge (its Gram
+    statistics included) launches, on the torch-op path
     (torch ops that compute, from the profiler) and on the fused path (Triton launches run by the
     interpreter, and the torch ops the tile issues around them), on the warm-up family."""
     os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
@@ -478,6 +479,7 @@ def launches_per_tile(args: argparse.Namespace) -> None:
         (fused_linear, "linear_launch"),
         (fused_sce, "sce_launch"),
         (fused_sums, "sums_launch"),
+        (fused_sums, "gram_launch"),
     )
     for module, name in launchers:
         launch = getattr(module, name)
@@ -535,7 +537,7 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     try:
         for mode in ("ops", "auto"):
             fused.MODE = mode  # type: ignore[assignment]
-            for what in ("probe", "ram+", "ties", "linear", "sce", "della"):
+            for what in ("probe", "ram+", "ties", "linear", "sce", "della", "model_stock"):
                 index = runs / f"{mode}.zarr"
                 tiles.clear()
                 with warnings.catch_warnings():

@@ -329,6 +329,8 @@ class CountOps(TileBackend):
         n_vectors = n_agents + (1 if weights else 0)
         pairs = [(a, b) for a in range(n_vectors) for b in range(a, n_vectors)]
         codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._gram_fused(arrays, pairs, weights, codes)
         with self._scoped():
             zero = torch.zeros((), dtype=torch.float32, device=self._device)
             acc = self._zeros(self.workers, len(pairs), BINS + 1)
@@ -342,6 +344,25 @@ class CountOps(TileBackend):
                 exact_sums.accumulate(acc[w], exact_sums.product_group_sums(stacked[left], stacked[right]))
 
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_vectors + 1)
+            return ExactSums(renormalised(self._host(acc.sum(0))), self._found(first))
+
+    def _gram_fused(
+        self, arrays: BlockArrays, pairs: list[tuple[int, int]], weights: bool, codes: list[int]
+    ) -> ExactSums:
+        """``gram`` in one fused kernel per tile (``fused/sums.py``): the accumulators and the
+        first non-finite position per worker, read back once."""
+        from ramstream.backends.torch.fused.sums import gram_launch
+
+        with self._scoped():
+            acc = self._zeros(self.workers, len(pairs), BINS + 1)
+            first = self._first()
+            left = self._constant(np.array([a for a, _ in pairs], np.int64))
+            right = self._constant(np.array([b for _, b in pairs], np.int64))
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                gram_launch(raw, m, lo, left, right, acc[w], first[w : w + 1], (codes[0], codes[1]), weights)
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
             return ExactSums(renormalised(self._host(acc.sum(0))), self._found(first))
 
     # -- per-vector and pairwise sums --------------------------------------------------------------

@@ -32,10 +32,11 @@ KEEP_FLOATS: tl.constexpr = tl.constexpr(3)  # a keep array of float32 values (D
 
 @triton.jit
 def _accumulate(acc, sums, counted):
-    """Add the float64 ``sums`` (>= 0, normal or 0) exactly into the accumulators at ``acc``
-    (each row's pointer), where ``counted``."""
+    """Add the float64 ``sums`` (normal or 0, of either sign) exactly into the accumulators at
+    ``acc`` (each row's pointer), where ``counted``."""
     bits = sums.to(tl.int64, bitcast=True)
     units = (bits & 0xFFFFFFFFFFFFF) | 0x10000000000000  # the mantissa times 2^53 (frexp's)
+    units = tl.where(bits < 0, -units, units)
     where = acc + FIRST_BIN + ((bits >> 52) & 0x7FF)
     counted = counted & (sums != 0.0)
     tl.atomic_add(where, units & 0xFFFFFFFF, mask=counted, sem="relaxed")
@@ -105,6 +106,95 @@ def sums_tile(
     position = tl.min(tl.min(found, axis=1), axis=0)
     if position < NOWHERE:
         tl.atomic_min(first, position)
+
+
+@triton.jit
+def _vector(base, agents_at, agent_stride, v, offsets, mask, b, BASE: tl.constexpr, AGENT: tl.constexpr,
+            WEIGHTS: tl.constexpr):  # fmt: skip
+    """Vector ``v`` of a Gram matrix at ``offsets`` (rows of ``v``: one vector per row): agent v's
+    task vector, or with ``WEIGHTS`` the base (v = 0) and agent v - 1's weights (a task vector's
+    as f32(base) + tau); and whether it is NaN/Inf."""
+    if WEIGHTS:
+        agent = codecs.decode(base + agents_at + (v - 1) * agent_stride, offsets, mask & (v > 0), AGENT)
+        if AGENT == codecs.TAU32:
+            agent = b + agent
+        value = tl.where(v == 0, b, agent)
+    else:
+        agent = codecs.decode(base + agents_at + v * agent_stride, offsets, mask, AGENT)
+        if AGENT == codecs.TAU32:
+            value = agent
+        else:
+            value = agent - b
+    return value, codecs.nonfinite(value)
+
+
+@triton.jit
+def gram_tile(
+    base,  # uint8 pointer: the base's raw bytes; agent t's are at base + agents_at + t * agent_stride
+    agents_at,
+    agent_stride,
+    m,
+    lo,
+    left,  # int64 (N_PAIRS,): each pair's first vector
+    right,  # int64 (N_PAIRS,): its second
+    acc,  # int64 (N_PAIRS, ROW)
+    first,  # int64 (1,): the first NaN/Inf value's position (min)
+    N_PAIRS: tl.constexpr,
+    PAIRS: tl.constexpr,  # N_PAIRS rounded up to a power of two: the rows of the program's blocks
+    BASE: tl.constexpr,
+    AGENT: tl.constexpr,
+    WEIGHTS: tl.constexpr,
+    GROUPS: tl.constexpr,
+):
+    """Per pair of vectors, the sum of their products (each exact in float64) over each group of
+    64 elements in element order from +0.0, added exactly into the pair's accumulator; NaN/Inf
+    values count as 0."""
+    groups = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
+    pair = tl.arange(0, PAIRS)[:, None]
+    is_pair = pair < N_PAIRS
+    a = tl.load(left + pair, mask=is_pair, other=0)
+    c = tl.load(right + pair, mask=is_pair, other=0)
+    found = tl.full((PAIRS, GROUPS), NOWHERE, tl.int64)
+    sums = tl.zeros((PAIRS, GROUPS), tl.float64)
+    for j in range(64):  # in element order within each group
+        offsets = (groups * 64 + j)[None, :]
+        mask = is_pair & (offsets < m)
+        b = codecs.decode(base, offsets, offsets < m, BASE)
+        x, odd_x = _vector(base, agents_at, agent_stride, a, offsets, mask, b, BASE, AGENT, WEIGHTS)
+        y, odd_y = _vector(base, agents_at, agent_stride, c, offsets, mask, b, BASE, AGENT, WEIGHTS)
+        odd = (odd_x | odd_y) & mask
+        found = tl.minimum(found, tl.where(odd, offsets.to(tl.int64) + lo, NOWHERE))
+        x = tl.where(odd_x, 0.0, x).to(tl.float64)
+        y = tl.where(odd_y, 0.0, y).to(tl.float64)
+        sums = sums + tl.where(mask, x * y, 0.0)
+    _accumulate(acc + pair * ROW, sums, is_pair & (groups * 64 < m)[None, :])
+    position = tl.min(tl.min(found, axis=1), axis=0)
+    if position < NOWHERE:
+        tl.atomic_min(first, position)
+
+
+def gram_launch(
+    raw: list[torch.Tensor],
+    m: int,
+    lo: int,
+    left: torch.Tensor,
+    right: torch.Tensor,
+    acc: torch.Tensor,
+    first: torch.Tensor,
+    codes: tuple[int, int],
+    weights: bool,
+) -> None:
+    """Queue the Gram sums of one tile into ``acc`` (pairs, BINS + 1) int64 and ``first`` (1,)
+    int64: ``left`` and ``right`` (pairs,) int64 on the device name each pair's vectors (the
+    agents' task vectors, or with ``weights`` the base then the agents' weights)."""
+    agents_at, stride = layout(raw)
+    n_pairs = int(left.shape[0])
+    with on_device(raw[0]):
+        gram_tile[(triton.cdiv(m, 64 * GROUPS),)](
+            raw[0], agents_at, stride, m, lo, left, right, acc, first, N_PAIRS=n_pairs,
+            PAIRS=triton.next_power_of_2(n_pairs), BASE=codes[0], AGENT=codes[1], WEIGHTS=weights, GROUPS=GROUPS,
+            **EXACT,
+        )  # fmt: skip
 
 
 def sums_launch(
