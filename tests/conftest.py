@@ -215,3 +215,12 @@ def tmp_path(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def interpreted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The results of the fused-kernel checks this module's selected tests name (their ``check``
+    parameter), run under triton's interpreter in one process (``tests/fused_interpreter.py``)."""
+    from tests.fused_interpreter import checks_of, run_checks
+
+    return run_checks(checks_of(request.session, request.module), tmp_path_factory.mktemp("interpreted"))

@@ -6,9 +6,11 @@ before anything imports triton, and never in the test process itself). A failed 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -591,7 +593,7 @@ def sce_merges(scratch: Path) -> None:
         calls["merge" if merge else "variance"] += 1
         launch(*args, merge=merge)  # type: ignore[arg-type]
 
-    sce.sce_launch = counted  # type: ignore[assignment]
+    _patch(sce, "sce_launch", counted)
     _merges(scratch, [("sce", {"select_topk": 0.3}), ("sce", {})])
     assert min(calls.values()) > 0, calls
 
@@ -899,7 +901,7 @@ def sums_merges(scratch: Path) -> None:
         calls["compared"] += 1
         return got
 
-    CountOps.abs_sums = compared  # type: ignore[method-assign,assignment]
+    _patch(CountOps, "abs_sums", compared)
     _merges(scratch, [("dare_ties", {"density": 0.5, "seed": 3})])
     assert min(calls.values()) > 0, calls
 
@@ -1023,6 +1025,21 @@ def _merges(scratch: Path, methods: list[tuple[str, dict[str, object]]]) -> None
         assert got == expected, f"{name}: not the Numba bytes"
 
 
+# what the running check replaced, undone before the next check of the same process
+_PATCHED: list[tuple[object, str, object]] = []
+
+
+def _patch(owner: object, name: str, value: object) -> None:
+    _PATCHED.append((owner, name, getattr(owner, name)))
+    setattr(owner, name, value)
+
+
+def _undo_patches() -> None:
+    while _PATCHED:
+        owner, name, old = _PATCHED.pop()
+        setattr(owner, name, old)
+
+
 def _count(module: object, name: str, calls: dict[str, int], key: str) -> None:
     launch = getattr(module, name)
 
@@ -1030,7 +1047,7 @@ def _count(module: object, name: str, calls: dict[str, int], key: str) -> None:
         calls[key] += 1
         return launch(*args, **kwargs)
 
-    setattr(module, name, counted)
+    _patch(module, name, counted)
 
 
 CHECKS: dict[str, Callable[[], None]] = {
@@ -1056,10 +1073,37 @@ IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
     "streamed": streamed,
 }
 
+
+def run(check: str, scratch: Path) -> None:
+    """Run one check (those that write files in a fresh directory under ``scratch``), then undo
+    what it patched."""
+    try:
+        if check in IN_A_DIRECTORY:
+            with tempfile.TemporaryDirectory(dir=scratch) as directory:
+                IN_A_DIRECTORY[check](Path(directory))
+        else:
+            CHECKS[check]()
+    finally:
+        _undo_patches()
+
+
+def run_all(checks: list[str], scratch: Path, results: Path) -> None:
+    """Run ``checks`` one after another in this process (one interpreter start-up for all), each
+    failure kept with its traceback; ``results`` (JSON: check -> "ok" or the traceback) is
+    rewritten after each check, so a crash or a timeout leaves the ones that finished."""
+    done: dict[str, str] = {}
+    for check in checks:
+        try:
+            run(check, scratch)
+            done[check] = "ok"
+        except Exception:
+            done[check] = traceback.format_exc()
+        results.write_text(json.dumps(done))
+
+
 if __name__ == "__main__":
-    if sys.argv[1] in IN_A_DIRECTORY:
-        with tempfile.TemporaryDirectory(dir=sys.argv[2] if len(sys.argv) > 2 else None) as scratch:
-            IN_A_DIRECTORY[sys.argv[1]](Path(scratch))
-    else:
-        CHECKS[sys.argv[1]]()
-    print(f"{sys.argv[1]}: ok")
+    if sys.argv[1] == "--all":  # --all RESULTS SCRATCH CHECK...
+        run_all(sys.argv[4:], Path(sys.argv[3]), Path(sys.argv[2]))
+    else:  # CHECK [SCRATCH]: one check, by hand
+        run(sys.argv[1], Path(sys.argv[2] if len(sys.argv) > 2 else tempfile.gettempdir()))
+        print(f"{sys.argv[1]}: ok")

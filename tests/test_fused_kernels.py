@@ -27,7 +27,6 @@ from triton.compiler import ASTSource  # noqa: E402
 from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
 from ramstream.backends.torch.fused import della, gta, linear, magnitude, probe, ram, sce, sums, vectors  # noqa: E402
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
-from tests.fused_interpreter import run_check  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CODES = [int(c) for c in FloatCode]
@@ -37,10 +36,10 @@ CODES = [int(c) for c in FloatCode]
     "check",
     ["codecs", "ram_tiles", "probe_tiles", "gta_tiles", "histogram_tiles", "linear_tiles", "vectors_tiles"],
 )
-def test_the_kernels_give_the_numba_bytes_under_the_interpreter(check: str, tmp_path: Path) -> None:
+def test_the_kernels_give_the_numba_bytes_under_the_interpreter(check: str, interpreted: dict[str, str]) -> None:
     """The tiles' arithmetic; the merges through the API are in test_fused_merges.py and
     test_fused_gta_merges.py (a file each, so that they run beside these)."""
-    run_check(check, tmp_path)
+    assert interpreted[check] == "ok", interpreted[check]
 
 
 # -- the generated code -----------------------------------------------------------------------
