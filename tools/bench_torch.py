@@ -23,6 +23,11 @@ warm-up family's merges run first, so no timing includes a compile. ``--cuda --d
 torch-op path and on the fused path (the fused kernels under triton's interpreter on the CPU), from
 the profiler, on the warm-up family.
 
+``--host`` measures the streamed (CUDA) path's host side alone, on any machine: a RAM+ merge on
+the torch backend through a null device (its memory the host's, copies free, the fused kernel a
+no-op) against the read and /dev/shm write floors and Numba's merge, and where its calling thread
+spends its time.
+
 ``--staging`` measures the streamed path's reads alone, on any machine: every input read through
 the backend's input ring (slots of ``--slot`` bytes, parts cut into pieces on a pool of one thread
 per core, one barrier per tile) against the read floor, in the same run.
@@ -30,6 +35,7 @@ per core, one barrier per tile) against the read floor, in the same run.
     python tools/bench_torch.py --data bench-data            # CPU: numba vs torch, both passes
     python tools/bench_torch.py --data bench-data --cuda     # GPU: floors, torch on cuda, numba
     python tools/bench_torch.py --data bench-data --staging  # the streamed path's reads vs the floor
+    python tools/bench_torch.py --data bench-data --host     # its host side alone (a null device)
     python tools/bench_torch.py --data bench-data --launches # launches per tile, fused and torch ops
 """
 
@@ -577,6 +583,115 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     del torch
 
 
+class NullDevice:
+    """The streamed (CUDA) path's host side alone: a device whose memory is the host's (a
+    "device buffer" is its pinned slot itself), whose copies and events are free and whose
+    kernels do nothing (``host``). What a pass then costs is the host's: the reads into the
+    slots, the tile loop, the results handed to the writer's buffers and the writes."""
+
+    separate = True
+
+    def __init__(self) -> None:
+        import torch
+
+        self.device = torch.device("cpu")
+
+    def budget(self, given: int | None) -> int:
+        return given if given is not None else 8 << 30
+
+    def host_buffer(self, nbytes: int) -> Any:
+        import numpy as np
+        import torch
+
+        return torch.from_numpy(np.empty(nbytes, np.uint8))
+
+    def device_buffer(self, host: Any) -> Any:
+        return host
+
+    def upload(self, dst: Any, src: Any, after: Any) -> Any:
+        return self
+
+    def compute_waits(self, event: Any) -> None:
+        pass
+
+    def download(self, dst: Any, src: Any) -> tuple[Any, Any]:
+        return dst, self
+
+    def computed(self) -> Any:
+        return self
+
+    def constant(self, values: Any) -> Any:
+        import numpy as np
+        import torch
+
+        return torch.from_numpy(np.array(values))
+
+    def readback(self, src: Any) -> Any:
+        return src.contiguous().numpy().copy()
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def host(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> None:
+    """The streamed path's host cost: a RAM+ merge (index cached, output in /dev/shm) on the torch
+    backend through ``NullDevice`` with its fused RAM kernel doing nothing, against the read
+    floor, the /dev/shm write floor and the Numba backend's merge, in one process; then the
+    calling thread's time by function in a second null-device merge (cProfile)."""
+    import cProfile
+    import pstats
+
+    from ramstream import api
+    from ramstream.backends.torch import backend as torch_backend
+    from ramstream.backends.torch import fused
+    from ramstream.backends.torch.fused import ram as fused_ram
+    from ramstream.config import RunOptions, parse_size
+
+    members = [str(a) for a in agents]
+    runs = Path(tempfile.mkdtemp(prefix="bench-host-", dir=args.data))
+    out_bytes = sum(f.stat().st_size for f in base.glob("*.safetensors"))
+    floors = {
+        "read into memory": max(_read_floor(bench_spine.input_files(base, agents), pinned=False) for _ in range(2)),
+        SHM_WRITE: gb / bench_spine.write_once(out_bytes, SHM / "ramstream-write-floor.bin")["seconds"],
+    }
+    memory = parse_size(args.memory)
+    threads = {"threads": args.threads} if args.threads else {}
+    index = runs / "index.zarr"
+    api.probe(base, members, index=index, options=RunOptions(quiet=True, memory=memory))
+    torch_backend.make = lambda settings: torch_backend.TorchBackend(settings, streams=NullDevice())
+    fused.available = lambda device, workers: True  # type: ignore[assignment]
+    fused_ram.merge_tile = lambda *a, **k: None  # type: ignore[assignment]
+
+    def merge(backend: str) -> float:
+        out = SHM / f"ramstream-bench-host-{backend}"
+        shutil.rmtree(out, ignore_errors=True)
+        options = RunOptions(quiet=True, backend=backend, device="cpu" if backend == "torch" else None,
+                             memory=memory, **threads)  # fmt: skip
+        t0 = time.perf_counter()
+        api.merge(base, members, out=out, method="ram+", index=index, options=options)
+        seconds = time.perf_counter() - t0
+        shutil.rmtree(out, ignore_errors=True)
+        return seconds
+
+    try:
+        rates = {name: gb / min(merge(backend) for _ in range(args.repeat)) for name, backend in
+                 (("ram+ on the null device (host only)", "torch"), ("ram+ on Numba", "numba"))}  # fmt: skip
+        print(f"machine: {bench_spine.machine()}; commit {bench_spine.git_commit()}; inputs {gb:.2f} GB")
+        slowest = min(floors.values())
+        for name, rate in {**floors, **rates}.items():
+            print(f"{name}: {rate:.2f} GB/s of input ({100 * rate / slowest:.0f} % of the slowest floor)")
+        profile = cProfile.Profile()
+        profile.enable()
+        merge("torch")
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="bench-data", help="where bench_spine.py writes the family [bench-data]")
@@ -589,12 +704,15 @@ def main() -> int:
         "--family", choices=["full", "quick"], default="full", help="the 6 GB family, or a small one (dry runs)"
     )
     parser.add_argument("--staging", action="store_true", help="the streamed path's reads alone, against the floor")
+    parser.add_argument(
+        "--host", action="store_true", help="the streamed path's host side alone: a null device, against the floors"
+    )
     parser.add_argument("--verbose", action="store_true", help="with --launches: the torch ops by name")
     parser.add_argument(
         "--launches", action="store_true", help="kernel launches per tile, fused and torch-op paths (CPU, interpreter)"
     )
     parser.add_argument("--slot", default="32MiB", help="with --staging: bytes of a staging slot [32MiB]")
-    parser.add_argument("--repeat", type=int, default=3, help="with --staging: runs, the best reported [3]")
+    parser.add_argument("--repeat", type=int, default=3, help="with --staging, --host: runs, the best reported [3]")
     args = parser.parse_args()
     if args.launches:
         launches_per_tile(args)
@@ -602,7 +720,7 @@ def main() -> int:
     shape = bench_spine.FULL if args.family == "full" else bench_spine.QUICK
     base, agents = bench_spine.ensure_family(Path(args.data) / args.family, shape)
     gb = sum(f.stat().st_size for f in bench_spine.input_files(base, agents)) / 1e9
-    (staging if args.staging else gpu if args.cuda else cpu)(args, base, agents, gb)
+    (staging if args.staging else host if args.host else gpu if args.cuda else cpu)(args, base, agents, gb)
     return 0
 
 

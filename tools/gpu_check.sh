@@ -11,7 +11,8 @@
 #       and this checkout on PYTHONPATH, then write to LOGS: device.txt (the GPU, torch, CUDA),
 #       tests.log (every torch test, the CUDA ones no longer skipped) and, given BENCH_DATA (a
 #       directory on the machine's disk, the family written there once), bench.log
-#       (tools/bench_torch.py --cuda). Each step's exit status lands in LOGS/status.txt; the
+#       (tools/bench_torch.py --cuda) and host.log (its --host: the streamed path's host side
+#       alone). Each step's exit status lands in LOGS/status.txt; the
 #       script exits non-zero when any step failed.
 #   tools/gpu_check.sh bench shared/wheels LOGS BENCH_DATA
 #       the same install and device.txt, then only the benchmark (bench.log; it compares every
@@ -87,6 +88,7 @@ if torch.cuda.is_available():
     if [ -n "$data" ]; then
         step bench "$logs/bench.log" "$python" tools/bench_torch.py --cuda --data "$data" \
             ${BENCH_METHODS:+--methods "$BENCH_METHODS"}
+        step host "$logs/host.log" "$python" tools/bench_torch.py --host --data "$data" --repeat 2
     fi
     cat "$status"
     exit $failed
