@@ -663,6 +663,70 @@ def della_tiles_and_merges(scratch: Path) -> None:
     della_merges(scratch)
 
 
+def _naive_nearswap(
+    base: np.ndarray, agent: np.ndarray, codes: tuple[int, int], t: np.float32
+) -> tuple[np.ndarray, int]:
+    """``backends/numba/nearswap.py`` element by element (numpy float32: one rounding per op), and
+    the first NaN/Inf input position (-1: none)."""
+    b, a = decode_array(base, codes[0]), decode_array(agent, codes[1])
+    bad = ~np.isfinite(b) | ~np.isfinite(a)
+    zero, one, floor = np.float32(0.0), np.float32(1.0), np.float32(1e-6)
+    with np.errstate(all="ignore"):
+        if codes[1] == TAU32:
+            a = b + a
+        distance = np.abs(b - a)
+        distance = np.where(distance < floor, floor, distance)
+        weight = (one / distance) * t
+        weight = np.where(weight < zero, zero, weight)
+        weight = np.where(weight > one, one, weight)
+        merged = weight * a + (one - weight) * b
+    return merged.astype(np.float32), int(np.argmax(bad)) if bad.any() else -1
+
+
+def nearswap_tiles_and_merges(scratch: Path) -> None:
+    """``fused/nearswap.py`` on tiles of a base and an agent (every format, a task vector; NaN,
+    Inf, -0.0, subnormals, distances below 1e-6) at a block position past 0, with a small and a
+    large t, to a few output formats: the naive twin's bytes, first position and flag; then
+    nearswap through the API with the torch backend on the CPU, its kernel interpreted: the
+    Numba bytes on the BF16, F16 and F32 families, every tile fused."""
+    from ramstream.backends.torch.fused import nearswap
+    from tests.families import build_family
+    from tests.test_backends import _merge
+
+    lo = 320
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _tile_family(code, m, seed=53 + code)
+        for t, out_code in (
+            (np.float32(0.001), base_code),
+            (np.float32(2.5), FloatCode.F32),
+            (np.float32(1e-7), FloatCode.BF16),
+        ):
+            merged, first = _naive_nearswap(base, agents[1], (base_code, code), t)
+            want = _encoded(merged, out_code)
+            out = torch.full((m,), 77, dtype=TORCH_CARRIER[out_code])
+            state = torch.tensor([NOWHERE, 0], dtype=torch.int64)
+            nearswap.nearswap_launch(
+                _staged(base, [agents[1]]), m, lo, float(t), out, state, (base_code, code, out_code)
+            )
+            what = f"nearswap {code} t={t} -> {out_code}"
+            assert np.array_equal(out.numpy().view(np.uint8), want.view(np.uint8)), what
+            assert int(state[0]) == (first + lo if first >= 0 else NOWHERE), what
+            assert bool(state[1]) == bool(_nonfinite_encoded(want, out_code).any()), what
+    calls = {"nearswap": 0}
+    _count(nearswap, "nearswap_launch", calls, "nearswap")
+    shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
+    for dtype, single in FAMILY_FORMATS:
+        (scratch / dtype).mkdir(parents=True)
+        family = build_family(scratch / dtype, dtype=dtype, shapes=shapes, single_file=single)
+        expected = _merge(family, scratch / "numba" / dtype / "out", "nearswap", {"t": 0.001}, "numba", agents=1)
+        got = _merge(family, scratch / "torch" / dtype / "out", "nearswap", {"t": 0.001}, "torch", agents=1,
+                     device="cpu", threads=1)  # fmt: skip
+        assert got == expected, f"nearswap {dtype}: not the Numba bytes"
+    assert calls["nearswap"] > 0, calls
+
+
 def sce_tiles_and_merges(scratch: Path) -> None:
     """Both SCE checks in one process (one interpreter start-up)."""
     sce_tiles()
@@ -1070,6 +1134,7 @@ IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
     "sums_merges": sums_merges,
     "sce": sce_tiles_and_merges,
     "della": della_tiles_and_merges,
+    "nearswap": nearswap_tiles_and_merges,
     "streamed": streamed,
 }
 

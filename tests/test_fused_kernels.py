@@ -25,7 +25,18 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
-from ramstream.backends.torch.fused import della, gta, linear, magnitude, probe, ram, sce, sums, vectors  # noqa: E402
+from ramstream.backends.torch.fused import (  # noqa: E402
+    della,
+    gta,
+    linear,
+    magnitude,
+    nearswap,
+    probe,
+    ram,
+    sce,
+    sums,
+    vectors,
+)
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,8 +83,8 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 13  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, Gram, SCE,
-    # DELLA's two
+    assert launches >= 14  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, Gram, SCE,
+    # DELLA's two, NearSwap
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -278,3 +289,15 @@ def test_the_gram_kernel_compiles_for_sm90_with_exact_float64_products_and_nativ
     assert FORBIDDEN.findall(ptx) == []
     assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx
     assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]64", ptx) and ".cas" not in ptx
+
+
+NEARSWAP_SIGNATURE = {"base": "*u8", "agent_at": "i64", "m": "i32", "lo": "i64", "t": "fp32", "state": "*i64"}
+
+
+@pytest.mark.parametrize("code", [*CODES, TAU32])
+def test_the_nearswap_kernel_compiles_for_sm90_without_contraction_or_approximate_division(code: int) -> None:
+    base = FloatCode.F32 if code == TAU32 else code
+    signature = {**NEARSWAP_SIGNATURE, "out": OUT_POINTER[FloatCode(base)]}
+    ptx = _ptx(nearswap.nearswap_tile, signature, {"BASE": base, "AGENT": code, "OUT": base, "BLOCK": nearswap.BLOCK})
+    assert FORBIDDEN.findall(ptx) == []
+    assert "div.rn.f32" in ptx and "mul.rn.f32" in ptx

@@ -10,7 +10,8 @@ pytest.importorskip("triton")
 
 
 @pytest.mark.parametrize(
-    "check", ["merges", "histogram_merges", "linear_merges", "vectors_merges", "streamed", "sums_tiles"]
+    "check",
+    ["merges", "histogram_merges", "linear_merges", "vectors_merges", "streamed", "sums_tiles", "nearswap"],
 )
 def test_the_kernels_give_the_numba_bytes_under_the_interpreter(check: str, interpreted: dict[str, str]) -> None:
     assert interpreted[check] == "ok", interpreted[check]

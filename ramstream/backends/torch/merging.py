@@ -334,8 +334,10 @@ class MergeOps(TileBackend):
         return first if first < probe.NOWHERE else -1
 
     def merge_nearswap(self, arrays: BlockArrays, t: np.float32, out: np.ndarray, out_code: int) -> int:
-        parts = self._array_parts(arrays)
         codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._merge_nearswap_fused(arrays, t, out, out_code)
+        parts = self._array_parts(arrays)
         raw_out, size = out.view(np.uint8), out.dtype.itemsize
         with self._scoped():
             t32 = self._f32(t)
@@ -351,6 +353,19 @@ class MergeOps(TileBackend):
 
             self._run(parts, arrays.size, tile)
             return self._found(first)
+
+    def _merge_nearswap_fused(self, arrays: BlockArrays, t: np.float32, out: np.ndarray, out_code: int) -> int:
+        """``merge_nearswap`` in one fused kernel per tile (``fused/nearswap.py``)."""
+        from ramstream.backends.torch.fused.nearswap import nearswap_launch
+
+        codes = self._codes(arrays)
+        with self._scoped():
+            return self._one_output_fused(
+                arrays, out, out_code,
+                lambda raw, m, lo, merged, state: nearswap_launch(
+                    raw, m, lo, float(t), merged, state, (codes[0], codes[1], out_code)
+                ),
+            )  # fmt: skip
 
     # -- SCE --------------------------------------------------------------------------------------
     def merge_sce(self, arrays: BlockArrays, params: SceParams, out: np.ndarray, out_code: int) -> int:
