@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ramstream.backends.torch.fused import codecs
-from ramstream.backends.torch.fused.ram import EXACT, NOWHERE, layout, on_device
+from ramstream.backends.torch.fused.ram import EXACT, layout, note_first, on_device, store_output
 
 BLOCK = 1024
 KEEP_ALL: tl.constexpr = tl.constexpr(0)
@@ -145,15 +145,9 @@ def gta_tile(
         divisor = tl.where(divisor == 0.0, 1.0, divisor)
     if NORMALIZE:
         mixed = tl.math.div_rn(mixed, divisor)
-    encoded = codecs.encode(b + tl.load(lams + k) * mixed, OUT)
-    tl.store(out + k * out_stride + offsets, encoded, mask=mask)
-    holds = tl.max((codecs.encoded_nonfinite(encoded, OUT) & mask).to(tl.int64))
-    if holds > 0:
-        tl.atomic_max(state + 1 + k, holds)
+    store_output(out + k * out_stride, offsets, mask, b + tl.load(lams + k) * mixed, state + 1 + k, OUT)
     if k == 0:
-        first = tl.min(tl.where(bad & mask, offsets.to(tl.int64) + lo, NOWHERE))
-        if first < NOWHERE:
-            tl.atomic_min(state, first)
+        note_first(state, bad, mask, offsets, lo)
 
 
 def gta_tile_launch(

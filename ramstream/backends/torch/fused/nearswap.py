@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ramstream.backends.torch.fused import codecs
-from ramstream.backends.torch.fused.ram import EXACT, NOWHERE, layout, on_device
+from ramstream.backends.torch.fused.ram import EXACT, layout, note_first, on_device, store_output
 
 BLOCK = 1024  # elements per program
 MIN_DISTANCE: tl.constexpr = tl.constexpr(1e-6)  # ``backends.numba.nearswap.MIN_DISTANCE``, as float32
@@ -44,14 +44,8 @@ def nearswap_tile(
     weight = tl.math.div_rn(tl.zeros((BLOCK,), tl.float32) + 1.0, distance) * t
     weight = tl.where(weight < 0.0, 0.0, weight)
     weight = tl.where(weight > 1.0, 1.0, weight)
-    encoded = codecs.encode(weight * a + (1.0 - weight) * b, OUT)
-    tl.store(out + offsets, encoded, mask=mask)
-    holds = tl.max((codecs.encoded_nonfinite(encoded, OUT) & mask).to(tl.int64))
-    if holds > 0:
-        tl.atomic_max(state + 1, holds)
-    first = tl.min(tl.where(bad & mask, offsets.to(tl.int64) + lo, NOWHERE))
-    if first < NOWHERE:
-        tl.atomic_min(state, first)
+    store_output(out, offsets, mask, weight * a + (1.0 - weight) * b, state + 1, OUT)
+    note_first(state, bad, mask, offsets, lo)
 
 
 def nearswap_launch(

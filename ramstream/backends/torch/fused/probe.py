@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ramstream.backends.torch.fused import codecs
-from ramstream.backends.torch.fused.ram import EXACT, NOWHERE, layout, on_device
+from ramstream.backends.torch.fused.ram import EXACT, layout, note_first, on_device
 
 BLOCK = 1024  # elements per program (a multiple of 8: a program packs whole bytes)
 
@@ -70,9 +70,7 @@ def probe_tile(
             found = tl.sum((on & (count == k)).to(tl.int64))
             if found > 0:
                 tl.atomic_add(overlap + t * N_AGENTS + k - 1, found)
-    position = tl.min(tl.where(bad & mask, offsets.to(tl.int64) + lo, NOWHERE))
-    if position < NOWHERE:
-        tl.atomic_min(first, position)
+    note_first(first, bad, mask, offsets, lo)
 
 
 def probe_tile_launch(

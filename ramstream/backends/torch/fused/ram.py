@@ -29,6 +29,26 @@ NOWHERE: tl.constexpr = tl.constexpr(1 << 62)  # ``probe.NOWHERE``: no non-finit
 
 
 @triton.jit
+def store_output(out, offsets, mask, values, flag, OUT: tl.constexpr):
+    """Encode ``values`` to format ``OUT``, store them at ``out + offsets`` and raise the int64 at
+    ``flag`` (an atomic maximum) where one of them is NaN/Inf."""
+    encoded = codecs.encode(values, OUT)
+    tl.store(out + offsets, encoded, mask=mask)
+    holds = tl.max((codecs.encoded_nonfinite(encoded, OUT) & mask).to(tl.int64))
+    if holds > 0:
+        tl.atomic_max(flag, holds)
+
+
+@triton.jit
+def note_first(first, bad, mask, offsets, lo):
+    """Lower the int64 at ``first`` (an atomic minimum) to the first block position ``lo +
+    offsets`` where ``bad``."""
+    position = tl.min(tl.where(bad & mask, offsets.to(tl.int64) + lo, NOWHERE))
+    if position < NOWHERE:
+        tl.atomic_min(first, position)
+
+
+@triton.jit
 def ram_tile(
     base,  # uint8 pointer: the base's raw bytes; agent t's are at base + agents_at + t * agent_stride
     agents_at,
@@ -68,15 +88,9 @@ def ram_tile(
         scaled = scaled + tl.where(on, lam * tau, 0.0)
     mean = tl.math.div_rn(total, tl.maximum(count, 1.0))
     merged = tl.where(count == 1.0, scaled, tl.where(count >= 2.0, mean, 0.0))
-    encoded = codecs.encode(b + merged, OUT)
-    tl.store(out + k * out_stride + offsets, encoded, mask=mask)
-    holds = tl.max((codecs.encoded_nonfinite(encoded, OUT) & mask).to(tl.int64))
-    if holds > 0:
-        tl.atomic_max(state + 1 + k, holds)
+    store_output(out + k * out_stride, offsets, mask, b + merged, state + 1 + k, OUT)
     if k == 0:
-        first = tl.min(tl.where(bad & mask, offsets.to(tl.int64) + lo, NOWHERE))
-        if first < NOWHERE:
-            tl.atomic_min(state, first)
+        note_first(state, bad, mask, offsets, lo)
 
 
 def merge_tile(

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ramstream.backends.torch.fused import codecs
 from ramstream.backends.torch.fused.gta import in_lower
-from ramstream.backends.torch.fused.ram import EXACT, NOWHERE, layout, on_device
+from ramstream.backends.torch.fused.ram import EXACT, layout, note_first, on_device, store_output
 
 BLOCK = 1024  # elements per program
 MIN_DIVISOR: tl.constexpr = tl.constexpr(1e-6)  # ``backends.numba.sce.MIN_DIVISOR``, as float32
@@ -90,16 +90,10 @@ def sce_tile(
             mixed = mixed + tl.where(counts, r * w, 0.0)
             divisor = divisor + tl.where(counts, w, 0.0)
         divisor = tl.where(divisor >= MIN_DIVISOR, divisor, MIN_DIVISOR)
-        encoded = codecs.encode(b + tl.math.div_rn(mixed, divisor), OUT)
-        tl.store(out + offsets, encoded, mask=mask)
-        holds = tl.max((codecs.encoded_nonfinite(encoded, OUT) & mask).to(tl.int64))
-        if holds > 0:
-            tl.atomic_max(state + 1, holds)
+        store_output(out, offsets, mask, b + tl.math.div_rn(mixed, divisor), state + 1, OUT)
     else:
         tl.store(out + offsets, var, mask=mask)
-    first = tl.min(tl.where(bad & mask, offsets.to(tl.int64) + lo, NOWHERE))
-    if first < NOWHERE:
-        tl.atomic_min(state, first)
+    note_first(state, bad, mask, offsets, lo)
 
 
 def sce_launch(

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ramstream.backends.torch.fused import codecs
-from ramstream.backends.torch.fused.ram import EXACT, NOWHERE, layout, on_device
+from ramstream.backends.torch.fused.ram import EXACT, layout, note_first, on_device, store_output
 
 BLOCK = 1024  # elements per program
 
@@ -65,14 +65,8 @@ def vectors_tile(
             total = total + tl.load(row + t, mask=mask, other=0.0) * tau
     if not WEIGHTS:
         total = b + total
-    encoded = codecs.encode(total, OUT)
-    tl.store(out + offsets, encoded, mask=mask)
-    holds = tl.max((codecs.encoded_nonfinite(encoded, OUT) & mask).to(tl.int64))
-    if holds > 0:
-        tl.atomic_max(state + 1, holds)
-    first = tl.min(tl.where(bad & mask, offsets.to(tl.int64) + lo, NOWHERE))
-    if first < NOWHERE:
-        tl.atomic_min(state, first)
+    store_output(out, offsets, mask, total, state + 1, OUT)
+    note_first(state, bad, mask, offsets, lo)
 
 
 def vectors_launch(
