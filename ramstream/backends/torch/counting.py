@@ -457,7 +457,7 @@ class CountOps(TileBackend):
                                        (codes[0], codes[1]))  # fmt: skip
                 outputs.put(values, self._sink(keep, lo, lo + m))
 
-            inputs = 5 * n_agents + 4  # the inputs, the keys, their sort and the keep values
+            inputs = 3 * n_agents + 5  # the inputs, and per agent its keys, their sort and its keep values
             self._run(self._array_parts(arrays), arrays.size, tile, align=params.slice_size, inputs=inputs)
         return keep
 

@@ -219,7 +219,8 @@ class MergeOps(TileBackend):
                     outputs.put(out[k], self._sink(raw_out, lo * size, (lo + m) * size))
 
             align = prune.slice_size if prune is not None else GROUP
-            inputs = k_outputs + 4 + (5 * n_agents if prune is not None else 0)  # the keys, their sort, the keeps
+            # MAGPRUNE's keys, their sort (values, indices, scratch) and keep values: under 96 bytes per agent
+            inputs = k_outputs + 4 + (2 * n_agents if prune is not None else 0)
             self._run(self._array_parts(arrays), arrays.size, tile, align=align, inputs=inputs)
             found = self._host(state)
         first = int(found[:, 0].min())
