@@ -727,6 +727,82 @@ def nearswap_tiles_and_merges(scratch: Path) -> None:
     assert calls["nearswap"] > 0, calls
 
 
+def _naive_fusion(
+    base: np.ndarray, agent: np.ndarray, codes: tuple[int, int], scale: np.ndarray, rows: tuple[int, int],
+    threshold: np.float32, lo: int,
+) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+    """``backends/numba/fusion.py`` element by element (numpy float32) for a tile at block position
+    ``lo``: the merged values, the importance's bits (sign cleared), the first NaN/Inf input (-1)."""
+    b, a = decode_array(base, codes[0]), decode_array(agent, codes[1])
+    bad = ~np.isfinite(b) | ~np.isfinite(a)
+    with np.errstate(all="ignore"):
+        if codes[1] == TAU32:
+            a = b + a
+        d = a - b
+        weight = np.abs(d) * scale[(lo + np.arange(b.shape[0]) + rows[1]) // rows[0]]
+        merged = b + d * np.where(weight >= threshold, np.float32(1.0), np.float32(0.0))
+    bits = weight.view(np.int32) & 0x7FFFFFFF
+    return merged.astype(np.float32), bits, int(np.argmax(bad)) if bad.any() else -1
+
+
+def fusion_tiles_and_merges(scratch: Path) -> None:
+    """``fused/fusion.py``'s merge and the histogram kernels' importance key on tiles of a base and
+    an agent (every format, a task vector; NaN, Inf, -0.0, subnormals; rows of 48 elements from an
+    offset, a tile at a block position past 0), against a naive numpy twin: the merged bytes, the
+    first position and flag, and the high and low histograms of the importance's bits; then
+    arcee_fusion through the API (its statistics and merge fused) with the Numba bytes."""
+    from ramstream.backends.base import HIGH_BINS, LOW_BINS
+    from ramstream.backends.torch.fused import fusion, magnitude
+    from tests.families import build_family
+    from tests.test_backends import _merge
+
+    lo, rows = 96, (48, 17)
+    for code in (*CODES, TAU32):
+        m = 2500 if code != FloatCode.F64 else 1000
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _tile_family(code, m, seed=61 + code)
+        scale = np.random.default_rng(code).random((lo + m + rows[1]) // rows[0] + 1).astype(np.float32) * 4
+        scale[3] = 0.0
+        staged = _staged(base, [agents[1]])
+        _, bits, first = _naive_fusion(base, agents[1], (base_code, code), scale, rows, np.float32(0.0), lo)
+        finite = np.sort(bits[bits < 0x7F800000])
+        threshold = finite[len(finite) // 2].view(np.float32)  # half the elements kept, ties included
+        merged, _, _ = _naive_fusion(base, agents[1], (base_code, code), scale, rows, threshold, lo)
+        for out_code in (base_code, FloatCode.BF16):
+            want = _encoded(merged, out_code)
+            out = torch.full((m,), 77, dtype=TORCH_CARRIER[out_code])
+            state = torch.tensor([NOWHERE, 0], dtype=torch.int64)
+            fusion.fusion_launch(staged, m, lo, torch.from_numpy(scale), rows, float(threshold), out, state,
+                                 (base_code, code, out_code))  # fmt: skip
+            what = f"fusion {code} -> {out_code}"
+            assert np.array_equal(out.numpy().view(np.uint8), want.view(np.uint8)), what
+            assert int(state[0]) == (first + lo if first >= 0 else NOWHERE), what
+            assert bool(state[1]) == bool(_nonfinite_encoded(want, out_code).any()), what
+        at = (lo, torch.from_numpy(scale), rows[0], rows[1])
+        high = torch.zeros((1, HIGH_BINS), dtype=torch.int32)
+        magnitude.high_launch(staged, m, high, (base_code, code), at)
+        assert np.array_equal(high.numpy()[0], np.bincount(bits >> 16, minlength=HIGH_BINS)), f"high {code}"
+        targets = np.array([[int(bits[0]) >> 16, -1, int(finite[-1]) >> 16]], np.int32)
+        low = torch.zeros((1, 3, LOW_BINS), dtype=torch.int32)
+        magnitude.low_launch(staged, m, torch.from_numpy(targets), low, (base_code, code), at)
+        for c, target in enumerate(targets[0]):
+            want_low = np.bincount(bits[(bits >> 16) == target] & 0xFFFF, minlength=LOW_BINS) if target >= 0 else 0
+            assert np.array_equal(low.numpy()[0, c], np.zeros(LOW_BINS, np.int32) + want_low), f"low {code} {c}"
+    calls = {"merge": 0, "high": 0, "low": 0}
+    _count(fusion, "fusion_launch", calls, "merge")
+    _count(magnitude, "high_launch", calls, "high")
+    _count(magnitude, "low_launch", calls, "low")
+    shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
+    for dtype, single in FAMILY_FORMATS:
+        (scratch / dtype).mkdir(parents=True)
+        family = build_family(scratch / dtype, dtype=dtype, shapes=shapes, single_file=single)
+        expected = _merge(family, scratch / "numba" / dtype / "out", "arcee_fusion", {}, "numba", agents=1)
+        got = _merge(family, scratch / "torch" / dtype / "out", "arcee_fusion", {}, "torch", agents=1, device="cpu",
+                     threads=1)  # fmt: skip
+        assert got == expected, f"arcee_fusion {dtype}: not the Numba bytes"
+    assert min(calls.values()) > 0, calls
+
+
 def sce_tiles_and_merges(scratch: Path) -> None:
     """Both SCE checks in one process (one interpreter start-up)."""
     sce_tiles()
@@ -1135,6 +1211,7 @@ IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
     "sce": sce_tiles_and_merges,
     "della": della_tiles_and_merges,
     "nearswap": nearswap_tiles_and_merges,
+    "fusion": fusion_tiles_and_merges,
     "streamed": streamed,
 }
 

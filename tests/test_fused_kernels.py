@@ -27,6 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
 from ramstream.backends.torch.fused import (  # noqa: E402
     della,
+    fusion,
     gta,
     linear,
     magnitude,
@@ -45,7 +46,7 @@ CODES = [int(c) for c in FloatCode]
 
 @pytest.mark.parametrize(
     "check",
-    ["codecs", "ram_tiles", "probe_tiles", "gta_tiles", "histogram_tiles", "linear_tiles", "vectors_tiles"],
+    ["codecs", "ram_tiles", "probe_tiles", "gta_tiles", "histogram_tiles", "linear_tiles", "vectors_tiles", "fusion"],
 )
 def test_the_kernels_give_the_numba_bytes_under_the_interpreter(check: str, interpreted: dict[str, str]) -> None:
     """The tiles' arithmetic; the merges through the API are in test_fused_merges.py and
@@ -83,8 +84,8 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 14  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, Gram, SCE,
-    # DELLA's two, NearSwap
+    assert launches >= 15  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, Gram, SCE,
+    # DELLA's two, NearSwap, arcee_fusion
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -143,15 +144,23 @@ def test_the_gta_kernel_compiles_for_sm90_without_contraction_or_approximate_div
     assert "mul.rn.f32" in ptx and ("div.rn.f32" in ptx) == normalize
 
 
-HISTOGRAM_SIGNATURE = {"base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "counts": "*i32"}
+HISTOGRAM_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "scale": "*fp32",
+    "row_len": "i64", "row_offset": "i64", "counts": "*i32",
+}  # fmt: skip
+HISTOGRAM_CASES = [(c, int(magnitude.KEY_ABS)) for c in [*CODES, TAU32]] + [
+    (c, int(magnitude.KEY_IMPORTANCE)) for c in (FloatCode.BF16, FloatCode.F32, TAU32)
+]
 
 
-@pytest.mark.parametrize("code", [*CODES, TAU32])
-def test_the_histogram_kernels_compile_for_sm90_with_native_atomics(code: int) -> None:
+@pytest.mark.parametrize(("code", "key"), HISTOGRAM_CASES)
+def test_the_histogram_kernels_compile_for_sm90_with_native_atomics(code: int, key: int) -> None:
     """Integer reductions in the memory system (``red``/``atom`` add), never a compare-and-swap
-    loop; and, as every kernel (the tie search's too), no approximation."""
+    loop; and, as every kernel (the tie search's too), no approximation. Of |tau| (three agents)
+    and of arcee_fusion's importance (one)."""
     base = FloatCode.F32 if code == TAU32 else code
-    shared = {"N_AGENTS": 3, "BASE": base, "AGENT": code, "BLOCK": magnitude.BLOCK}
+    agents = 3 if key == magnitude.KEY_ABS else 1
+    shared = {"N_AGENTS": agents, "BASE": base, "AGENT": code, "KEY": key, "BLOCK": magnitude.BLOCK}
     high = _ptx(magnitude.high_tile, HISTOGRAM_SIGNATURE, {**shared, "HIGH": HIGH_BINS})
     low_signature = {**HISTOGRAM_SIGNATURE, "targets": "*i32"}
     low_signature["counts"] = low_signature.pop("counts")  # after targets, as the kernel takes them
@@ -164,6 +173,7 @@ def test_the_histogram_kernels_compile_for_sm90_with_native_atomics(code: int) -
         assert FORBIDDEN.findall(ptx) == []
         assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]32", ptx), "no native integer atomic add"
         assert ".cas" not in ptx
+        assert key == magnitude.KEY_ABS or "mul.rn.f32" in ptx  # the importance: |d| times its row's factor
 
 
 LINEAR_SIGNATURE = {
@@ -301,3 +311,18 @@ def test_the_nearswap_kernel_compiles_for_sm90_without_contraction_or_approximat
     ptx = _ptx(nearswap.nearswap_tile, signature, {"BASE": base, "AGENT": code, "OUT": base, "BLOCK": nearswap.BLOCK})
     assert FORBIDDEN.findall(ptx) == []
     assert "div.rn.f32" in ptx and "mul.rn.f32" in ptx
+
+
+FUSION_SIGNATURE = {
+    "base": "*u8", "agent_at": "i64", "m": "i32", "lo": "i64", "scale": "*fp32", "row_len": "i64", "row_offset": "i64",
+    "threshold": "fp32",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("code", [*CODES, TAU32])
+def test_the_fusion_kernel_compiles_for_sm90_without_contraction(code: int) -> None:
+    base = FloatCode.F32 if code == TAU32 else code
+    signature = {**FUSION_SIGNATURE, "out": OUT_POINTER[FloatCode(base)], "state": "*i64"}
+    ptx = _ptx(fusion.fusion_tile, signature, {"BASE": base, "AGENT": code, "OUT": base, "BLOCK": fusion.BLOCK})
+    assert FORBIDDEN.findall(ptx) == []
+    assert "mul.rn.f32" in ptx

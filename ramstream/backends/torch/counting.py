@@ -97,6 +97,9 @@ class CountOps(TileBackend):
 
     # -- arcee_fusion's importance ---------------------------------------------------------------
     def importance_high_histogram(self, arrays: BlockArrays, rows: RowScale) -> np.ndarray:
+        codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._abs_high_fused(arrays, codes, rows)[0]
         fixed = self._fixed(self.workers * (HIGH_BINS + magnitude.SPREAD) * 8, "the importance histogram")
         with self._scoped():
             importance, counts = (
@@ -114,6 +117,9 @@ class CountOps(TileBackend):
         n_cuts = len(targets)
         if np.max(targets, initial=-1) < 0:
             return np.zeros((n_cuts, LOW_BINS), np.int32)
+        codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._abs_low_fused(arrays, codes, np.asarray(targets, np.int32)[None], rows)[0]
         size = n_cuts * LOW_BINS + magnitude.SPREAD
         fixed = self._fixed(self.workers * size * 8, "the fine importance histograms")
         with self._scoped():
@@ -173,24 +179,30 @@ class CountOps(TileBackend):
             total = counts.sum(0)[: n_agents * n_cuts * LOW_BINS].view(n_agents, n_cuts, LOW_BINS)
             return self._host(total).astype(np.int32)
 
-    def _abs_high_fused(self, arrays: BlockArrays, codes: list[int]) -> np.ndarray:
-        """``abs_high_histogram`` in one fused kernel per tile (``fused/magnitude.py``): the
-        counts in one int32 accumulator per worker (the Numba kernels' type), read back once."""
+    def _abs_high_fused(self, arrays: BlockArrays, codes: list[int], rows: RowScale | None = None) -> np.ndarray:
+        """``abs_high_histogram`` (with ``rows``: ``importance_high_histogram``, one agent) in one
+        fused kernel per tile (``fused/magnitude.py``): the counts in one int32 accumulator per
+        worker (the Numba kernels' type), read back once."""
         from ramstream.backends.torch.fused.magnitude import high_launch
 
         n_agents = len(arrays.agents)
         fixed = self._fixed(self.workers * n_agents * HIGH_BINS * 4, f"the magnitude histograms of {n_agents} agents")
         with self._scoped():
             counts = torch.zeros((self.workers, n_agents, HIGH_BINS), dtype=torch.int32, device=self._device)
+            scale = self._f32(rows.scale) if rows is not None else None
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                high_launch(raw, m, counts[w], (codes[0], codes[1]))
+                at = (lo, scale, rows.row_len, rows.offset) if rows is not None and scale is not None else None
+                high_launch(raw, m, counts[w], (codes[0], codes[1]), at)
 
             self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
             return self._host(counts.sum(0)).astype(np.int32)
 
-    def _abs_low_fused(self, arrays: BlockArrays, codes: list[int], targets: np.ndarray) -> np.ndarray:
-        """``abs_low_histogram`` in one fused kernel per tile, as ``_abs_high_fused``."""
+    def _abs_low_fused(
+        self, arrays: BlockArrays, codes: list[int], targets: np.ndarray, rows: RowScale | None = None
+    ) -> np.ndarray:
+        """``abs_low_histogram`` (with ``rows``: ``importance_low_histogram``) in one fused kernel
+        per tile, as ``_abs_high_fused``."""
         from ramstream.backends.torch.fused.magnitude import low_launch
 
         n_agents, n_cuts = targets.shape
@@ -199,9 +211,11 @@ class CountOps(TileBackend):
         with self._scoped():
             counts = torch.zeros((self.workers, n_agents, n_cuts, LOW_BINS), dtype=torch.int32, device=self._device)
             aims = self._constant(targets)
+            scale = self._f32(rows.scale) if rows is not None else None
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                low_launch(raw, m, aims, counts[w], (codes[0], codes[1]))
+                at = (lo, scale, rows.row_len, rows.offset) if rows is not None and scale is not None else None
+                low_launch(raw, m, aims, counts[w], (codes[0], codes[1]), at)
 
             self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
             return self._host(counts.sum(0)).astype(np.int32)

@@ -446,6 +446,9 @@ class MergeOps(TileBackend):
     def merge_fusion(
         self, arrays: BlockArrays, rows: RowScale, threshold: np.float32, out: np.ndarray, out_code: int
     ) -> int:
+        codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._merge_fusion_fused(arrays, rows, threshold, out, out_code)
         raw_out, size = out.view(np.uint8), out.dtype.itemsize
         with self._scoped():
             importance, limit, first = (
@@ -462,6 +465,23 @@ class MergeOps(TileBackend):
 
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=6)
             return self._found(first)
+
+    def _merge_fusion_fused(
+        self, arrays: BlockArrays, rows: RowScale, threshold: np.float32, out: np.ndarray, out_code: int
+    ) -> int:
+        """``merge_fusion`` in one fused kernel per tile (``fused/fusion.py``)."""
+        from ramstream.backends.torch.fused.fusion import fusion_launch
+
+        codes = self._codes(arrays)
+        layout = (rows.row_len, rows.offset)
+        with self._scoped():
+            scale = self._f32(rows.scale)
+            return self._one_output_fused(
+                arrays, out, out_code,
+                lambda raw, m, lo, merged, state: fusion_launch(
+                    raw, m, lo, scale, layout, float(threshold), merged, state, (codes[0], codes[1], out_code)
+                ),
+            )  # fmt: skip
 
     def merge_vectors(
         self,

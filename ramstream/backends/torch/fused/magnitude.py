@@ -24,9 +24,13 @@ import triton.language as tl
 
 from ramstream.backends.base import HIGH_BINS, LOW_BINS
 from ramstream.backends.torch.fused import codecs
+from ramstream.backends.torch.fused.fusion import importance
 from ramstream.backends.torch.fused.ram import EXACT, layout, on_device
 
 BLOCK = 1024  # elements per program
+# arcee_fusion's rows for the importance key: (the tile's block position, the rows' float32
+# factors on the device, row_len, offset)
+Rows = tuple[int, torch.Tensor, int, int]
 
 
 @triton.jit
@@ -38,6 +42,21 @@ def _abs_bits(base, agents_at, agent_stride, t, b, offsets, mask, AGENT: tl.cons
     else:
         tau = a - b
     return tau.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+KEY_ABS: tl.constexpr = tl.constexpr(0)  # |tau| of each agent (TIES, breadcrumbs)
+KEY_IMPORTANCE: tl.constexpr = tl.constexpr(1)  # arcee_fusion's importance of its one agent
+
+
+@triton.jit
+def _key_bits(base, agents_at, agent_stride, t, b, offsets, mask, lo, scale, row_len, row_offset,
+              AGENT: tl.constexpr, KEY: tl.constexpr):  # fmt: skip
+    """int32 bit patterns (sign cleared) of agent ``t``'s key: |tau|, or the importance."""
+    if KEY == KEY_IMPORTANCE:
+        a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
+        _, weight = importance(b, a, offsets.to(tl.int64) + lo, mask, scale, row_len, row_offset, AGENT)
+        return weight.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return _abs_bits(base, agents_at, agent_stride, t, b, offsets, mask, AGENT)
 
 
 @triton.jit
@@ -55,10 +74,15 @@ def high_tile(
     agents_at,
     agent_stride,
     m,
+    lo,  # KEY_IMPORTANCE: the tile's first element in its block, the rows' factors and layout
+    scale,
+    row_len,
+    row_offset,
     counts,  # int32 (N_AGENTS, HIGH): the call's accumulator
     N_AGENTS: tl.constexpr,
     BASE: tl.constexpr,
     AGENT: tl.constexpr,
+    KEY: tl.constexpr,
     HIGH: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -66,7 +90,8 @@ def high_tile(
     mask = offsets < m
     b = codecs.decode(base, offsets, mask, BASE)
     for t in range(N_AGENTS):
-        bits = _abs_bits(base, agents_at, agent_stride, t, b, offsets, mask, AGENT)
+        bits = _key_bits(base, agents_at, agent_stride, t, b, offsets, mask, lo, scale, row_len, row_offset, AGENT,
+                         KEY)  # fmt: skip
         _add(counts + t * HIGH, bits >> 16, mask, mask & (bits == 0))
 
 
@@ -76,12 +101,17 @@ def low_tile(
     agents_at,
     agent_stride,
     m,
+    lo,  # KEY_IMPORTANCE: as high_tile's
+    scale,
+    row_len,
+    row_offset,
     targets,  # int32 (N_AGENTS, N_CUTS): the high half each cut counts (-1: none)
     counts,  # int32 (N_AGENTS, N_CUTS, LOW): the call's accumulator
     N_AGENTS: tl.constexpr,
     N_CUTS: tl.constexpr,
     BASE: tl.constexpr,
     AGENT: tl.constexpr,
+    KEY: tl.constexpr,
     LOW: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -89,7 +119,8 @@ def low_tile(
     mask = offsets < m
     b = codecs.decode(base, offsets, mask, BASE)
     for t in range(N_AGENTS):
-        bits = _abs_bits(base, agents_at, agent_stride, t, b, offsets, mask, AGENT)
+        bits = _key_bits(base, agents_at, agent_stride, t, b, offsets, mask, lo, scale, row_len, row_offset, AGENT,
+                         KEY)  # fmt: skip
         for c in range(N_CUTS):
             target = tl.load(targets + t * N_CUTS + c)
             if target >= 0:
@@ -121,27 +152,39 @@ def tie_tile(
     tl.store(ties + bytes_at, packed.to(tl.uint8), mask=bytes_at < (m + 7) // 8)
 
 
-def high_launch(raw: list[torch.Tensor], m: int, counts: torch.Tensor, codes: tuple[int, int]) -> None:
-    """Queue the high-half histograms of one tile into ``counts`` (agents, HIGH_BINS) int32."""
+def high_launch(
+    raw: list[torch.Tensor], m: int, counts: torch.Tensor, codes: tuple[int, int], rows: Rows | None = None
+) -> None:
+    """Queue the high-half histograms of one tile into ``counts`` (agents, HIGH_BINS) int32: of
+    |tau|, or with ``rows`` (the tile's block position, the rows' float32 factors on the device,
+    row_len and offset, as ``RowScale``'s) of arcee_fusion's importance."""
     agents_at, stride = layout(raw)
+    lo, scale, row_len, row_offset = rows if rows is not None else (0, counts, 1, 0)
     with on_device(raw[0]):
         high_tile[(triton.cdiv(m, BLOCK),)](
-            raw[0], agents_at, stride, m, counts,
-            N_AGENTS=len(raw) - 1, BASE=codes[0], AGENT=codes[1], HIGH=HIGH_BINS, BLOCK=BLOCK, **EXACT,
+            raw[0], agents_at, stride, m, lo, scale, row_len, row_offset, counts, N_AGENTS=len(raw) - 1,
+            BASE=codes[0], AGENT=codes[1], KEY=KEY_ABS if rows is None else KEY_IMPORTANCE, HIGH=HIGH_BINS,
+            BLOCK=BLOCK, **EXACT,
         )  # fmt: skip
 
 
 def low_launch(
-    raw: list[torch.Tensor], m: int, targets: torch.Tensor, counts: torch.Tensor, codes: tuple[int, int]
+    raw: list[torch.Tensor],
+    m: int,
+    targets: torch.Tensor,
+    counts: torch.Tensor,
+    codes: tuple[int, int],
+    rows: Rows | None = None,
 ) -> None:
     """Queue the low-half histograms of one tile into ``counts`` (agents, cuts, LOW_BINS) int32;
-    ``targets`` (agents, cuts) int32 on the device."""
+    ``targets`` (agents, cuts) int32 on the device; ``rows`` as ``high_launch``'s."""
     agents_at, stride = layout(raw)
+    lo, scale, row_len, row_offset = rows if rows is not None else (0, counts, 1, 0)
     with on_device(raw[0]):
         low_tile[(triton.cdiv(m, BLOCK),)](
-            raw[0], agents_at, stride, m, targets, counts,
-            N_AGENTS=len(raw) - 1, N_CUTS=targets.shape[1], BASE=codes[0], AGENT=codes[1], LOW=LOW_BINS,
-            BLOCK=BLOCK, **EXACT,
+            raw[0], agents_at, stride, m, lo, scale, row_len, row_offset, targets, counts, N_AGENTS=len(raw) - 1,
+            N_CUTS=targets.shape[1], BASE=codes[0], AGENT=codes[1], KEY=KEY_ABS if rows is None else KEY_IMPORTANCE,
+            LOW=LOW_BINS, BLOCK=BLOCK, **EXACT,
         )  # fmt: skip
 
 

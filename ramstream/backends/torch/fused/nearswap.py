@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ramstream.backends.torch.fused import codecs
-from ramstream.backends.torch.fused.ram import EXACT, layout, note_first, on_device, store_output
+from ramstream.backends.torch.fused.ram import EXACT, decode_pair, layout, note_first, on_device, store_output
 
 BLOCK = 1024  # elements per program
 MIN_DISTANCE: tl.constexpr = tl.constexpr(1e-6)  # ``backends.numba.nearswap.MIN_DISTANCE``, as float32
@@ -34,9 +34,7 @@ def nearswap_tile(
 ):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < m
-    b = codecs.decode(base, offsets, mask, BASE)
-    a = codecs.decode(base + agent_at, offsets, mask, AGENT)
-    bad = codecs.nonfinite(b) | codecs.nonfinite(a)
+    b, a, bad = decode_pair(base, agent_at, offsets, mask, BASE, AGENT)
     if AGENT == codecs.TAU32:
         a = b + a  # its weights, base + tau in float32
     distance = tl.abs(b - a)

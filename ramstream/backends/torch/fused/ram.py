@@ -40,6 +40,15 @@ def store_output(out, offsets, mask, values, flag, OUT: tl.constexpr):
 
 
 @triton.jit
+def decode_pair(base, agent_at, offsets, mask, BASE: tl.constexpr, AGENT: tl.constexpr):
+    """The base's and one agent's float32 values (its raw bytes at ``base + agent_at``), and
+    whether either is NaN/Inf."""
+    b = codecs.decode(base, offsets, mask, BASE)
+    a = codecs.decode(base + agent_at, offsets, mask, AGENT)
+    return b, a, codecs.nonfinite(b) | codecs.nonfinite(a)
+
+
+@triton.jit
 def note_first(first, bad, mask, offsets, lo):
     """Lower the int64 at ``first`` (an atomic minimum) to the first block position ``lo +
     offsets`` where ``bad``."""
