@@ -1008,7 +1008,7 @@ def gram_tiles() -> None:
         acc = torch.zeros((len(pairs), BINS + 1), dtype=torch.int64)
         acc[:, 7] = 5
         first = torch.tensor([NOWHERE], dtype=torch.int64)
-        sums.gram_launch(staged, m, lo, left, right, acc, first, (base_code, code), weights)
+        sums.gram_launch(staged, m, lo, acc, first, (base_code, code), weights)
         what = f"gram {code} weights={weights}"
         assert np.array_equal(renormalised(acc.numpy()), renormalised(want.numpy())), what
         assert int(first[0]) == int(first_want[0]) < NOWHERE, what

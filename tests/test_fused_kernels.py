@@ -284,8 +284,7 @@ def test_the_della_keep_kernel_compiles_for_sm90_without_contraction_or_approxim
 
 
 GRAM_SIGNATURE = {
-    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "left": "*i64",
-    "right": "*i64", "acc": "*i64", "first": "*i64",
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "acc": "*i64", "first": "*i64",
 }  # fmt: skip
 
 
@@ -294,7 +293,8 @@ def test_the_gram_kernel_compiles_for_sm90_with_exact_float64_products_and_nativ
     code: int, weights: bool
 ) -> None:
     base = FloatCode.F32 if code == TAU32 else code
-    constexprs = {"N_PAIRS": 6, "PAIRS": 8, "BASE": base, "AGENT": code, "WEIGHTS": weights, "GROUPS": sums.GROUPS}
+    constexprs = {"N_VECTORS": 3 + weights, "VECTORS": 4, "BASE": base, "AGENT": code, "WEIGHTS": weights,
+                  "GROUPS": sums.GROUPS}  # fmt: skip
     ptx = _ptx(sums.gram_tile, GRAM_SIGNATURE, constexprs)
     assert FORBIDDEN.findall(ptx) == []
     assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx

@@ -363,18 +363,16 @@ class CountOps(TileBackend):
     def _gram_fused(
         self, arrays: BlockArrays, pairs: list[tuple[int, int]], weights: bool, codes: list[int]
     ) -> ExactSums:
-        """``gram`` in one fused kernel per tile (``fused/sums.py``): the accumulators and the
-        first non-finite position per worker, read back once."""
+        """``gram`` in one fused kernel per tile (``fused/sums.py``; ``pairs`` in its order): the
+        accumulators and the first non-finite position per worker, read back once."""
         from ramstream.backends.torch.fused.sums import gram_launch
 
         with self._scoped():
             acc = self._zeros(self.workers, len(pairs), BINS + 1)
             first = self._first()
-            left = self._constant(np.array([a for a, _ in pairs], np.int64))
-            right = self._constant(np.array([b for _, b in pairs], np.int64))
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                gram_launch(raw, m, lo, left, right, acc[w], first[w : w + 1], (codes[0], codes[1]), weights)
+                gram_launch(raw, m, lo, acc[w], first[w : w + 1], (codes[0], codes[1]), weights)
 
             self._run(self._array_parts(arrays), arrays.size, tile)
             return ExactSums(renormalised(self._host(acc.sum(0))), self._found(first))

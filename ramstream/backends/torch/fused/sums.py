@@ -135,12 +135,10 @@ def gram_tile(
     agent_stride,
     m,
     lo,
-    left,  # int64 (N_PAIRS,): each pair's first vector
-    right,  # int64 (N_PAIRS,): its second
-    acc,  # int64 (N_PAIRS, ROW)
+    acc,  # int64 (pairs, ROW): the pairs (a, b <= a ... N_VECTORS - 1) of the vectors, row by row
     first,  # int64 (1,): the first NaN/Inf value's position (min)
-    N_PAIRS: tl.constexpr,
-    PAIRS: tl.constexpr,  # N_PAIRS rounded up to a power of two: the rows of the program's blocks
+    N_VECTORS: tl.constexpr,
+    VECTORS: tl.constexpr,  # N_VECTORS rounded up to a power of two: the rows of the program's blocks
     BASE: tl.constexpr,
     AGENT: tl.constexpr,
     WEIGHTS: tl.constexpr,
@@ -148,26 +146,27 @@ def gram_tile(
 ):
     """Per pair of vectors, the sum of their products (each exact in float64) over each group of
     64 elements in element order from +0.0, added exactly into the pair's accumulator; NaN/Inf
-    values count as 0."""
+    values count as 0. Each vector is decoded once per element, and every product of two formed
+    in a (vectors, vectors, groups) block."""
     groups = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
-    pair = tl.arange(0, PAIRS)[:, None]
-    is_pair = pair < N_PAIRS
-    a = tl.load(left + pair, mask=is_pair, other=0)
-    c = tl.load(right + pair, mask=is_pair, other=0)
-    found = tl.full((PAIRS, GROUPS), NOWHERE, tl.int64)
-    sums = tl.zeros((PAIRS, GROUPS), tl.float64)
+    v = tl.arange(0, VECTORS)[:, None]
+    is_vector = v < N_VECTORS
+    found = tl.full((VECTORS, GROUPS), NOWHERE, tl.int64)
+    sums = tl.zeros((VECTORS, VECTORS, GROUPS), tl.float64)
     for j in range(64):  # in element order within each group
         offsets = (groups * 64 + j)[None, :]
-        mask = is_pair & (offsets < m)
-        b = codecs.decode(base, offsets, offsets < m, BASE)
-        x, odd_x = _vector(base, agents_at, agent_stride, a, offsets, mask, b, BASE, AGENT, WEIGHTS)
-        y, odd_y = _vector(base, agents_at, agent_stride, c, offsets, mask, b, BASE, AGENT, WEIGHTS)
-        odd = (odd_x | odd_y) & mask
+        inside = offsets < m
+        mask = is_vector & inside
+        b = codecs.decode(base, offsets, inside, BASE)
+        x, odd = _vector(base, agents_at, agent_stride, v, offsets, mask, b, BASE, AGENT, WEIGHTS)
+        odd = odd & mask
         found = tl.minimum(found, tl.where(odd, offsets.to(tl.int64) + lo, NOWHERE))
-        x = tl.where(odd_x, 0.0, x).to(tl.float64)
-        y = tl.where(odd_y, 0.0, y).to(tl.float64)
-        sums = sums + tl.where(mask, x * y, 0.0)
-    _accumulate(acc + pair * ROW, sums, is_pair & (groups * 64 < m)[None, :])
+        x = tl.where(odd | ~mask, 0.0, x).to(tl.float64)
+        sums = sums + x[:, None, :] * x[None, :, :]
+    a = tl.arange(0, VECTORS)[:, None, None]
+    c = tl.arange(0, VECTORS)[None, :, None]
+    pair = a * N_VECTORS - (a * (a - 1)) // 2 + (c - a)  # the row of (a, c) in the pairs' order
+    _accumulate(acc + pair * ROW, sums, (a <= c) & (c < N_VECTORS) & (groups * 64 < m)[None, None, :])
     position = tl.min(tl.min(found, axis=1), axis=0)
     if position < NOWHERE:
         tl.atomic_min(first, position)
@@ -177,22 +176,20 @@ def gram_launch(
     raw: list[torch.Tensor],
     m: int,
     lo: int,
-    left: torch.Tensor,
-    right: torch.Tensor,
     acc: torch.Tensor,
     first: torch.Tensor,
     codes: tuple[int, int],
     weights: bool,
 ) -> None:
-    """Queue the Gram sums of one tile into ``acc`` (pairs, BINS + 1) int64 and ``first`` (1,)
-    int64: ``left`` and ``right`` (pairs,) int64 on the device name each pair's vectors (the
-    agents' task vectors, or with ``weights`` the base then the agents' weights)."""
+    """Queue the Gram sums of one tile into ``acc`` (pairs, BINS + 1) int64, the pairs (a, b) of
+    the vectors with a <= b in order (the agents' task vectors, or with ``weights`` the base then
+    the agents' weights), and ``first`` (1,) int64."""
     agents_at, stride = layout(raw)
-    n_pairs = int(left.shape[0])
+    n_vectors = len(raw) - 1 + (1 if weights else 0)
     with on_device(raw[0]):
         gram_tile[(triton.cdiv(m, 64 * GROUPS),)](
-            raw[0], agents_at, stride, m, lo, left, right, acc, first, N_PAIRS=n_pairs,
-            PAIRS=triton.next_power_of_2(n_pairs), BASE=codes[0], AGENT=codes[1], WEIGHTS=weights, GROUPS=GROUPS,
+            raw[0], agents_at, stride, m, lo, acc, first, N_VECTORS=n_vectors,
+            VECTORS=triton.next_power_of_2(n_vectors), BASE=codes[0], AGENT=codes[1], WEIGHTS=weights, GROUPS=GROUPS,
             **EXACT,
         )  # fmt: skip
 
