@@ -149,7 +149,7 @@ HISTOGRAM_SIGNATURE = {
     "row_len": "i64", "row_offset": "i64", "counts": "*i32",
 }  # fmt: skip
 HISTOGRAM_CASES = [(c, int(magnitude.KEY_ABS)) for c in [*CODES, TAU32]] + [
-    (c, int(magnitude.KEY_IMPORTANCE)) for c in (FloatCode.BF16, FloatCode.F32, TAU32)
+    (c, int(magnitude.KEY_IMPORTANCE)) for c in (FloatCode.BF16, TAU32)
 ]
 
 
@@ -247,7 +247,11 @@ SCE_SIGNATURE = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize(("code", "merge"), [(c, m) for c in [*CODES, TAU32] for m in (True, False)])
+# the codecs of every format are checked in every format with the RAM kernel; a new kernel's own
+# arithmetic on a few
+@pytest.mark.parametrize(
+    ("code", "merge"), [(FloatCode.BF16, True), (FloatCode.F64, True), (TAU32, False), (FloatCode.F16, False)]
+)
 def test_the_sce_kernel_compiles_for_sm90_without_contraction_or_approximate_division(code: int, merge: bool) -> None:
     """The variance's float64 divisions are IEEE (``div.rn.f64``), and so is the merge's float32 one."""
     base = FloatCode.F32 if code == TAU32 else code
@@ -268,7 +272,7 @@ DELLA_KEEP_SIGNATURE = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("code", [*CODES, TAU32])
+@pytest.mark.parametrize("code", [FloatCode.BF16, TAU32])
 def test_the_della_keys_kernel_compiles_for_sm90(code: int) -> None:
     base = FloatCode.F32 if code == TAU32 else code
     ptx = _ptx(della.keys_tile, DELLA_KEYS_SIGNATURE, {"BASE": base, "AGENT": code, "BLOCK": della.BLOCK})
@@ -288,7 +292,7 @@ GRAM_SIGNATURE = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize(("code", "weights"), [(c, i % 2 == 0) for i, c in enumerate([*CODES, TAU32])])
+@pytest.mark.parametrize(("code", "weights"), [(FloatCode.BF16, True), (FloatCode.F16, False), (TAU32, True)])
 def test_the_gram_kernel_compiles_for_sm90_with_exact_float64_products_and_native_atomics(
     code: int, weights: bool
 ) -> None:
@@ -304,7 +308,7 @@ def test_the_gram_kernel_compiles_for_sm90_with_exact_float64_products_and_nativ
 NEARSWAP_SIGNATURE = {"base": "*u8", "agent_at": "i64", "m": "i32", "lo": "i64", "t": "fp32", "state": "*i64"}
 
 
-@pytest.mark.parametrize("code", [*CODES, TAU32])
+@pytest.mark.parametrize("code", [FloatCode.F16, TAU32])
 def test_the_nearswap_kernel_compiles_for_sm90_without_contraction_or_approximate_division(code: int) -> None:
     base = FloatCode.F32 if code == TAU32 else code
     signature = {**NEARSWAP_SIGNATURE, "out": OUT_POINTER[FloatCode(base)]}
@@ -319,7 +323,7 @@ FUSION_SIGNATURE = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("code", [*CODES, TAU32])
+@pytest.mark.parametrize("code", [FloatCode.BF16, TAU32])
 def test_the_fusion_kernel_compiles_for_sm90_without_contraction(code: int) -> None:
     base = FloatCode.F32 if code == TAU32 else code
     signature = {**FUSION_SIGNATURE, "out": OUT_POINTER[FloatCode(base)], "state": "*i64"}
