@@ -1084,22 +1084,26 @@ def gta_merges(scratch: Path) -> None:
 def streamed(scratch: Path) -> None:
     """The streamed loop (the CUDA path) with the fused kernels: a simulated device whose copies
     run late on their own threads and whose buffers start as NaN bytes, tiles of 64 elements, the
-    probe pass included: RAM+, TIES and DARE give the Numba bytes, every tile fused; a device whose
-    compute forgets to wait for its upload gives other bytes, or a refusal."""
-    from ramstream.backends.torch.fused import gta
+    probe pass included: RAM+, TIES, DARE and DELLA (its MAGPRUNE in tiles of whole slices) give
+    the Numba bytes, every tile fused; a device whose compute forgets to wait for its upload gives
+    other bytes, or a refusal."""
+    from ramstream.backends.torch.fused import della, gta
     from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError
     from tests.families import build_family
     from tests.simulated_gpu import ForgetfulGpu, SimulatedGpu
     from tests.test_backends import _merge
     from tests.test_torch_streamed import simulated_gpu
 
-    calls = {"ram": 0, "probe": 0, "gta": 0}
+    calls = {"ram": 0, "probe": 0, "gta": 0, "magprune": 0}
     _count(fused_ram, "merge_tile", calls, "ram")
     _count(fused_probe, "probe_tile_launch", calls, "probe")
     _count(gta, "gta_tile_launch", calls, "gta")
+    _count(della, "magprune_keep", calls, "magprune")
     shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
     family = build_family(scratch / "family", shapes=shapes, identical_agent=True)
-    for number, (method, given) in enumerate((("ram+", {}), ("ties", {"density": 0.3}), ("dare_ties", {"seed": 3}))):
+    methods = (("ram+", {}), ("ties", {"density": 0.3}), ("dare_ties", {"seed": 3}),
+               ("della", {"density": 0.5, "epsilon": 0.1, "rescale": "none", "seed": 2}))  # fmt: skip
+    for number, (method, given) in enumerate(methods):
         expected = _merge(family, scratch / "numba" / str(number) / "out", method, given, "numba")
         with simulated_gpu(SimulatedGpu) as devices:
             got = _merge(family, scratch / "streamed" / str(number) / "out", method, given, "torch", device="cpu")
