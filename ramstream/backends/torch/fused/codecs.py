@@ -105,6 +105,28 @@ def _f16_subnormal(ab):
 
 
 @triton.jit
+def task_vector(a, b, AGENT: tl.constexpr):
+    """An agent's task vector from its decoded values ``a`` and the base's ``b``: ``a - b``, or ``a``
+    itself for an agent given as one (``TAU32``: value - (+0.0), bit for bit)."""
+    if AGENT == TAU32:
+        tau = a
+    else:
+        tau = a - b
+    return tau
+
+
+@triton.jit
+def agent_weights(a, b, AGENT: tl.constexpr):
+    """An agent's weights from its decoded values ``a``: ``a`` itself, or for an agent given as its
+    task vector (``TAU32``) ``b + a``, the base's ``b`` plus tau in float32."""
+    if AGENT == TAU32:
+        weights = b + a
+    else:
+        weights = a
+    return weights
+
+
+@triton.jit
 def nonfinite(values):
     """Where float32 ``values`` are NaN/Inf: the exponent field all ones, an integer test."""
     return (values.to(tl.uint32, bitcast=True) & EXPONENT) == EXPONENT

@@ -47,10 +47,7 @@ def keys_tile(
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < m
     a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
-    if AGENT == codecs.TAU32:
-        tau = a
-    else:
-        tau = a - codecs.decode(base, offsets, mask, BASE)
+    tau = codecs.task_vector(a, codecs.decode(base, offsets, mask, BASE), AGENT)
     bits = (tau.to(tl.uint32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
     row = (offsets // inner) % rows  # the tile starts at a slice's first element
     tl.store(keys + t.to(tl.int64) * m + offsets, (bits << 32) | row.to(tl.int64), mask=mask)

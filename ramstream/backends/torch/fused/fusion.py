@@ -22,9 +22,7 @@ BLOCK = 1024  # elements per program
 @triton.jit
 def importance(b, a, positions, mask, scale, row_len, row_offset, AGENT: tl.constexpr):
     """(d, importance) of the decoded base ``b`` and agent ``a`` at block ``positions``."""
-    if AGENT == codecs.TAU32:
-        a = b + a  # its weights, base + tau in float32
-    d = a - b
+    d = codecs.agent_weights(a, b, AGENT) - b
     rows = (positions + row_offset) // row_len
     return d, tl.abs(d) * tl.load(scale + rows, mask=mask, other=0.0)
 

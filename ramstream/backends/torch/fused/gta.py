@@ -58,10 +58,7 @@ def _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scal
            density, start, keep, keep_stride, AGENT: tl.constexpr, KEEP: tl.constexpr):  # fmt: skip
     """Agent t's weighted delta, whether it survives, and whether its value is NaN/Inf."""
     a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
-    if AGENT == codecs.TAU32:
-        tau = a
-    else:
-        tau = a - b
+    tau = codecs.task_vector(a, b, AGENT)
     if KEEP == KEEP_MULTIPLIERS:  # a kept element survives as (tau * k) * scale
         k = tl.load(keep + t * keep_stride + offsets, mask=mask, other=0.0)
         d = tl.load(weights + t) * ((tau * k) * tl.load(scale + t))

@@ -48,9 +48,7 @@ def linear_tile(
     for t in range(N_AGENTS):
         a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
         bad = bad | codecs.nonfinite(a)
-        if AGENT == codecs.TAU32:
-            a = b + a  # its weights, base + tau in float32
-        total = total + tl.load(weights + t) * a
+        total = total + tl.load(weights + t) * codecs.agent_weights(a, b, AGENT)
     if NORMALIZE:
         total = tl.math.div_rn(total, tl.full((BLOCK,), divisor, tl.float32))
     store_output(out, offsets, mask, total, state + 1, OUT)

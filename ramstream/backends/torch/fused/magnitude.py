@@ -37,11 +37,7 @@ Rows = tuple[int, torch.Tensor, int, int]
 def _abs_bits(base, agents_at, agent_stride, t, b, offsets, mask, AGENT: tl.constexpr):
     """int32 bit patterns of |tau| of agent ``t`` (``b`` the decoded base)."""
     a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
-    if AGENT == codecs.TAU32:
-        tau = a  # a task vector already: value - (+0.0), bit for bit
-    else:
-        tau = a - b
-    return tau.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return codecs.task_vector(a, b, AGENT).to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
 
 KEY_ABS: tl.constexpr = tl.constexpr(0)  # |tau| of each agent (TIES, breadcrumbs)

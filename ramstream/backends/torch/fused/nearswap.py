@@ -35,8 +35,7 @@ def nearswap_tile(
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < m
     b, a, bad = decode_pair(base, agent_at, offsets, mask, BASE, AGENT)
-    if AGENT == codecs.TAU32:
-        a = b + a  # its weights, base + tau in float32
+    a = codecs.agent_weights(a, b, AGENT)
     distance = tl.abs(b - a)
     distance = tl.where(distance < MIN_DISTANCE, MIN_DISTANCE, distance)
     weight = tl.math.div_rn(tl.zeros((BLOCK,), tl.float32) + 1.0, distance) * t

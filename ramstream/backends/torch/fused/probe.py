@@ -21,10 +21,7 @@ BLOCK = 1024  # elements per program (a multiple of 8: a program packs whole byt
 @triton.jit
 def _active(base, agents_at, agent_stride, t, b, offsets, mask, eps, AGENT: tl.constexpr):
     a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
-    if AGENT == codecs.TAU32:
-        tau = a
-    else:
-        tau = a - b
+    tau = codecs.task_vector(a, b, AGENT)
     return (tl.abs(tau) > eps) & ~codecs.nonfinite(tau) & mask, codecs.nonfinite(a)
 
 

@@ -86,10 +86,7 @@ def ram_tile(
     for t in range(N_AGENTS):
         a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
         bad = bad | codecs.nonfinite(a)
-        if AGENT == codecs.TAU32:
-            tau = a  # a task vector already: value - (+0.0), bit for bit
-        else:
-            tau = a - b
+        tau = codecs.task_vector(a, b, AGENT)
         on = (tl.abs(tau) > eps) & ~codecs.nonfinite(tau)
         total = total + tl.where(on, tau, 0.0)
         count = count + tl.where(on, 1.0, 0.0)

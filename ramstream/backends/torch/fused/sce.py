@@ -29,11 +29,7 @@ MIN_DIVISOR: tl.constexpr = tl.constexpr(1e-6)  # ``backends.numba.sce.MIN_DIVIS
 def _tau(base, agents_at, agent_stride, t, b, offsets, mask, AGENT: tl.constexpr):
     """Agent t's tau (float32) and whether its value is NaN/Inf."""
     a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
-    if AGENT == codecs.TAU32:
-        tau = a
-    else:
-        tau = a - b
-    return tau, codecs.nonfinite(a)
+    return codecs.task_vector(a, b, AGENT), codecs.nonfinite(a)
 
 
 @triton.jit

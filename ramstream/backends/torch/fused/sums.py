@@ -80,10 +80,7 @@ def sums_tile(
         offsets = (groups * 64 + j)[None, :]
         mask = is_agent & (offsets < m)
         a = codecs.decode(agent_raw, offsets, mask, AGENT)
-        if AGENT == codecs.TAU32:
-            size = tl.abs(a)
-        else:
-            size = tl.abs(a - codecs.decode(base, offsets, offsets < m, BASE))
+        size = tl.abs(codecs.task_vector(a, codecs.decode(base, offsets, offsets < m, BASE), AGENT))
         odd = codecs.nonfinite(size) & mask
         found = tl.minimum(found, tl.where(odd, offsets.to(tl.int64) + lo, NOWHERE))
         value = tl.where(odd, 0.0, size).to(tl.float64)
@@ -116,15 +113,10 @@ def _vector(base, agents_at, agent_stride, v, offsets, mask, b, BASE: tl.constex
     as f32(base) + tau); and whether it is NaN/Inf."""
     if WEIGHTS:
         agent = codecs.decode(base + agents_at + (v - 1) * agent_stride, offsets, mask & (v > 0), AGENT)
-        if AGENT == codecs.TAU32:
-            agent = b + agent
-        value = tl.where(v == 0, b, agent)
+        value = tl.where(v == 0, b, codecs.agent_weights(agent, b, AGENT))
     else:
         agent = codecs.decode(base + agents_at + v * agent_stride, offsets, mask, AGENT)
-        if AGENT == codecs.TAU32:
-            value = agent
-        else:
-            value = agent - b
+        value = codecs.task_vector(agent, b, AGENT)
     return value, codecs.nonfinite(value)
 
 

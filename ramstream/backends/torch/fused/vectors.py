@@ -54,15 +54,9 @@ def vectors_tile(
         a = codecs.decode(base + agents_at + t * agent_stride, offsets, mask, AGENT)
         bad = bad | codecs.nonfinite(a)
         if WEIGHTS:
-            if AGENT == codecs.TAU32:
-                a = b + a  # its weights, base + tau in float32
-            total = total + tl.load(row + 1 + t, mask=mask, other=0.0) * a
+            total = total + tl.load(row + 1 + t, mask=mask, other=0.0) * codecs.agent_weights(a, b, AGENT)
         else:
-            if AGENT == codecs.TAU32:
-                tau = a  # a task vector already: value - (+0.0), bit for bit
-            else:
-                tau = a - b
-            total = total + tl.load(row + t, mask=mask, other=0.0) * tau
+            total = total + tl.load(row + t, mask=mask, other=0.0) * codecs.task_vector(a, b, AGENT)
     if not WEIGHTS:
         total = b + total
     store_output(out, offsets, mask, total, state + 1, OUT)
