@@ -4,6 +4,8 @@ Numba kernels' numbers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -189,11 +191,10 @@ class CountOps(TileBackend):
         fixed = self._fixed(self.workers * n_agents * HIGH_BINS * 4, f"the magnitude histograms of {n_agents} agents")
         with self._scoped():
             counts = torch.zeros((self.workers, n_agents, HIGH_BINS), dtype=torch.int32, device=self._device)
-            scale = self._f32(rows.scale) if rows is not None else None
+            rows_at = self._rows_at(rows)
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                at = (lo, scale, rows.row_len, rows.offset) if rows is not None and scale is not None else None
-                high_launch(raw, m, counts[w], (codes[0], codes[1]), at)
+                high_launch(raw, m, counts[w], (codes[0], codes[1]), rows_at(lo))
 
             self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
             return self._host(counts.sum(0)).astype(np.int32)
@@ -211,14 +212,22 @@ class CountOps(TileBackend):
         with self._scoped():
             counts = torch.zeros((self.workers, n_agents, n_cuts, LOW_BINS), dtype=torch.int32, device=self._device)
             aims = self._constant(targets)
-            scale = self._f32(rows.scale) if rows is not None else None
+            rows_at = self._rows_at(rows)
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                at = (lo, scale, rows.row_len, rows.offset) if rows is not None and scale is not None else None
-                low_launch(raw, m, aims, counts[w], (codes[0], codes[1]), at)
+                low_launch(raw, m, aims, counts[w], (codes[0], codes[1]), rows_at(lo))
 
             self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
             return self._host(counts.sum(0)).astype(np.int32)
+
+    def _rows_at(self, rows: RowScale | None) -> Callable[[int], tuple[int, torch.Tensor, int, int] | None]:
+        """The histogram kernels' rows for a tile at block position ``lo`` (``magnitude.Rows``:
+        arcee_fusion's importance; None: |tau|), the factors uploaded once, inside the caller's
+        scope."""
+        if rows is None:
+            return lambda lo: None
+        scale = self._f32(rows.scale)
+        return lambda lo: (lo, scale, rows.row_len, rows.offset)
 
     def cut_keep(self, arrays: BlockArrays, cuts: Cuts) -> np.ndarray:
         n_agents = len(arrays.agents)
@@ -314,19 +323,15 @@ class CountOps(TileBackend):
         from ramstream.backends.torch.fused import sums
 
         n_agents = len(arrays.agents)
+        mode, start, streams, density = sums.KEEP_ALL, 0, np.zeros(n_agents, np.uint64), np.zeros(n_agents, np.float32)
         if isinstance(keep, KeepRandom):
-            mode, start = sums.KEEP_RANDOM, keep.start
-            key_bits, density = np.ascontiguousarray(keep.keys, np.uint64).view(np.int64), keep.density
+            mode, start, streams, density = sums.KEEP_RANDOM, keep.start, keep.keys, keep.density
         elif isinstance(keep, KeepArray):
-            mode, start = sums.KEEP_FLOATS if keep.keep.dtype == np.float32 else sums.KEEP_ARRAY, 0
-            key_bits, density = np.zeros(n_agents, np.int64), np.zeros(n_agents, np.float32)
-        else:
-            mode, start = sums.KEEP_ALL, 0
-            key_bits, density = np.zeros(n_agents, np.int64), np.zeros(n_agents, np.float32)
+            mode = sums.KEEP_FLOATS if keep.keep.dtype == np.float32 else sums.KEEP_ARRAY
         with self._scoped():
             acc = self._zeros(self.workers, 2 * n_agents, BINS + 1)
             first = self._first()
-            keys, densities = self._constant(key_bits), self._f32(density)
+            keys, densities = self._keys(streams), self._f32(density)
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 sums.sums_launch(

@@ -181,10 +181,9 @@ class MergeOps(TileBackend):
             cut_range = np.ascontiguousarray(keep.cuts.range, np.int64)
         else:
             cut_value, cut_range = np.zeros((n_agents, 2), np.int64), np.zeros((n_agents, 2, 2), np.int64)
-        keys, density, start = np.zeros(n_agents, np.int64), np.zeros(n_agents, np.float32), 0
+        keys, density, start = np.zeros(n_agents, np.uint64), np.zeros(n_agents, np.float32), 0
         if isinstance(keep, KeepRandom):
-            keys = np.ascontiguousarray(keep.keys, np.uint64).view(np.int64)
-            density, start = np.asarray(keep.density, np.float32), int(keep.start)
+            keys, density, start = keep.keys, np.asarray(keep.density, np.float32), int(keep.start)
         mode = {KeepAll: gta.KEEP_ALL, KeepCuts: gta.KEEP_CUTS, KeepRandom: gta.KEEP_RANDOM,
                 KeepMagprune: gta.KEEP_MULTIPLIERS}[type(keep)]  # fmt: skip
         prune = keep.params if isinstance(keep, KeepMagprune) else None
@@ -195,7 +194,7 @@ class MergeOps(TileBackend):
                 self._f32(params.scale),
                 self._constant(cut_value),
                 self._constant(cut_range),
-                self._constant(keys),
+                self._keys(keys),
                 self._f32(density),
                 self._f32(np.reshape(total_weight, (1,))),
                 self._f32(np.asarray(params.lams)),

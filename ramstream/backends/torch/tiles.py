@@ -269,12 +269,16 @@ class TileBackend:
         """A small host array on the device, uploaded without a host wait."""
         return self._streams.constant(np.asarray(values))
 
+    def _keys(self, keys: np.ndarray) -> torch.Tensor:
+        """The counter RNG's uint64 stream keys on the device, as the fused kernels take them: their
+        bits as int64."""
+        return self._constant(np.ascontiguousarray(keys, np.uint64).view(np.int64))
+
     def _magprune_constants(self, prune: MagpruneParams) -> tuple[torch.Tensor, ...]:
         """DELLA's per-agent constants on the device, as ``fused.della.magprune_keep`` takes them:
-        the random keys (uint64 bits as int64), the modes, lo and width."""
-        keys = np.ascontiguousarray(prune.keys, np.uint64).view(np.int64)
+        the random keys, the modes, lo and width."""
         return (
-            self._constant(keys),
+            self._keys(prune.keys),
             self._constant(np.asarray(prune.mode, np.int64)),
             self._f32(prune.lo),
             self._f32(prune.width),
