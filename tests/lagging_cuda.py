@@ -13,6 +13,7 @@ uses it must see a different or refused merge, or the lagging streams prove noth
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ramstream.backends.torch.streams import CudaStreams, Event
@@ -25,7 +26,12 @@ class LaggingCudaStreams(CudaStreams):
     def __init__(self, device: torch.device, cycles: int = SPIN_CYCLES) -> None:
         super().__init__(device)
         self.cycles = cycles
-        self.uploads = self.downloads = 0
+        self.uploads = self.downloads = self.straight_downloads = 0
+
+    def straight(self, target: np.ndarray) -> bool:
+        straight = super().straight(target)
+        self.straight_downloads += straight
+        return straight
 
     def upload(self, dst: torch.Tensor, src: torch.Tensor, after: Event | None) -> Event:
         self.uploads += 1

@@ -5,10 +5,13 @@ the host's, and copies that are late.
 a CPU can: every upload runs on a copy thread (the copy stream, in order) after a random delay and
 only once the event it must wait for fired; every download runs on a second thread (the compute
 stream's copies) after a random delay; host and device buffers start filled with 0xFF bytes (NaN
-in every float format). The compute itself runs on the host at once, so "the compute waits for an
-upload" is a host wait. A staging loop that reads a device buffer before its upload landed, hands
-a host buffer to a sink before its download landed, or refills a buffer too early, then computes
-on NaN bytes or writes them: the merge differs from the Numba bytes, or stops on non-finite values.
+in every float format), and so do the caller's result buffers (``host_memory``), into which
+results are downloaded straight and land only when their event is waited for. The compute itself
+runs on the host at once, so "the compute waits for an upload" is a host wait. A staging loop
+that reads a device buffer before its upload landed, hands a host buffer to a sink before its
+download landed, returns before a result landed in the caller's buffer, or refills a buffer too
+early, then computes on NaN bytes or writes them: the merge differs from the Numba bytes, or
+stops on non-finite values.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
+from ramstream.backends.torch.host_memory import HostBuffers
 from ramstream.backends.torch.streams import Event
 
 POISON = 0xFF
@@ -36,6 +41,21 @@ class LateEvent:
         self.future.result()
 
 
+class LandsWhenWaited:
+    """A download straight into the caller's buffer that lands only when its event is waited for:
+    whatever reads that buffer without waiting reads 0xFF bytes, however long after."""
+
+    def __init__(self, copy: Callable[[], None]) -> None:
+        self._copy: Callable[[], None] | None = copy
+        self._lock = threading.Lock()
+
+    def synchronize(self) -> None:
+        with self._lock:
+            if self._copy is not None:
+                self._copy()
+                self._copy = None
+
+
 class SimulatedGpu:
     separate = True
 
@@ -48,6 +68,8 @@ class SimulatedGpu:
         self._copy = ThreadPoolExecutor(1, thread_name_prefix="simulated-copy")
         self._downloads = ThreadPoolExecutor(1, thread_name_prefix="simulated-download")
         self.uploads = self.downloads = 0
+        self.results = HostBuffers()  # the "registered" host memory: results download into it
+        self.straight_downloads = 0
 
     def _delay(self) -> float:
         with self._lock:
@@ -62,6 +84,16 @@ class SimulatedGpu:
 
     def device_buffer(self, host: torch.Tensor) -> torch.Tensor:
         return torch.full_like(host, POISON)
+
+    def host_memory(self, nbytes: int) -> np.ndarray:
+        return self.results.allocate(nbytes, fill=POISON)
+
+    def straight(self, target: np.ndarray) -> bool:
+        if not self.results.holds(target):
+            return False
+        with self._lock:
+            self.straight_downloads += 1
+        return True
 
     def upload(self, dst: torch.Tensor, src: torch.Tensor, after: Event | None) -> Event:
         delay = self._delay()
@@ -84,8 +116,11 @@ class SimulatedGpu:
 
         def copy() -> None:
             time.sleep(delay)
-            dst.copy_(src)
+            with torch.inference_mode():  # dst may be a view of the caller's buffer made in the tile loop's mode
+                dst.copy_(src)
 
+        if self.results.holds(dst.numpy()):
+            return dst, LandsWhenWaited(copy)
         return dst, LateEvent(self._downloads.submit(copy))
 
     def computed(self) -> Event:

@@ -51,6 +51,32 @@ def test_every_method_through_lagging_cuda_streams_writes_the_numba_bytes(
         got = _merge(family, tmp_path / "cuda" / "out", method, given, "torch", device="cuda", gpu_memory=16 << 20)
     assert got == expected
     assert sum(s.uploads for s in made) > 0 and sum(s.downloads for s in made) > 0
+    assert sum(s.straight_downloads for s in made) > 0  # into the writer's registered buffers
+
+
+def test_host_memory_is_registered_and_results_land_in_it_asynchronously() -> None:
+    """``host_memory`` pins exactly the bytes asked for (torch sees them as pinned, views too); a
+    download into it is asynchronous and lands by its event; released, it is no longer known."""
+    import gc
+
+    import numpy as np
+
+    from ramstream.backends.torch.streams import CudaStreams
+
+    streams = CudaStreams(torch.device("cuda"))
+    memory = streams.host_memory(3 << 20)
+    view = memory[1 << 20 :]
+    assert streams.straight(view) and torch.from_numpy(view).is_pinned()
+    assert not streams.straight(np.empty(1 << 20, np.uint8))
+    source = torch.arange(view.shape[0], device="cuda").to(torch.uint8)
+    torch.cuda._sleep(1 << 24)  # the download is queued behind a spin, so it is late
+    landed, event = streams.download(torch.from_numpy(view), source)
+    event.synchronize()
+    np.testing.assert_array_equal(view, source.cpu().numpy())
+    address = view.ctypes.data
+    del memory, view, landed
+    gc.collect()
+    assert not any(start <= address < end for start, end in streams.results._live.items())
 
 
 def test_a_compute_that_does_not_wait_for_its_upload_is_caught_on_cuda(family: Family, tmp_path: Path) -> None:

@@ -25,8 +25,9 @@ from ramstream.backends.numba.exact_sum import add, renormalise  # noqa: E402
 from ramstream.backends.rng import random_keys  # noqa: E402
 from ramstream.backends.torch import codecs, exact_sums  # noqa: E402
 from ramstream.backends.torch import tiles as torch_tiles  # noqa: E402
+from ramstream.backends.torch.host_memory import HostBuffers  # noqa: E402
 from ramstream.backends.torch.rng import uniform  # noqa: E402
-from ramstream.backends.torch.staging import InputRing, OutputRing, Part  # noqa: E402
+from ramstream.backends.torch.staging import InputRing, OutputRing, Part, Sink  # noqa: E402
 from ramstream.backends.torch.streams import CpuStreams  # noqa: E402
 from ramstream.format.dtypes import FloatCode  # noqa: E402
 from tests.families import Family, build_family  # noqa: E402
@@ -189,6 +190,67 @@ def test_results_reach_their_sinks_in_order_after_their_event() -> None:
         assert got == list(range(1, max(k - 2, 0)))  # at most `depth` results in flight
     ring.flush()
     assert got == list(range(1, 8))
+
+
+class RegisteringStreams(LazyStreams):
+    """Lazy streams whose ``host_memory`` is registered: results may go straight into it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.results = HostBuffers()
+
+    def host_memory(self, nbytes: int) -> np.ndarray:
+        return self.results.allocate(nbytes, fill=0)
+
+    def straight(self, target: np.ndarray) -> bool:
+        return self.results.holds(target)
+
+
+def test_results_go_straight_into_registered_memory_and_are_waited_for_by_flush() -> None:
+    """A result whose target is the streams' host memory is downloaded into it (no slot, no
+    sink); one bound for plain memory, or for rows that are not contiguous, goes through a slot."""
+    streams = RegisteringStreams()
+    ring = OutputRing(streams, depth=2, capacity=8)
+    out = streams.host_memory(24)
+    for k in range(1, 4):
+        ring.put(torch.full((8,), k, dtype=torch.uint8), Sink(out[8 * (k - 1) : 8 * k]))
+    plain = np.zeros(8, np.uint8)
+    ring.put(torch.full((8,), 7, dtype=torch.uint8), Sink(plain))
+    rows = streams.host_memory(16).reshape(2, 8)
+    ring.put(torch.full((2, 4), 9, dtype=torch.uint8), Sink(rows[:, 2:6]))
+    assert ring.straight == 3
+    assert not any(f"wait download{k}" in streams.log for k in (1, 2, 3))  # nothing waited yet
+    ring.flush()
+    assert [f"wait download{k}" in streams.log for k in (1, 2, 3)] == [True] * 3
+    np.testing.assert_array_equal(out, np.repeat(np.arange(1, 4, dtype=np.uint8), 8))
+    assert (plain == 7).all() and (rows[:, 2:6] == 9).all() and (rows[:, :2] == 0).all()
+
+
+def test_host_buffers_know_their_live_buffers_and_release_them() -> None:
+    import gc
+
+    registered: list[tuple[int, int]] = []
+    unregistered: list[int] = []
+
+    def register(address: int, nbytes: int) -> bool:
+        registered.append((address, nbytes))
+        return len(registered) != 2  # the driver refuses the second
+
+    buffers = HostBuffers(register, unregistered.append)
+    first = buffers.allocate(1000)
+    refused = buffers.allocate(1000)
+    assert buffers.holds(first) and buffers.holds(first[10:20]) and buffers.holds(first[:0])
+    assert not buffers.holds(refused) and not buffers.holds(np.empty(10, np.uint8))
+    assert not buffers.holds(first.reshape(10, 100)[:, :5])  # rows: not one contiguous range
+    view = first[500:]
+    address = first.ctypes.data
+    del first
+    gc.collect()
+    assert buffers.holds(view) and not unregistered  # a view keeps its buffer registered
+    del view
+    gc.collect()
+    assert unregistered == [address]
+    assert not buffers._live
 
 
 def test_sinks_on_a_pool_run_off_the_driving_thread_and_free_their_slot_first() -> None:

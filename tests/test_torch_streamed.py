@@ -98,6 +98,8 @@ def test_every_method_streamed_through_a_late_device_writes_the_numba_bytes(
         got = _merge(family, tmp_path / "streamed" / "out", method, given, "torch", device="cpu")
     assert got == expected
     assert devices and sum(d.uploads for d in devices) > 0 and sum(d.downloads for d in devices) > 0
+    # the merged tiles went device -> host straight into the writer's buffers, late like the rest
+    assert sum(d.straight_downloads for d in devices) > 0
 
 
 def test_a_compute_that_does_not_wait_for_its_upload_is_caught(family: Family, tmp_path: Path) -> None:

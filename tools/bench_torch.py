@@ -587,14 +587,17 @@ class NullDevice:
     """The streamed (CUDA) path's host side alone: a device whose memory is the host's (a
     "device buffer" is its pinned slot itself), whose copies and events are free and whose
     kernels do nothing (``host``). What a pass then costs is the host's: the reads into the
-    slots, the tile loop, the results handed to the writer's buffers and the writes."""
+    slots, the tile loop, the results handed to the writer's buffers and the writes.
+    ``straight``: results land in the writer's buffers as on a GPU whose host memory is
+    registered (no copy on the host); without it, in the output ring's slots, then copied."""
 
     separate = True
 
-    def __init__(self) -> None:
+    def __init__(self, straight: bool = True) -> None:
         import torch
 
         self.device = torch.device("cpu")
+        self._straight = straight
 
     def budget(self, given: int | None) -> int:
         return given if given is not None else 8 << 30
@@ -607,6 +610,14 @@ class NullDevice:
 
     def device_buffer(self, host: Any) -> Any:
         return host
+
+    def host_memory(self, nbytes: int) -> Any:
+        import numpy as np
+
+        return np.empty(nbytes, np.uint8)
+
+    def straight(self, target: Any) -> bool:
+        return self._straight
 
     def upload(self, dst: Any, src: Any, after: Any) -> Any:
         return self
@@ -661,11 +672,13 @@ def host(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) ->
     threads = {"threads": args.threads} if args.threads else {}
     index = runs / "index.zarr"
     api.probe(base, members, index=index, options=RunOptions(quiet=True, memory=memory))
-    torch_backend.make = lambda settings: torch_backend.TorchBackend(settings, streams=NullDevice())
+    straight = [True]
+    torch_backend.make = lambda settings: torch_backend.TorchBackend(settings, streams=NullDevice(straight[0]))
     fused.available = lambda device, workers: True  # type: ignore[assignment]
     fused_ram.merge_tile = lambda *a, **k: None  # type: ignore[assignment]
 
-    def merge(backend: str) -> float:
+    def merge(backend: str, results_straight: bool = True) -> float:
+        straight[0] = results_straight
         out = SHM / f"ramstream-bench-host-{backend}"
         shutil.rmtree(out, ignore_errors=True)
         options = RunOptions(quiet=True, backend=backend, device="cpu" if backend == "torch" else None,
@@ -677,8 +690,11 @@ def host(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) ->
         return seconds
 
     try:
-        rates = {name: gb / min(merge(backend) for _ in range(args.repeat)) for name, backend in
-                 (("ram+ on the null device (host only)", "torch"), ("ram+ on Numba", "numba"))}  # fmt: skip
+        rates = {name: gb / min(merge(backend, results_straight) for _ in range(args.repeat)) for
+                 name, backend, results_straight in
+                 (("ram+ on the null device (host only)", "torch", True),
+                  ("ram+ on the null device, results through the ring's slots", "torch", False),
+                  ("ram+ on Numba", "numba", True))}  # fmt: skip
         print(f"machine: {bench_spine.machine()}; commit {bench_spine.git_commit()}; inputs {gb:.2f} GB")
         slowest = min(floors.values())
         for name, rate in {**floors, **rates}.items():

@@ -313,6 +313,12 @@ class Backend(Protocol):
         """float32 (N, n): 0 where MAGPRUNE drops an element, 1 (or 1/p) where it keeps it."""
         ...
 
+    def host_memory(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of uint8 host memory for the caller's result buffers (the merged blocks'
+        ``out``): where the backend can, memory its results are copied straight into (registered
+        with CUDA on a GPU); plain memory elsewhere."""
+        ...
+
     def lora_product(self, left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
         """``out`` (flat, zeroed) <- (left @ right) * scale in ``blocks.lora``'s order: a LoRA
         agent's update, computed on the host while its block is assembled (``blocks.lora.Product``)."""

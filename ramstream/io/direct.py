@@ -12,11 +12,13 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 ALIGN = 4096  # file offset, length and memory address of an O_DIRECT write
+Allocate = Callable[[int], np.ndarray]  # bytes -> a new uint8 buffer
 
 
 def open_direct(path: Path) -> int | None:
@@ -44,14 +46,21 @@ def pwrite_all(fd: int, data: memoryview | np.ndarray, offset: int) -> None:
         offset += written
 
 
-def aligned_view(raw: np.ndarray | None, nbytes: int, shift: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(buffer, view)``: ``nbytes`` bytes of ``raw`` (or of a new buffer when ``raw`` is None or
-    too small) starting ``shift`` bytes (< ``ALIGN``) past an ``ALIGN`` boundary. Callers keep the
-    buffer and pass it again, so its pages are touched once, not once per write."""
+def aligned_view(
+    raw: np.ndarray | None, nbytes: int, shift: int = 0, allocate: Allocate | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(buffer, view)``: ``nbytes`` bytes of ``raw`` (or of a new buffer from ``allocate``, plain
+    memory by default, when ``raw`` is None or too small) starting ``shift`` bytes (< ``ALIGN``)
+    past an ``ALIGN`` boundary. Callers keep the buffer and pass it again, so its pages are
+    touched once, not once per write."""
     if raw is None or raw.nbytes < nbytes + 2 * ALIGN:
-        raw = np.empty(nbytes + 2 * ALIGN, np.uint8)
+        raw = (allocate or _plain)(nbytes + 2 * ALIGN)
     start = (-raw.ctypes.data) % ALIGN + shift
     return raw, raw[start : start + nbytes]
+
+
+def _plain(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, np.uint8)
 
 
 _scratch = threading.local()

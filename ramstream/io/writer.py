@@ -107,16 +107,18 @@ class ShardWriter:
         offset = place.offset + byte_start
         return Run(place.shard, offset, nbytes, congruent=offset % itemsize == 0)
 
-    def staging_runs(self, slot: int, runs: list[Run]) -> list[np.ndarray]:
-        """Reusable byte buffers (one allocation per ``slot``) for ``runs``, each placed at its
-        file offset modulo ``ALIGN`` so that :meth:`write_runs` sends its middle with ``O_DIRECT``."""
+    def staging_runs(self, slot: int, runs: list[Run], allocate: direct_io.Allocate | None = None) -> list[np.ndarray]:
+        """Reusable byte buffers (one allocation per ``slot``, from ``allocate`` where given: the
+        backend's host memory, which its results reach without a copy) for ``runs``, each placed
+        at its file offset modulo ``ALIGN`` so that :meth:`write_runs` sends its middle with
+        ``O_DIRECT``."""
         align = direct_io.ALIGN
         spans, total = [], 0
         for run in runs:
             total += ((run.offset if run.congruent else 0) - total) % align
             spans.append((total, run.nbytes))
             total += run.nbytes
-        self._staging[slot], whole = direct_io.aligned_view(self._staging.get(slot), total)
+        self._staging[slot], whole = direct_io.aligned_view(self._staging.get(slot), total, allocate=allocate)
         return [whole[start : start + n] for start, n in spans]
 
     def write(self, tensor: str, byte_start: int, data: memoryview | bytes | np.ndarray) -> None:

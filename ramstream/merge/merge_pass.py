@@ -151,10 +151,11 @@ class MergeBlocks:
                 runs.append(run)
         return runs, where
 
-    def stage(self, batch: Batch, slot: int) -> Staged:
-        """The batch's staging buffers in ``slot`` and, per block, where its output goes."""
+    def stage(self, batch: Batch, slot: int, backend: Backend) -> Staged:
+        """The batch's staging buffers in ``slot`` (the backend's host memory: the merges' results
+        land there without a copy) and, per block, where its output goes."""
         runs, where = self._runs(batch)
-        return Staged(runs, self.writer.staging_runs(slot, runs), where)
+        return Staged(runs, self.writer.staging_runs(slot, runs, backend.host_memory), where)
 
     def _fp8_of(self, block: Block) -> fp8_out.Fp8Tensor:
         return fp8_out.Fp8Tensor.like(self.job.family.base.quantized[self.job.plan.tensors[block.tensor].name])
@@ -217,7 +218,7 @@ class Outputs:
         self.groups = list(groups.values())
 
     def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> list[MergedBatch]:
-        staged = [part.stage(batch, slot) for part in self.parts]
+        staged = [part.stage(batch, slot, backend) for part in self.parts]
         # The outputs share their inputs: NaN/Inf in them is refused (the merges report it, having
         # read every input) only when every output asks (one that does not either lets them
         # through, with all the others, or had its probe vouch that there are none).

@@ -515,6 +515,9 @@ class NumbaBackend:
         )
         return keep
 
+    def host_memory(self, nbytes: int) -> np.ndarray:
+        return np.empty(nbytes, np.uint8)
+
     def lora_product(self, left: np.ndarray, right: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
         workers = self._workers(out.size)
         lora.lora_product(left, right, scale, out, workers)

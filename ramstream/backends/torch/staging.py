@@ -177,7 +177,17 @@ class InputRing:
             self._current.consumed = self.streams.computed()
 
 
-Sink = Callable[[np.ndarray], None]
+Deliver = Callable[[np.ndarray], None]  # gets a landed result's bytes
+
+
+@dataclass(frozen=True)
+class Sink:
+    """Where a result goes: ``target``, a view of the caller's buffer (1-D, or rows), gets its bytes."""
+
+    target: np.ndarray
+
+    def __call__(self, data: np.ndarray) -> None:
+        np.copyto(self.target, data.view(self.target.dtype).reshape(self.target.shape))
 
 
 @dataclass
@@ -185,7 +195,7 @@ class _OutputSlot:
     host: torch.Tensor
     landed: torch.Tensor | None = None
     event: Event | None = None
-    sink: Sink | None = None
+    sink: Deliver | None = None
     # with a pool, the sink running there instead (the slot is busy until it is done)
     written: Future[None] | None = None
 
@@ -193,7 +203,9 @@ class _OutputSlot:
 class OutputRing:
     """With a pool (the streamed path) each result's sink runs there as soon as its download
     landed, off the driving thread, and a slot is refilled only once its sink is done; without
-    one, a result is handed to its sink when its slot is needed again, or at ``flush``."""
+    one, a result is handed to its sink when its slot is needed again, or at ``flush``. A result
+    whose target the streams can download into (``Streams.straight``: the caller's buffer is
+    registered host memory) goes there directly, without a slot, a sink or a copy on the host."""
 
     def __init__(self, streams: Streams, depth: int, capacity: int, pool: Executor | None = None) -> None:
         self.streams = streams
@@ -202,6 +214,8 @@ class OutputRing:
         self.capacity = 0
         self._slots: list[_OutputSlot] = []
         self._next = 0
+        self._straight: list[Event] = []  # downloads straight into their targets, not yet waited for
+        self.straight = 0  # results downloaded straight into their targets so far
         self.reserve(capacity)
 
     def reserve(self, capacity: int) -> None:
@@ -211,9 +225,14 @@ class OutputRing:
         self.capacity = _aligned(capacity)
         self._slots = [_OutputSlot(self.streams.host_buffer(self.capacity)) for _ in range(self.depth)]
 
-    def put(self, result: torch.Tensor, sink: Sink) -> None:
+    def put(self, result: torch.Tensor, sink: Deliver) -> None:
         """Queue ``result``'s bytes (a device tensor) for ``sink``, which gets them as a uint8 array."""
         data = result.reshape(-1).view(torch.uint8)
+        if isinstance(sink, Sink) and self._goes_straight(sink.target, data.shape[0]):
+            _, event = self.streams.download(torch.from_numpy(sink.target.reshape(-1).view(np.uint8)), data)
+            self._straight.append(event)
+            self.straight += 1
+            return
         self.reserve(data.shape[0])
         slot = self._slots[self._next % self.depth]
         self._next += 1
@@ -224,10 +243,15 @@ class OutputRing:
         else:
             slot.landed, slot.event, slot.sink = landed, event, sink
 
+    def _goes_straight(self, target: np.ndarray, nbytes: int) -> bool:
+        return target.flags.c_contiguous and target.nbytes == nbytes and self.streams.straight(target)
+
     def flush(self) -> None:
         """Hand every queued result to its sink, in the order they were put; the first failed
         sink's error is raised once every sink is done."""
         errors = []
+        while self._straight:
+            self._straight.pop(0).synchronize()
         for k in range(self._next - len(self._slots), self._next):
             if k >= 0:
                 try:
@@ -241,6 +265,7 @@ class OutputRing:
         """Drop every queued result (its call failed: its buffers belong to the caller again,
         and no sink still running may write into them after this returns)."""
         self.streams.synchronize()
+        self._straight.clear()
         for slot in self._slots:
             if slot.written is not None:
                 wait([slot.written])
@@ -259,6 +284,6 @@ class OutputRing:
         _deliver(event, landed, sink)
 
 
-def _deliver(event: Event, landed: torch.Tensor, sink: Sink) -> None:
+def _deliver(event: Event, landed: torch.Tensor, sink: Deliver) -> None:
     event.synchronize()
     sink(landed.numpy())

@@ -19,6 +19,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from ramstream.backends.torch.host_memory import HostBuffers
+
 
 class Event(Protocol):
     def synchronize(self) -> None:
@@ -41,6 +43,16 @@ class Streams(Protocol):
 
     def device_buffer(self, host: torch.Tensor) -> torch.Tensor:
         """The device buffer that ``host`` is uploaded into (on the CPU: ``host`` itself)."""
+        ...
+
+    def host_memory(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of host memory for the caller's result buffers (``host_memory.py``): on CUDA
+        registered, so that results are downloaded straight into it."""
+        ...
+
+    def straight(self, target: np.ndarray) -> bool:
+        """Whether a result may be downloaded straight into ``target`` (a view of the caller's
+        buffer) rather than into a slot of the output ring and copied there."""
         ...
 
     def upload(self, dst: torch.Tensor, src: torch.Tensor, after: Event | None) -> Event:
@@ -101,6 +113,12 @@ class CpuStreams:
     def device_buffer(self, host: torch.Tensor) -> torch.Tensor:
         return host
 
+    def host_memory(self, nbytes: int) -> np.ndarray:
+        return np.empty(nbytes, np.uint8)
+
+    def straight(self, target: np.ndarray) -> bool:
+        return False  # a result is a host tensor already: the sink's copy is the only one
+
     def upload(self, dst: torch.Tensor, src: torch.Tensor, after: Event | None) -> Event:
         if dst.data_ptr() != src.data_ptr():
             dst.copy_(src)
@@ -136,6 +154,7 @@ class CudaStreams:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.copy = torch.cuda.Stream(device)
+        self.results = HostBuffers(self._register, _unregister)
 
     @property
     def compute(self) -> torch.cuda.Stream:
@@ -152,6 +171,25 @@ class CudaStreams:
 
     def device_buffer(self, host: torch.Tensor) -> torch.Tensor:
         return torch.empty(host.shape[0], dtype=torch.uint8, device=self.device)
+
+    def host_memory(self, nbytes: int) -> np.ndarray:
+        return self.results.allocate(nbytes)
+
+    def _register(self, address: int, nbytes: int) -> bool:
+        """Pin host memory the caller allocated (portable: for every device); False where the
+        driver refuses (results then reach it through the output ring's pinned slots)."""
+        if int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 1)) == 0:
+            return True
+        # The refusal stays CUDA's "last error", which torch's next launch check would report as
+        # its own failure: a launch now reads (and clears) it.
+        try:
+            torch.empty(1, device=self.device).fill_(0)
+        except RuntimeError:
+            pass
+        return False
+
+    def straight(self, target: np.ndarray) -> bool:
+        return self.results.holds(target)
 
     def upload(self, dst: torch.Tensor, src: torch.Tensor, after: Event | None) -> Event:
         if after is not None:
@@ -191,3 +229,7 @@ class CudaStreams:
             event = torch.cuda.Event()
             event.record(stream)
             event.synchronize()
+
+
+def _unregister(address: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(address)

@@ -30,7 +30,7 @@ from ramstream.backends.torch import (
     magnitude,
     probe,
 )
-from ramstream.backends.torch.staging import InputRing, OutputRing, Part, Staging, array_part, file_part
+from ramstream.backends.torch.staging import InputRing, OutputRing, Part, Sink, Staging, array_part, file_part
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
 from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.blocks.lora import numpy_product
@@ -295,14 +295,14 @@ class TileBackend:
         return torch.arange(first, first + m, dtype=torch.int64, device=self._device)
 
     @staticmethod
-    def _sink(out: np.ndarray, lo: int, hi: int) -> Callable[[np.ndarray], None]:
-        """Write a landed result (raw bytes) into ``out[..., lo:hi]`` (1-D or rows)."""
+    def _sink(out: np.ndarray, lo: int, hi: int) -> Sink:
+        """A result's place: ``out[..., lo:hi]`` (1-D or rows), which gets its raw bytes."""
+        return Sink(out[..., lo:hi])
 
-        def sink(data: np.ndarray) -> None:
-            target = out[..., lo:hi]
-            np.copyto(target, data.view(out.dtype).reshape(target.shape))
-
-        return sink
+    def host_memory(self, nbytes: int) -> np.ndarray:
+        """Registered with CUDA where the streams can (``host_memory.py``): a merge's results are
+        then downloaded straight into the caller's buffers."""
+        return self._streams.host_memory(nbytes)
 
     def _fused(self, codes: Sequence[int]) -> bool:
         """Whether an operation over inputs of ``codes`` (the base first) runs as fused kernels."""
