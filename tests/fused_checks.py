@@ -1015,10 +1015,48 @@ def gram_tiles() -> None:
         assert weights or (renormalised(want.numpy()) < 0).any(), what  # signed sums of tau products
 
 
+def agreement_tiles() -> None:
+    """``fused/agreement.py`` on tiles of a base and 3 or 4 agents (every format, task vectors; NaN,
+    Inf, tau overflowing, |tau| at eps, negative products; a short last program): the torch-op
+    path's accumulator digits and counts (``agreement.accumulate``), added to what was there."""
+    from ramstream.backends.agreement import agent_pairs, sum_rows
+    from ramstream.backends.torch import agreement
+    from ramstream.backends.torch import codecs as torch_codecs
+    from ramstream.backends.torch.fused import agreement as fused_agreement
+    from ramstream.backends.vector_sums import DIGITS
+
+    eps = np.float32(1e-5)
+    for number, code in enumerate((*CODES, TAU32)):
+        n_agents = 3 + number % 2
+        m = 300  # three programs, the last 44 elements long
+        base_code = FloatCode.F32 if code == TAU32 else code
+        if n_agents == 3:
+            base, agents = _tile_family(code, m, seed=11 + code)
+        else:
+            base, agents = _family(base_code, m, n_agents, seed=11 + code)
+        staged = _staged(base, agents)
+        pairs = agent_pairs(n_agents)
+        decoded = torch_codecs.decode(staged[0], base_code)
+        taus = torch.stack(
+            [torch_codecs.decode(staged[1 + t], code) - torch_codecs.minus(decoded, code) for t in range(n_agents)]
+        )
+        want = torch.full((sum_rows(n_agents) * DIGITS,), 3, dtype=torch.int64)
+        want_counts = torch.full((len(pairs), 2), 2, dtype=torch.int64)
+        agreement.accumulate(want, want_counts, taus, torch.tensor(eps), pairs)
+        acc = torch.full((sum_rows(n_agents) * DIGITS,), 3, dtype=torch.int64)
+        counts = torch.full((len(pairs), 2), 2, dtype=torch.int64)
+        fused_agreement.agreement_launch(staged, m, float(eps), acc, counts, (base_code, code))
+        what = f"agreement {code}, {n_agents} agents"
+        assert torch.equal(counts, want_counts), what
+        assert torch.equal(acc, want), what
+        assert (want_counts[:, 0] > 2).all() and (want < 0).any(), what  # shared elements, negative products
+
+
 def sums_and_gram_tiles() -> None:
-    """Both exact-sum kernels' tile checks in one process."""
+    """The exact-sum kernels' tile checks in one process: abs sums, Gram, agreement."""
     sums_tiles()
     gram_tiles()
+    agreement_tiles()
 
 
 def sums_merges(scratch: Path) -> None:
@@ -1043,6 +1081,37 @@ def sums_merges(scratch: Path) -> None:
 
     _patch(CountOps, "abs_sums", compared)
     _merges(scratch, [("dare_ties", {"density": 0.5, "seed": 3})])
+    assert min(calls.values()) > 0, calls
+
+
+def agreement_merges(scratch: Path) -> None:
+    """``probe --agreement`` through the API with the torch backend on the CPU, the agreement in
+    the fused kernel: every block's counts and sums equal to the Numba backend's on the same block."""
+    from ramstream import api
+    from ramstream.backends.numba.backend import NumbaBackend
+    from ramstream.backends.torch.counting import CountOps
+    from ramstream.backends.torch.fused import agreement
+    from ramstream.config import RunOptions
+    from tests.families import build_family
+
+    calls = {"agreement": 0, "compared": 0}
+    _count(agreement, "agreement_launch", calls, "agreement")
+    numba = NumbaBackend(1)
+    fused_agreement = CountOps.agreement
+
+    def compared(self: CountOps, arrays: object, eps: float) -> object:
+        got = fused_agreement(self, arrays, eps)  # type: ignore[arg-type]
+        want = numba.agreement(arrays, eps)  # type: ignore[arg-type]
+        assert np.array_equal(got.counts, want.counts) and np.array_equal(got.sums, want.sums), "agreement"
+        calls["compared"] += 1
+        return got
+
+    _patch(CountOps, "agreement", compared)
+    shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
+    family = build_family(scratch / "family", dtype="F16", shapes=shapes, identical_agent=True, subset_agent=True)
+    options = RunOptions(quiet=True, backend="torch", device="cpu", threads=1, block_elems=256)
+    api.probe(family.base, [str(a) for a in family.agents], index=scratch / "index.zarr", agreement=True,
+              options=options)  # fmt: skip
     assert min(calls.values()) > 0, calls
 
 
@@ -1212,6 +1281,7 @@ IN_A_DIRECTORY: dict[str, Callable[[Path], None]] = {
     "linear_merges": linear_merges,
     "vectors_merges": vectors_merges,
     "sums_merges": sums_merges,
+    "agreement_merges": agreement_merges,
     "sce": sce_tiles_and_merges,
     "della": della_tiles_and_merges,
     "nearswap": nearswap_tiles_and_merges,

@@ -26,6 +26,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from ramstream.backends.base import HIGH_BINS, LOW_BINS  # noqa: E402
 from ramstream.backends.torch.fused import (  # noqa: E402
+    agreement,
     della,
     fusion,
     gta,
@@ -46,11 +47,15 @@ CODES = [int(c) for c in FloatCode]
 
 @pytest.mark.parametrize(
     "check",
-    ["codecs", "ram_tiles", "probe_tiles", "gta_tiles", "histogram_tiles", "linear_tiles", "vectors_tiles", "fusion"],
-)
+    [
+        "codecs", "ram_tiles", "probe_tiles", "gta_tiles", "histogram_tiles", "linear_tiles", "vectors_tiles", "fusion",
+        "agreement_merges",
+    ],
+)  # fmt: skip
 def test_the_kernels_give_the_numba_bytes_under_the_interpreter(check: str, interpreted: dict[str, str]) -> None:
-    """The tiles' arithmetic; the merges through the API are in test_fused_merges.py and
-    test_fused_gta_merges.py (a file each, so that they run beside these)."""
+    """The tiles' arithmetic (and arcee_fusion's and the agreement's passes through the API); the
+    other merges through the API are in test_fused_merges.py and test_fused_gta_merges.py (a file
+    each, so that they run beside these)."""
     assert interpreted[check] == "ok", interpreted[check]
 
 
@@ -84,8 +89,8 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 15  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, Gram, SCE,
-    # DELLA's two, NearSwap, arcee_fusion
+    assert launches >= 16  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, Gram, SCE,
+    # DELLA's two, NearSwap, arcee_fusion, agreement
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -302,6 +307,23 @@ def test_the_gram_kernel_compiles_for_sm90_with_exact_float64_products_and_nativ
     ptx = _ptx(sums.gram_tile, GRAM_SIGNATURE, constexprs)
     assert FORBIDDEN.findall(ptx) == []
     assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx
+    assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]64", ptx) and ".cas" not in ptx
+
+
+AGREEMENT_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "eps": "fp32", "acc": "*i64",
+    "counts": "*i64",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("code", "agents"), [(FloatCode.BF16, 3), (TAU32, 4)])
+def test_the_agreement_kernel_compiles_for_sm90_with_native_atomics(code: int, agents: int) -> None:
+    """The products are integer arithmetic (no float multiply at all); the digits' sums are added
+    with native 64-bit atomics, no compare-and-swap loop."""
+    base = FloatCode.F32 if code == TAU32 else code
+    constexprs = {"N_AGENTS": agents, "AGENTS": 4, "BASE": base, "AGENT": code, "BLOCK": agreement.BLOCK}
+    ptx = _ptx(agreement.agreement_tile, AGREEMENT_SIGNATURE, constexprs)
+    assert FORBIDDEN.findall(ptx) == [] and "mul.rn.f" not in ptx
     assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]64", ptx) and ".cas" not in ptx
 
 

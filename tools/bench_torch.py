@@ -9,19 +9,20 @@ cache: the probe pass (``ramstream probe``, a fresh index) and the merge pass (`
 process, against floors measured on the same files in the same run (reading every input from the
 page cache into pinned host memory with one thread per core, the pinned host-to-device copy,
 writing an output's bytes synced to the data's disk and to /dev/shm; each as GB/s of input: a
-pass reads every member and writes one model), every pass on torch/CUDA and on Numba: the probe (also
-with the torch ops instead of the fused kernels), then each merge of ``PASSES`` twice (first with
-the statistics it gathers into the index, then with them cached), written to /dev/shm; torch again
-under ``--gpu-memory 2GiB``; RAM+ also with the torch ops and written to the data's disk. Each as
-GB/s of input and % of the slowest floor; every torch output compared byte for byte with Numba's;
-the kernels a torch pass launches per GB (the profiler's device kernels) and their busy time; the
-host's own time by function in a RAM+ and a TIES merge on torch (cProfile, to the log). The
-warm-up family's merges run first, so no timing includes a compile. ``--cuda --device cpu
---family quick`` runs the same steps with torch on the CPU (a dry run where there is no GPU).
+pass reads every member and writes one model), every pass on torch/CUDA and on Numba: the probe
+(also with the torch ops instead of the fused kernels), the agreement statistics' pass, then each
+merge of ``PASSES`` twice (first with the statistics it gathers into the index, then with them
+cached), written to /dev/shm; torch again under ``--gpu-memory 2GiB``; RAM+ also with the torch
+ops and written to the data's disk. Each as GB/s of input and % of the slowest floor; every torch
+output compared byte for byte with Numba's; the kernels a torch pass launches per GB (the
+profiler's device kernels) and their busy time; the host's own time by function in a RAM+ and a
+TIES merge on torch (cProfile, to the log). The warm-up family's merges run first, so no timing
+includes a compile. ``--cuda --device cpu --family quick`` runs the same steps with torch on the
+CPU (a dry run where there is no GPU).
 
-``--launches`` (any machine): the kernels each tile of a probe and of a RAM+ merge launches on the
-torch-op path and on the fused path (the fused kernels under triton's interpreter on the CPU), from
-the profiler, on the warm-up family.
+``--launches`` (any machine): the kernels each tile of a probe, of the agreement statistics and of
+each merge (their statistics passes included) launches on the torch-op path and on the fused path
+(the fused kernels under triton's interpreter on the CPU), from the profiler, on the warm-up family.
 
 ``--host`` measures the streamed (CUDA) path's host side alone, on any machine: a RAM+ merge on
 the torch backend through a null device (its memory the host's, copies free, the fused kernel a
@@ -234,10 +235,12 @@ class GpuBench:
         bench_spine.log(f"{what} on {name}: {seconds:.2f} s ({self.gb / seconds:.2f} GB/s)")
         return seconds
 
-    def probe(self, engine: str, index: Path) -> Callable[[], object]:
+    def probe(self, engine: str, index: Path, agreement: bool = False) -> Callable[[], object]:
+        """The probe; with ``agreement`` on a probed index, the agreement statistics' pass alone."""
         from ramstream import api
 
-        return lambda: api.probe(self.base, self.members, index=index, options=self.engines[engine])
+        options = self.engines[engine]
+        return lambda: api.probe(self.base, self.members, index=index, options=options, agreement=agreement)
 
     def merge(self, engine: str, method: str, index: Path, out: Path) -> Callable[[], object]:
         from ramstream import api
@@ -292,6 +295,11 @@ class GpuBench:
         self.timed("probe", "torch", self.probe("torch", runs / "ops.zarr"), ops=True)
         self.launches("probe", self.probe("torch", runs / "launches.zarr"))
         self.launches("probe", self.probe("torch", runs / "launches-ops.zarr"), ops=True)
+        for engine, path in index.items():  # gathered into a copy: the merges' indexes stay as they were
+            agreement = runs / f"agreement-{engine}.zarr"
+            shutil.copytree(path, agreement)
+            self.timed("agreement statistics", engine, self.probe(engine, agreement, agreement=True))
+        self.launches("agreement statistics", self.probe("torch", runs / "launches.zarr", agreement=True))
         for method in methods:
             try:
                 self.method(method, index)
@@ -446,10 +454,10 @@ def staging(args: argparse.Namespace, base: Path, agents: list[Path], gb: float)
 
 
 def launches_per_tile(args: argparse.Namespace) -> None:
-    """On the CPU: the kernels each tile of a probe, a RAM+, a linear, a TIES merge (its statistics
-    pass's high and low magnitude histograms apart from the rest), an SCE merge (its variance
-    tiles included), a DELLA merge (its L1 statistics included) and a model_stock merge (its Gram
-    statistics included) launches, on the torch-op path
+    """On the CPU: the kernels each tile of a probe, of the agreement statistics' pass, of a RAM+, a
+    linear, a TIES merge (its statistics pass's high and low magnitude histograms apart from the
+    rest), an SCE merge (its variance tiles included), a DELLA merge (its L1 statistics included)
+    and a model_stock merge (its Gram statistics included) launches, on the torch-op path
     (torch ops that compute, from the profiler) and on the fused path (Triton launches run by the
     interpreter, and the torch ops the tile issues around them), on the warm-up family."""
     os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
@@ -460,6 +468,7 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     from ramstream.backends.torch import fused
     from ramstream.backends.torch import tiles as torch_tiles
     from ramstream.backends.torch.counting import CountOps
+    from ramstream.backends.torch.fused import agreement as fused_agreement
     from ramstream.backends.torch.fused import della as fused_della
     from ramstream.backends.torch.fused import gta as fused_gta
     from ramstream.backends.torch.fused import linear as fused_linear
@@ -486,6 +495,7 @@ def launches_per_tile(args: argparse.Namespace) -> None:
         (fused_sce, "sce_launch"),
         (fused_sums, "sums_launch"),
         (fused_sums, "gram_launch"),
+        (fused_agreement, "agreement_launch"),
     )
     for module, name in launchers:
         launch = getattr(module, name)
@@ -543,14 +553,14 @@ def launches_per_tile(args: argparse.Namespace) -> None:
     try:
         for mode in ("ops", "auto"):
             fused.MODE = mode  # type: ignore[assignment]
-            for what in ("probe", "ram+", "ties", "linear", "sce", "della", "model_stock"):
+            for what in ("probe", "agreement", "ram+", "ties", "linear", "sce", "della", "model_stock"):
                 index = runs / f"{mode}.zarr"
                 tiles.clear()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     with profile(activities=[ProfilerActivity.CPU]) as prof:
-                        if what == "probe":
-                            api.probe(base, members, index=index, options=options)
+                        if what in ("probe", "agreement"):  # the agreement: its pass alone, the index probed
+                            api.probe(base, members, index=index, options=options, agreement=what == "agreement")
                         else:
                             given = {"ties": {"density": 0.3}, "sce": {"select_topk": 0.3},
                                      "della": {"density": 0.5, "epsilon": 0.1}}.get(what, {})  # fmt: skip

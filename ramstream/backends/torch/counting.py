@@ -410,6 +410,8 @@ class CountOps(TileBackend):
         n_agents = len(arrays.agents)
         pairs = agent_pairs(n_agents)
         codes = self._codes(arrays)
+        if self._fused(codes):
+            return self._agreement_fused(arrays, eps, len(pairs), codes)
         with self._scoped():
             eps32 = self._f32(eps)
             acc = self._zeros(self.workers, sum_rows(n_agents) * DIGITS)
@@ -423,6 +425,24 @@ class CountOps(TileBackend):
                 agreement.accumulate(acc[w], counts[w], torch.stack(taus), eps32, pairs)
 
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * n_agents + 8)
+            total = normalise(self._host(acc.sum(0)).reshape(sum_rows(n_agents), DIGITS))
+            return AgreementSums(self._host(counts.sum(0)), total)
+
+    def _agreement_fused(self, arrays: BlockArrays, eps: float, n_pairs: int, codes: list[int]) -> AgreementSums:
+        """``agreement`` in one fused kernel per tile (``fused/agreement.py``): the accumulators
+        and counts summed in each program, read back once."""
+        from ramstream.backends.torch.fused.agreement import agreement_launch
+
+        n_agents = len(arrays.agents)
+        eps32 = float(np.float32(eps))
+        with self._scoped():
+            acc = self._zeros(self.workers, sum_rows(n_agents) * DIGITS)
+            counts = self._zeros(self.workers, n_pairs, 2)
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                agreement_launch(raw, m, eps32, acc[w], counts[w], (codes[0], codes[1]))
+
+            self._run(self._array_parts(arrays), arrays.size, tile)
             total = normalise(self._host(acc.sum(0)).reshape(sum_rows(n_agents), DIGITS))
             return AgreementSums(self._host(counts.sum(0)), total)
 
