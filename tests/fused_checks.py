@@ -893,20 +893,22 @@ def vectors_tiles() -> None:
 
 
 def vectors_merges(scratch: Path) -> None:
-    """slerp, nuslerp (both forms, row- and column-wise), multislerp and karcher through the API
-    with the torch backend on the CPU, the fused kernel interpreted: the Numba bytes, every tile
-    fused."""
-    from ramstream.backends.torch.fused import vectors
+    """slerp, nuslerp (both forms; flattened, per row and per column: the per-vector Gram sums),
+    multislerp and karcher through the API with the torch backend on the CPU, the fused kernels
+    interpreted: the Numba bytes, every tile fused."""
+    from ramstream.backends.torch.fused import vector_gram, vectors
     from tests.families import build_family
     from tests.test_backends import _merge
 
-    calls = {"vectors": 0}
+    calls = {"vectors": 0, "vector_gram": 0}
     _count(vectors, "vectors_launch", calls, "vectors")
+    _count(vector_gram, "vector_gram_launch", calls, "vector_gram")
     shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
     methods = [
         ("slerp", {"t": 0.3}, 1),
         ("nuslerp", {"weights": [0.4, 0.6]}, 2),
         ("nuslerp", {"weights": [0.4, 0.6], "nuslerp_row_wise": True, "nuslerp_flatten": False}, 2),
+        ("nuslerp", {"weights": [0.4, 0.6], "nuslerp_flatten": False}, 2),
         ("nuslerp", {"weights": [0.7, 0.3], "no_base": True}, 1),
         ("multislerp", {"weights": 1.0}, None),
         ("karcher", {}, None),
@@ -920,7 +922,7 @@ def vectors_merges(scratch: Path) -> None:
             got = _merge(family, scratch / "torch" / name / "out", method, given, "torch", agents, device="cpu",
                          threads=1)  # fmt: skip
             assert got == expected, f"{name}: not the Numba bytes"
-    assert calls["vectors"] > 0, calls
+    assert min(calls.values()) > 0, calls
 
 
 def sums_tiles() -> None:
@@ -1052,11 +1054,51 @@ def agreement_tiles() -> None:
         assert (want_counts[:, 0] > 2).all() and (want < 0).any(), what  # shared elements, negative products
 
 
+def vector_gram_tiles() -> None:
+    """``fused/vector_gram.py`` on tiles of a base and 3 agents (every format, task vectors; NaN,
+    Inf, tau overflowing, negative products): rows of 300 from mid-row (programs in one vector and
+    programs across two), columns of a 100-wide matrix (every element its own vector), one vector;
+    of the task vectors and of the base with the agents' weights: the torch-op path's digits
+    (``_gram_rows``, ``vectors.add_products``) and first position, added to what was there."""
+    from ramstream.backends.torch import vectors
+    from ramstream.backends.torch.counting import _gram_rows
+    from ramstream.backends.torch.fused import vector_gram
+    from ramstream.backends.vector_sums import DIGITS
+
+    for number, code in enumerate((*CODES, TAU32)):
+        m = 700
+        base_code = FloatCode.F32 if code == TAU32 else code
+        base, agents = _tile_family(code, m, seed=41 + code)
+        staged = _staged(base, agents)
+        weights = number % 2 == 0
+        n_vectors = 3 + weights
+        pairs = [(a, b) for a in range(n_vectors) for b in range(a, n_vectors)]
+        lo = 192
+        # (block start, div, mod, count): rows of 300 from mid-row 7, columns of 100, one vector
+        for start, div, mod, count in ((2107, 300, 40, 4), (500, 1, 100, 100), (0, 4096, 1, 1)):
+            first_want = torch.full((1,), NOWHERE, dtype=torch.int64)
+            rows = _gram_rows(staged, [base_code, code, code, code], 3, weights, first_want, 0, lo, torch.zeros(()))
+            which = vectors.block_vectors(torch.arange(start + lo, start + lo + m), div, mod, start)
+            want = torch.full((count * len(pairs) * DIGITS,), 3, dtype=torch.int64)
+            for k, (a, b) in enumerate(pairs):
+                vectors.add_products(want, rows[a], rows[b], which * len(pairs) + k)
+            acc = torch.full((count * len(pairs) * DIGITS,), 3, dtype=torch.int64)
+            first = torch.tensor([NOWHERE], dtype=torch.int64)
+            vector_gram.vector_gram_launch(
+                staged, m, lo, start + lo, div, mod, start // div % mod, acc, first, (base_code, code), weights
+            )
+            what = f"vector gram {code} ({start}, {div}, {mod}) weights={weights}"
+            assert torch.equal(acc, want), what
+            assert int(first[0]) == int(first_want[0]) < NOWHERE, what
+            assert weights or (want < 0).any(), what  # signed sums of tau products
+
+
 def sums_and_gram_tiles() -> None:
-    """The exact-sum kernels' tile checks in one process: abs sums, Gram, agreement."""
+    """The exact-sum kernels' tile checks in one process: abs sums, Gram, agreement, per vector."""
     sums_tiles()
     gram_tiles()
     agreement_tiles()
+    vector_gram_tiles()
 
 
 def sums_merges(scratch: Path) -> None:

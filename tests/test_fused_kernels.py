@@ -37,6 +37,7 @@ from ramstream.backends.torch.fused import (  # noqa: E402
     ram,
     sce,
     sums,
+    vector_gram,
     vectors,
 )
 from ramstream.format.dtypes import TAU32, FloatCode  # noqa: E402
@@ -89,8 +90,8 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 16  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, Gram, SCE,
-    # DELLA's two, NearSwap, arcee_fusion, agreement
+    assert launches >= 17  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, Gram, SCE,
+    # DELLA's two, NearSwap, arcee_fusion, agreement, per-vector Gram
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -318,12 +319,28 @@ AGREEMENT_SIGNATURE = {
 
 @pytest.mark.parametrize(("code", "agents"), [(FloatCode.BF16, 3), (TAU32, 4)])
 def test_the_agreement_kernel_compiles_for_sm90_with_native_atomics(code: int, agents: int) -> None:
-    """The products are integer arithmetic (no float multiply at all); the digits' sums are added
-    with native 64-bit atomics, no compare-and-swap loop."""
+    """The products are integer arithmetic (no float multiply: BF16 and task vectors decode without
+    one); the digits' sums are added with native 64-bit atomics, no compare-and-swap loop."""
     base = FloatCode.F32 if code == TAU32 else code
     constexprs = {"N_AGENTS": agents, "AGENTS": 4, "BASE": base, "AGENT": code, "BLOCK": agreement.BLOCK}
     ptx = _ptx(agreement.agreement_tile, AGREEMENT_SIGNATURE, constexprs)
     assert FORBIDDEN.findall(ptx) == [] and "mul.rn.f" not in ptx
+    assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]64", ptx) and ".cas" not in ptx
+
+
+VECTOR_GRAM_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "position": "i64",
+    "div": "i64", "mod": "i64", "first_vector": "i64", "acc": "*i64", "first": "*i64",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("code", "weights"), [(FloatCode.F16, True), (TAU32, False)])
+def test_the_vector_gram_kernel_compiles_for_sm90_with_native_atomics(code: int, weights: bool) -> None:
+    base = FloatCode.F32 if code == TAU32 else code
+    constexprs = {"N_VECTORS": 2 + weights, "VECTORS": 4, "BASE": base, "AGENT": code, "WEIGHTS": weights,
+                  "BLOCK": vector_gram.BLOCK}  # fmt: skip
+    ptx = _ptx(vector_gram.vector_gram_tile, VECTOR_GRAM_SIGNATURE, constexprs)
+    assert FORBIDDEN.findall(ptx) == []
     assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]64", ptx) and ".cas" not in ptx
 
 

@@ -389,6 +389,8 @@ class CountOps(TileBackend):
         pairs = [(a, b) for a in range(n_vectors) for b in range(a, n_vectors)]
         codes = self._codes(arrays)
         size = layout.count * len(pairs) * DIGITS
+        if self._fused(codes):
+            return self._vector_gram_fused(arrays, layout, weights, len(pairs), codes)
         with self._scoped():
             zero = torch.zeros((), dtype=torch.float32, device=self._device)
             acc = self._zeros(self.workers, self._fixed(size * 8, "the per-vector sums") // 8)
@@ -404,6 +406,29 @@ class CountOps(TileBackend):
 
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_vectors + 4)
             total = normalise(self._host(acc.sum(0)).reshape(layout.count, len(pairs), DIGITS))
+            return ExactSums(total, self._found(first))
+
+    def _vector_gram_fused(
+        self, arrays: BlockArrays, layout: VectorLayout, weights: bool, n_pairs: int, codes: list[int]
+    ) -> ExactSums:
+        """``vector_gram`` in one fused kernel per tile (``fused/vector_gram.py``): the
+        accumulators and the first non-finite position per worker, read back once."""
+        from ramstream.backends.torch.fused.vector_gram import vector_gram_launch
+
+        size = layout.count * n_pairs * DIGITS
+        first_vector = layout.start // layout.div % layout.mod
+        with self._scoped():
+            acc = self._zeros(self.workers, self._fixed(size * 8, "the per-vector sums") // 8)
+            first = self._first()
+
+            def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                vector_gram_launch(
+                    raw, m, lo, layout.start + lo, layout.div, layout.mod, first_vector, acc[w], first[w : w + 1],
+                    (codes[0], codes[1]), weights,
+                )  # fmt: skip
+
+            self._run(self._array_parts(arrays), arrays.size, tile, fixed=size * 8)
+            total = normalise(self._host(acc.sum(0)).reshape(layout.count, n_pairs, DIGITS))
             return ExactSums(total, self._found(first))
 
     def agreement(self, arrays: BlockArrays, eps: float) -> AgreementSums:

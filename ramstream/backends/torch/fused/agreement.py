@@ -2,12 +2,10 @@
 ``backends/torch/agreement.py`` and so of the Numba kernel (``backends.agreement``'s layout).
 
 Each product of two float32 values is split exactly into three int64 digits of
-``backends.vector_sums`` (as ``vectors.add_products``). Those are integer additions, exact in any
-grouping, so a program first sums its own elements' digits per accumulator and per digit, over
-the few digits its products reach (the others skipped), and only then adds
-each sum with one integer atomic: every element of the block would otherwise add into the same
-few hundred addresses, the hottest atomics a kernel can have. The counts (both active, same
-sign) are summed per program too.
+``backends.vector_sums`` (``digits.py``), which a program sums per accumulator and digit before
+one integer atomic each: every element of the block would otherwise add into the same few hundred
+addresses, the hottest atomics a kernel can have. The counts (both active, same sign) are summed
+per program too.
 """
 
 from __future__ import annotations
@@ -17,63 +15,10 @@ import triton
 import triton.language as tl
 
 from ramstream.backends.torch.fused import codecs
+from ramstream.backends.torch.fused.digits import add_rows, products
 from ramstream.backends.torch.fused.ram import EXACT, layout, on_device
-from ramstream.backends.vector_sums import DIGIT_BITS, DIGITS, LOW
 
 BLOCK = 128  # elements per program: its (agents, agents, BLOCK) products
-N_DIGITS: tl.constexpr = tl.constexpr(DIGITS)
-LOWEST: tl.constexpr = tl.constexpr(LOW)
-HALF: tl.constexpr = tl.constexpr(DIGIT_BITS)
-LOW32: tl.constexpr = tl.constexpr(0xFFFFFFFF)
-
-
-@triton.jit
-def _mantissa(values):
-    """(integer mantissa, exponent) of finite float32 ``values``, int64: value = mantissa * 2^exponent."""
-    bits = values.to(tl.int32, bitcast=True).to(tl.int64)
-    field = (bits >> 23) & 0xFF
-    mantissa = bits & 0x7FFFFF
-    normal = field != 0
-    return tl.where(normal, mantissa | 0x800000, mantissa), tl.where(normal, field - 150, -149)
-
-
-@triton.jit
-def _products(x, y):
-    """Each exact product x y (finite float32, +0.0 where it adds nothing) as the digit of its
-    lowest part and its three parts, signed (``vectors.add_products``)."""
-    mx, ex = _mantissa(x)
-    my, ey = _mantissa(y)
-    product = mx * my  # below 2^48: exact
-    shift = ex + ey - LOWEST
-    digit = shift >> 5
-    r = shift & 31
-    low = (product & LOW32) << r  # below 2^63
-    high = (product >> HALF) << r  # below 2^47
-    negative = (x.to(tl.int32, bitcast=True) ^ y.to(tl.int32, bitcast=True)) < 0
-    sign = tl.where(negative, -1, 1).to(tl.int64)
-    parts0 = (low & LOW32) * sign
-    parts1 = ((low >> HALF) + (high & LOW32)) * sign
-    parts2 = (high >> HALF) * sign
-    return digit, parts0, parts1, parts2, product != 0
-
-
-@triton.jit
-def _add_rows(acc, rows, digit, parts0, parts1, parts2, counted, AXIS: tl.constexpr):
-    """Add the products' parts into the accumulators ``rows`` (shaped as the block without its
-    ``AXIS``, the elements' axis) where ``counted``: per digit the block reaches, one sum and one
-    atomic per accumulator and part."""
-    lowest = tl.min(tl.where(counted, digit, N_DIGITS))
-    highest = tl.max(tl.where(counted, digit, -1))
-    for q in range(N_DIGITS):  # products of similar size reach two or three digits
-        if (q >= lowest) & (q <= highest):
-            at = counted & (digit == q)
-            where = acc + rows * N_DIGITS + q
-            total = tl.sum(tl.where(at, parts0, 0), axis=AXIS)
-            tl.atomic_add(where, total, mask=total != 0, sem="relaxed")
-            total = tl.sum(tl.where(at, parts1, 0), axis=AXIS)
-            tl.atomic_add(where + 1, total, mask=total != 0, sem="relaxed")
-            total = tl.sum(tl.where(at, parts2, 0), axis=AXIS)
-            tl.atomic_add(where + 2, total, mask=total != 0, sem="relaxed")
 
 
 @triton.jit
@@ -107,9 +52,9 @@ def agreement_tile(
     shared = (tl.sum(on.to(tl.int32), axis=0) >= 2)[None, :]
     n_pairs = N_AGENTS * (N_AGENTS - 1) // 2
     # every agent's squares over its unique elements, then over its shared ones
-    digit, p0, p1, p2, nonzero = _products(x, x)
-    _add_rows(acc, 3 * n_pairs + 2 * agent, digit, p0, p1, p2, nonzero & ~shared, 1)
-    _add_rows(acc, 3 * n_pairs + 2 * agent + 1, digit, p0, p1, p2, nonzero & shared, 1)
+    digit, p0, p1, p2, nonzero = products(x, x)
+    add_rows(acc, 3 * n_pairs + 2 * agent, digit, p0, p1, p2, nonzero & ~shared, 1)
+    add_rows(acc, 3 * n_pairs + 2 * agent + 1, digit, p0, p1, p2, nonzero & shared, 1)
     # every pair: tau_i tau_j, tau_i^2 and tau_j^2 over the elements active in both
     i = agent[:, None]
     j = agent[None, :]
@@ -119,12 +64,12 @@ def agreement_tile(
     upper = valid & (i < j)
     both = on[:, None, :] & on[None, :, :]
     xi = tl.where(both, x[:, None, :], 0.0)
-    digit, p0, p1, p2, nonzero = _products(xi, tl.where(both, x[None, :, :], 0.0))
-    _add_rows(acc, 3 * pair, digit, p0, p1, p2, nonzero & upper[:, :, None], 2)
+    digit, p0, p1, p2, nonzero = products(xi, tl.where(both, x[None, :, :], 0.0))
+    add_rows(acc, 3 * pair, digit, p0, p1, p2, nonzero & upper[:, :, None], 2)
     # tau_i^2 over both: the pair's second sum where i < j, its third where j < i
-    digit, p0, p1, p2, nonzero = _products(xi, xi)
+    digit, p0, p1, p2, nonzero = products(xi, xi)
     square_row = tl.where(i < j, 3 * pair + 1, 3 * swapped + 2)
-    _add_rows(acc, square_row, digit, p0, p1, p2, nonzero & (valid & (i != j))[:, :, None], 2)
+    add_rows(acc, square_row, digit, p0, p1, p2, nonzero & (valid & (i != j))[:, :, None], 2)
     signs = tau.to(tl.int32, bitcast=True) < 0
     agree = both & (signs[:, None, :] == signs[None, :, :])
     both_count = tl.sum(both.to(tl.int64), axis=2)

@@ -106,7 +106,7 @@ def sums_tile(
 
 
 @triton.jit
-def _vector(base, agents_at, agent_stride, v, offsets, mask, b, BASE: tl.constexpr, AGENT: tl.constexpr,
+def gram_vector(base, agents_at, agent_stride, v, offsets, mask, b, BASE: tl.constexpr, AGENT: tl.constexpr,
             WEIGHTS: tl.constexpr):  # fmt: skip
     """Vector ``v`` of a Gram matrix at ``offsets`` (rows of ``v``: one vector per row): agent v's
     task vector, or with ``WEIGHTS`` the base (v = 0) and agent v - 1's weights (a task vector's
@@ -150,7 +150,7 @@ def gram_tile(
         inside = offsets < m
         mask = is_vector & inside
         b = codecs.decode(base, offsets, inside, BASE)
-        x, odd = _vector(base, agents_at, agent_stride, v, offsets, mask, b, BASE, AGENT, WEIGHTS)
+        x, odd = gram_vector(base, agents_at, agent_stride, v, offsets, mask, b, BASE, AGENT, WEIGHTS)
         odd = odd & mask
         found = tl.minimum(found, tl.where(odd, offsets.to(tl.int64) + lo, NOWHERE))
         x = tl.where(odd | ~mask, 0.0, x).to(tl.float64)
