@@ -387,21 +387,42 @@ def histogram_tiles() -> None:
             magnitude.tie_launch(_staged(base, [agents[t]]), m, 64, value, 64 + begin, ties, (base_code, code))
             want = np.packbits((bits[t] == value) & (positions >= begin), bitorder="little")
             assert np.array_equal(ties.numpy(), want), f"ties {code} agent {t} value {value:#x} from {begin}"
+        # the cuts' keep mask: per agent (cut 0, cut 1) values with tie ranges in block positions
+        # (the tile starts at block position 64): a band with ties split, everything (cut 1 at
+        # 0xFFFFFFFF: the NaN bins too), nothing
+        lo = 64
+        mid = [int(np.sort(row)[m // 2]) for row in bits]
+        value = np.array([[mid[0], int(bits[0].max())], [0, 0xFFFFFFFF], [0, 0]], np.int64)
+        ranges = np.array([[[lo + 10, lo + m // 2], [lo, lo + m]], [[0, 0], [0, 0]], [[0, 0], [0, 0]]], np.int64)
+        kept = torch.full((3, m), 7, dtype=torch.uint8)
+        magnitude.cut_keep_launch(staged, m, lo, torch.from_numpy(value), torch.from_numpy(ranges), kept,
+                                  (base_code, code))  # fmt: skip
+        wide, at = bits.astype(np.int64), positions + lo
+        lower = [[_in_lower(wide[t], at, value[t, c], ranges[t, c]) for c in range(2)] for t in range(3)]
+        want_keep = np.stack([lower[t][1] & ~lower[t][0] for t in range(3)]).astype(np.uint8)
+        assert np.array_equal(kept.numpy(), want_keep), f"cut keep {code}"
+        assert 0 < want_keep[0].sum() < m and want_keep[1].all() and not want_keep[2].any(), f"cut keep {code}"
+
+
+def _in_lower(bits: np.ndarray, at: np.ndarray, value: int, ties: np.ndarray) -> np.ndarray:
+    """A cut's lower set: bits below ``value``, or equal to it at positions in [ties[0], ties[1])."""
+    return (bits < value) | ((bits == value) & (at >= ties[0]) & (at < ties[1]))
 
 
 def histogram_merges(scratch: Path) -> None:
-    """TIES (both trim scopes) and breadcrumbs through the API with the torch backend on the CPU,
-    its statistics pass in the fused histogram and tie-search kernels: every histogram and tie
-    search of every block equal to the Numba backend's on the same block, and the merges the
-    Numba bytes."""
+    """TIES (both trim scopes) and breadcrumbs (with its L1 rescale) through the API with the torch
+    backend on the CPU, its statistics pass in the fused histogram, tie-search and keep-mask
+    kernels: every histogram and tie search of every block equal to the Numba backend's on the
+    same block, and the merges the Numba bytes."""
     from ramstream.backends.numba.backend import NumbaBackend
     from ramstream.backends.torch.counting import CountOps
     from ramstream.backends.torch.fused import magnitude
 
-    calls = {"high": 0, "low": 0, "tie": 0, "compared": 0, "ties compared": 0}
+    calls = {"high": 0, "low": 0, "tie": 0, "cut keep": 0, "compared": 0, "ties compared": 0}
     _count(magnitude, "high_launch", calls, "high")
     _count(magnitude, "low_launch", calls, "low")
     _count(magnitude, "tie_launch", calls, "tie")
+    _count(magnitude, "cut_keep_launch", calls, "cut keep")
     numba = NumbaBackend(1)
     fused_high, fused_low = CountOps.abs_high_histogram, CountOps.abs_low_histogram
 
@@ -432,7 +453,7 @@ def histogram_merges(scratch: Path) -> None:
         [
             ("ties", {"density": 0.3}),
             ("ties", {"density": 0.3, "trim_scope": "model"}),
-            ("breadcrumbs_ties", {"density": 0.5, "gamma": 0.05}),
+            ("breadcrumbs_ties", {"density": 0.5, "gamma": 0.05, "rescale": "l1"}),  # its L1 sums: the keep mask
         ],
     )
     assert min(calls.values()) > 0, calls

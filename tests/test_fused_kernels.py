@@ -90,8 +90,8 @@ def test_every_launch_compiles_with_the_checked_options() -> None:
         for call in re.findall(r"(?m)^ +\w+\[[^\n]*\]\(\n((?:.*\n)*?) +\)  # fmt: skip", path.read_text()):
             launches += 1
             assert "**EXACT" in call, f"{path.name}: a launch without **EXACT"
-    assert launches >= 17  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, Gram, SCE,
-    # DELLA's two, NearSwap, arcee_fusion, agreement, per-vector Gram
+    assert launches >= 18  # probe, RAM, GTA, both histograms, the tie search, linear, per-vector, sums, Gram, SCE,
+    # DELLA's two, NearSwap, arcee_fusion, agreement, per-vector Gram, the cuts' keep mask
 
 
 RAM_CASES = [(c, c, c) for c in CODES] + [
@@ -309,6 +309,19 @@ def test_the_gram_kernel_compiles_for_sm90_with_exact_float64_products_and_nativ
     assert FORBIDDEN.findall(ptx) == []
     assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx
     assert re.search(r"\b(?:red|atom)\.global\S*\.relaxed\.add\.[su]64", ptx) and ".cas" not in ptx
+
+
+CUT_KEEP_SIGNATURE = {
+    "base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "lo": "i64", "cut_value": "*i64",
+    "cut_range": "*i64", "keep": "*u8",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("code", [FloatCode.F16, TAU32])
+def test_the_cut_keep_kernel_compiles_for_sm90(code: int) -> None:
+    base = FloatCode.F32 if code == TAU32 else code
+    constexprs = {"N_AGENTS": 3, "BASE": base, "AGENT": code, "BLOCK": magnitude.BLOCK}
+    assert FORBIDDEN.findall(_ptx(magnitude.cut_keep_tile, CUT_KEEP_SIGNATURE, constexprs)) == []
 
 
 AGREEMENT_SIGNATURE = {

@@ -234,9 +234,19 @@ class CountOps(TileBackend):
         keep = np.empty((n_agents, arrays.size), np.uint8)
         codes = self._codes(arrays)
         values, ranges = cuts.value.tolist(), cuts.range.tolist()
+        fused = self._fused(codes)  # one launch per tile (``fused/magnitude.py``)
         with self._scoped():
+            cut_value = self._constant(np.asarray(cuts.value, np.int64))
+            cut_range = self._constant(np.asarray(cuts.range, np.int64))
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
+                if fused:
+                    from ramstream.backends.torch.fused.magnitude import cut_keep_launch
+
+                    kept = torch.empty((n_agents, m), dtype=torch.uint8, device=self._device)
+                    cut_keep_launch(raw, m, lo, cut_value, cut_range, kept, (codes[0], codes[1]))
+                    outputs.put(kept, self._sink(keep, lo, lo + m))
+                    return
                 position = self._positions(lo, m)
                 bits = self._abs_bits(raw, codes, range(n_agents))
                 rows = [magnitude.kept_by_cuts(bits[t], position, values[t], ranges[t]) for t in range(n_agents)]

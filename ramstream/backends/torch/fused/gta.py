@@ -43,6 +43,17 @@ def in_lower(bits, positions, value, begin, end):
 
 
 @triton.jit
+def kept_by_cuts(bits, positions, cut_value, cut_range, t):
+    """Whether agent ``t``'s |tau| ``bits`` (int64) survive its cuts: in cut 1's lower set and not
+    in cut 0's (``cut_value`` int64 (N, 2), ``cut_range`` int64 (N, 2, 2) block positions)."""
+    upper = in_lower(bits, positions, tl.load(cut_value + 2 * t + 1), tl.load(cut_range + 4 * t + 2),
+                     tl.load(cut_range + 4 * t + 3))  # fmt: skip
+    lower = in_lower(bits, positions, tl.load(cut_value + 2 * t), tl.load(cut_range + 4 * t),
+                     tl.load(cut_range + 4 * t + 1))  # fmt: skip
+    return upper & ~lower
+
+
+@triton.jit
 def uniform(key, index):
     """float32 k / 2^24 draws of elements ``index`` (int64) of the stream ``key`` (uint64), as
     ``counter_rng.uniform``: the top 24 bits of mix64(key + (index + 1) * golden gamma)."""
@@ -67,12 +78,7 @@ def _delta(base, agents_at, agent_stride, t, b, offsets, mask, lo, weights, scal
         d = tl.load(weights + t) * (tau * tl.load(scale + t))
         if KEEP == KEEP_CUTS:
             bits = (tau.to(tl.uint32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
-            positions = offsets.to(tl.int64) + lo
-            upper = in_lower(bits, positions, tl.load(cut_value + 2 * t + 1), tl.load(cut_range + 4 * t + 2),
-                             tl.load(cut_range + 4 * t + 3))  # fmt: skip
-            lower = in_lower(bits, positions, tl.load(cut_value + 2 * t), tl.load(cut_range + 4 * t),
-                             tl.load(cut_range + 4 * t + 1))  # fmt: skip
-            alive = upper & ~lower
+            alive = kept_by_cuts(bits, offsets.to(tl.int64) + lo, cut_value, cut_range, t)
         elif KEEP == KEEP_RANDOM:
             key = tl.load(keys + t).to(tl.uint64, bitcast=True)
             alive = uniform(key, offsets.to(tl.int64) + start) < tl.load(density + t)

@@ -6,7 +6,9 @@
 - ``low_tile``: per agent and cut, how many elements whose high half is the cut's target (-1:
   none) have each low half (``bits & 0xFFFF``);
 - ``tie_tile``: for one agent, where its bits equal a cut's value at or after a block position,
-  bit-packed (bit ``i % 8`` of byte ``i // 8``: element ``i``, as numpy's little bit order).
+  bit-packed (bit ``i % 8`` of byte ``i // 8``: element ``i``, as numpy's little bit order);
+- ``cut_keep_tile``: per agent, whether each element survives its two cuts (the keep mask that the
+  L1 statistics of TIES and breadcrumbs sum over), one byte per element.
 
 Counts are integers, so their order does not matter: every counted element is added to its bin
 of the call's int32 accumulator (the Numba kernels' type: a block's count fits) with a native,
@@ -25,6 +27,7 @@ import triton.language as tl
 from ramstream.backends.base import HIGH_BINS, LOW_BINS
 from ramstream.backends.torch.fused import codecs
 from ramstream.backends.torch.fused.fusion import importance
+from ramstream.backends.torch.fused.gta import kept_by_cuts
 from ramstream.backends.torch.fused.ram import EXACT, layout, on_device
 
 BLOCK = 1024  # elements per program
@@ -148,6 +151,32 @@ def tie_tile(
     tl.store(ties + bytes_at, packed.to(tl.uint8), mask=bytes_at < (m + 7) // 8)
 
 
+@triton.jit
+def cut_keep_tile(
+    base,  # uint8 pointer: the base's raw bytes; agent t's are at base + agents_at + t * agent_stride
+    agents_at,
+    agent_stride,
+    m,
+    lo,  # the tile's first element in its block (the cuts' tie ranges are block positions)
+    cut_value,  # int64 (N_AGENTS, 2)
+    cut_range,  # int64 (N_AGENTS, 2, 2)
+    keep,  # uint8 (N_AGENTS, m): 1 where the agent keeps the element
+    N_AGENTS: tl.constexpr,
+    BASE: tl.constexpr,
+    AGENT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """In cut 1's lower set and not in cut 0's, as ``magnitude.kept_by_cuts``."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < m
+    b = codecs.decode(base, offsets, mask, BASE)
+    positions = offsets.to(tl.int64) + lo
+    for t in range(N_AGENTS):
+        bits = _abs_bits(base, agents_at, agent_stride, t, b, offsets, mask, AGENT).to(tl.int64)
+        kept = kept_by_cuts(bits, positions, cut_value, cut_range, t)
+        tl.store(keep + t * m + offsets, kept.to(tl.uint8), mask=mask)
+
+
 def high_launch(
     raw: list[torch.Tensor], m: int, counts: torch.Tensor, codes: tuple[int, int], rows: Rows | None = None
 ) -> None:
@@ -193,4 +222,18 @@ def tie_launch(
     with on_device(raw[0]):
         tie_tile[(triton.cdiv(m, BLOCK),)](
             raw[0], agent_at, m, lo, value, begin, ties, BASE=codes[0], AGENT=codes[1], BLOCK=BLOCK, **EXACT,
+        )  # fmt: skip
+
+
+def cut_keep_launch(
+    raw: list[torch.Tensor], m: int, lo: int, cut_value: torch.Tensor, cut_range: torch.Tensor, keep: torch.Tensor,
+    codes: tuple[int, int],
+) -> None:  # fmt: skip
+    """Queue one tile's keep mask into ``keep`` (agents, m) uint8 on the device; ``cut_value``
+    (agents, 2) and ``cut_range`` (agents, 2, 2) int64 on the device."""
+    agents_at, stride = layout(raw)
+    with on_device(raw[0]):
+        cut_keep_tile[(triton.cdiv(m, BLOCK),)](
+            raw[0], agents_at, stride, m, lo, cut_value, cut_range, keep, N_AGENTS=len(raw) - 1, BASE=codes[0],
+            AGENT=codes[1], BLOCK=BLOCK, **EXACT,
         )  # fmt: skip
