@@ -132,13 +132,16 @@ class SimulatedGpu:
 
     def readback(self, src: torch.Tensor) -> np.ndarray:
         """Read back by the compute stream's copies, late: after every download queued before it."""
+        return self.readback_later(src)()
+
+    def readback_later(self, src: torch.Tensor) -> Callable[[], np.ndarray]:
         delay = self._delay()
 
         def copy() -> np.ndarray:
             time.sleep(delay)
             return src.contiguous().numpy().copy()
 
-        return self._downloads.submit(copy).result()
+        return self._downloads.submit(copy).result
 
     def synchronize(self) -> None:
         self._copy.submit(lambda: None).result()

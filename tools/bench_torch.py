@@ -650,6 +650,10 @@ class NullDevice:
     def readback(self, src: Any) -> Any:
         return src.contiguous().numpy().copy()
 
+    def readback_later(self, src: Any) -> Any:
+        copy = self.readback(src)
+        return lambda: copy
+
     def synchronize(self) -> None:
         pass
 

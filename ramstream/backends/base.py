@@ -21,11 +21,13 @@ owns (``out``), so a pass can keep several in flight; everything else is returne
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
 
+from ramstream.backends.landing import Landing
 from ramstream.backends.vector_sums import VectorLayout
 from ramstream.blocks import BlockArrays
 from ramstream.blocks.quantized import ScaledCodes
@@ -328,6 +330,19 @@ class Backend(Protocol):
         """``out`` (the carrier of ``code``: F32, BF16 or F16) <- an FP8 run's values, encoded, in
         ``blocks.quantized``'s order and bytes: a quantized input's block, decoded on the host while
         the block is assembled (``blocks.quantized.Dequantize``)."""
+        ...
+
+    @property
+    def defers(self) -> bool:
+        """Whether merges called inside ``deferred()`` return before their results land (a
+        backend that streams through a device); a caller that does not wait for them gains nothing."""
+        ...
+
+    def deferred(self) -> AbstractContextManager[Landing]:
+        """A scope whose merges may return a token (below -1) instead of the first NaN/Inf input
+        position, their ``out`` not yet written: both come with the landing's ``wait``
+        (``backends.landing``). Outside it, or on a backend that does not defer, merges return
+        once their results are in ``out``."""
         ...
 
     def close(self) -> None:

@@ -8,13 +8,14 @@ so a pass holds ``depth + 1`` result buffers and a kill loses at most ``depth`` 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockReader
 from ramstream.execution.progress import Done, Progress
-from ramstream.execution.work import BlockWork
+from ramstream.execution.work import BlockWork, ComputesLater
 from ramstream.execution.write_behind import WriteBehind
 from ramstream.format.family import Family
 from ramstream.io.reader import InputFiles
@@ -36,6 +37,9 @@ class LocalExecutor:
         self, work: BlockWork[Any], family: Family, plan: Plan, batches: Sequence[Batch], progress: Progress
     ) -> None:
         progress.where = f"{self.backend.name} on {self.backend.device}"
+        if self.backend.defers and isinstance(work, ComputesLater) and self.depth > 1:
+            self._run_lagging(work, family, plan, batches, progress)
+            return
         with InputFiles() as files, WriteBehind(self.depth) as behind:
             reader = BlockReader(family, plan, files, self.backend.lora_product, self.backend.fp8_dequantize)
             for i, batch in enumerate(batches):
@@ -47,6 +51,42 @@ class LocalExecutor:
                 reader.release(batch)
                 progress.advance(plan.batch_bytes(batch))
                 behind.submit(_Persist(work, batch, result, progress.snapshot()))
+
+    def _run_lagging(self, work: Any, family: Family, plan: Plan, batches: Sequence[Batch], progress: Progress) -> None:
+        """On a backend that defers (a GPU): batch i's results are waited for, checked and handed
+        to the write-behind only once batch i + 1's merges are queued, so the device never drains
+        between batches. The result buffers stay ``RESULT_SLOTS``: one batch being queued, one
+        landing, ``depth - 1`` being written."""
+        unsettled: deque[tuple[Batch, Callable[[], Any], Done]] = deque()
+        with InputFiles() as files, WriteBehind(self.depth - 1) as behind:
+            reader = BlockReader(family, plan, files, self.backend.lora_product, self.backend.fp8_dequantize)
+            try:
+                for i, batch in enumerate(batches):
+                    if i + 1 < len(batches):
+                        reader.prefetch(batches[i + 1])
+                    arrays = [reader.arrays(plan.blocks[b]) for b in batch.blocks]
+                    later = work.compute_later(batch, arrays, self.backend, i % (self.depth + 1))
+                    del arrays
+                    reader.release(batch)
+                    progress.advance(plan.batch_bytes(batch))
+                    unsettled.append((batch, later, progress.snapshot()))
+                    if len(unsettled) > 1:
+                        _submit(behind, work, unsettled.popleft())
+                while unsettled:
+                    _submit(behind, work, unsettled.popleft())
+            finally:
+                for _, later, _ in unsettled:  # a batch failed: nothing may land in the buffers after the pass
+                    try:
+                        later()
+                    except BaseException:  # the first error is the one to report
+                        pass
+
+
+def _submit(behind: WriteBehind, work: BlockWork[Any], pending: tuple[Batch, Callable[[], Any], Done]) -> None:
+    """A landed batch's results waited for and checked (raising here, on the driving thread, as
+    ``compute`` would), then persisted behind."""
+    batch, later, done = pending
+    behind.submit(_Persist(work, batch, later(), done))
 
 
 class _Persist:

@@ -23,8 +23,8 @@ it marks the batches they came with, so the journal never marks a failed part's 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ramstream.backends.base import Backend
 from ramstream.blocks import BlockArrays
@@ -78,6 +78,16 @@ class BlockWork(BlockTasks[R], Protocol[R]):
     def remote(self) -> RemoteWork[R]:
         """This work as another process rebuilds it (see the module docstring)."""
         ...
+
+
+@runtime_checkable
+class ComputesLater(Protocol):
+    """Work whose batch can be computed in two steps (``Backend.deferred``): its backend calls
+    queued, then the returned function waits for their results and checks them."""
+
+    def compute_later(
+        self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int
+    ) -> Callable[[], Any]: ...
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ later batches, which changes nothing: its directory is left unfinished either wa
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +26,7 @@ import numpy as np
 import zarr
 
 from ramstream.backends.base import Backend
+from ramstream.backends.landing import landed
 from ramstream.blocks import BlockArrays
 from ramstream.errors import NonFiniteOutputError, RamstreamError, TaskVectorOverflowError
 from ramstream.execution.executor import Executor
@@ -219,24 +220,63 @@ class Outputs:
 
     def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> list[MergedBatch]:
         staged = [part.stage(batch, slot, backend) for part in self.parts]
+        for i, block_arrays in enumerate(arrays):
+            merged = self._merge_block(batch, i, block_arrays, staged, backend)
+            self._check_block(batch, i, block_arrays, staged, backend, merged, {})
+        return [MergedBatch(list(zip(s.runs, s.buffers, strict=True))) for s in staged]
+
+    def compute_later(
+        self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int
+    ) -> Callable[[], list[MergedBatch]]:
+        """``compute`` in two steps: every block's merges queued now (their results may still be
+        on their way: ``Backend.deferred``), then the returned function waits for them and checks
+        each block. The executor calls it once the next batch's merges are queued, so the device
+        goes from one batch to the next without a drain."""
+        staged = [part.stage(batch, slot, backend) for part in self.parts]
+        with backend.deferred() as landing:
+            merged = [self._merge_block(batch, i, a, staged, backend) for i, a in enumerate(arrays)]
+
+        def checked() -> list[MergedBatch]:
+            found = landing.wait()
+            for i, block_arrays in enumerate(arrays):
+                self._check_block(batch, i, block_arrays, staged, backend, merged[i], found)
+            return [MergedBatch(list(zip(s.runs, s.buffers, strict=True))) for s in staged]
+
+        return checked
+
+    def _merge_block(
+        self, batch: Batch, i: int, arrays: BlockArrays, staged: list[Staged], backend: Backend
+    ) -> list[tuple[list[int], tuple[int, list[tuple[np.ndarray, int]]]]]:
+        """Block ``i`` merged into the slot's staging buffers: per group of outputs, the first
+        NaN/Inf input (or a landing's token for it) and the outputs."""
+        block = self.parts[0].job.plan.blocks[batch.blocks[i]]
+        return [(members, self._merge(members, i, block, arrays, staged, backend)) for members in self.groups]
+
+    def _check_block(
+        self,
+        batch: Batch,
+        i: int,
+        arrays: BlockArrays,
+        staged: list[Staged],
+        backend: Backend,
+        merged: list[tuple[list[int], tuple[int, list[tuple[np.ndarray, int]]]]],
+        found: dict[int, int],
+    ) -> None:
+        """Block ``i``'s inputs and outputs checked for NaN/Inf (``found``: what a landing's tokens
+        stand for), then its outputs finished."""
+        block = self.parts[0].job.plan.blocks[batch.blocks[i]]
         # The outputs share their inputs: NaN/Inf in them is refused (the merges report it, having
         # read every input) only when every output asks (one that does not either lets them
         # through, with all the others, or had its probe vouch that there are none).
         check = all(p.job.check_nonfinite for p in self.parts)
-        for i, (b, block_arrays) in enumerate(zip(batch.blocks, arrays, strict=True)):
-            block = self.parts[0].job.plan.blocks[b]
-            merged = [
-                (members, self._merge(members, i, block, block_arrays, staged, backend)) for members in self.groups
-            ]
-            bad = min((first for _, (first, _) in merged if first >= 0), default=-1)
-            if check and bad >= 0:
-                raise block_arrays.nonfinite_error(bad)
-            for members, (_, outs) in merged:
-                for k, (out, out_code) in zip(members, outs, strict=True):
-                    if k not in self.failed:
-                        self._checked(k, block, block_arrays, backend, out, out_code)
-                        self.parts[k].finish(staged[k], i, block, out)
-        return [MergedBatch(list(zip(s.runs, s.buffers, strict=True))) for s in staged]
+        bad = min((first for _, (token, _) in merged if (first := landed(token, found)) >= 0), default=-1)
+        if check and bad >= 0:
+            raise arrays.nonfinite_error(bad)
+        for members, (_, outs) in merged:
+            for k, (out, out_code) in zip(members, outs, strict=True):
+                if k not in self.failed:
+                    self._checked(k, block, arrays, backend, out, out_code)
+                    self.parts[k].finish(staged[k], i, block, out)
 
     def failures(self) -> dict[int, RamstreamError]:
         with self._failing:

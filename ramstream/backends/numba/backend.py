@@ -9,7 +9,8 @@ Per-thread partial rows are allocated and reduced here, so callers never see wor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numba
 import numpy as np
@@ -34,6 +35,7 @@ from ramstream.backends.base import (
     SceParams,
 )
 from ramstream.backends.exact_sum import BINS
+from ramstream.backends.landing import Landing
 from ramstream.backends.nonfinite import EXPONENT
 from ramstream.backends.numba import (
     agreement,
@@ -526,6 +528,15 @@ class NumbaBackend:
         bm, bn = run.block
         workers = self._workers(out.size)
         quantized.dequantize(run.codes, run.table, run.scales, run.offset, run.cols, bm, bn, out, code, workers)
+
+    @property
+    def defers(self) -> bool:
+        return False
+
+    @contextmanager
+    def deferred(self) -> Iterator[Landing]:
+        """The kernels return when done: nothing is left to land."""
+        yield Landing()
 
     def close(self) -> None:
         self._files.close()

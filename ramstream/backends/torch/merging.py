@@ -70,8 +70,8 @@ class MergeOps(TileBackend):
                     merged = merges.merge_ram(values[0], values[1:], unders, eps32, lam, counts)
                     outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
-            self._run(self._source_parts(sources), sources.size, tile)
-            return self._found(first)
+            self._run(self._source_parts(sources), sources.size, tile, later=True)
+            return self._found(first, later=True)
 
     def _merge_ram_fused(
         self,
@@ -102,11 +102,9 @@ class MergeOps(TileBackend):
                 for k, raw_out in enumerate(raw_outs):
                     outputs.put(out[k], self._sink(raw_out, lo * size, (lo + m) * size))
 
-            self._run(self._source_parts(sources), sources.size, tile, inputs=k_outputs + 4)
-            found = self._host(state)
-        first = int(found[:, 0].min())
-        self._flags = {fused.key(out, out_code): bool(found[:, 1 + k].max() > 0) for k, out in enumerate(outs)}
-        return first if first < probe.NOWHERE else -1
+            self._run(self._source_parts(sources), sources.size, tile, inputs=k_outputs + 4, later=True)
+            flagged = [fused.key(out, out_code) for out in outs]
+            return self._settle(state, lambda found: self._flagged(found, flagged), later=True)
 
     # -- the GTA family ---------------------------------------------------------------------------
     def merge_gta(
@@ -153,8 +151,8 @@ class MergeOps(TileBackend):
                     merged = base + lam * mixed
                     outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
-            self._run(parts, arrays.size, tile, align=align, inputs=2 * n_agents + 4)
-            return self._found(first)
+            self._run(parts, arrays.size, tile, align=align, inputs=2 * n_agents + 4, later=True)
+            return self._found(first, later=True)
 
     def _merge_gta_fused(
         self,
@@ -220,11 +218,9 @@ class MergeOps(TileBackend):
             align = prune.slice_size if prune is not None else GROUP
             # MAGPRUNE's keys, their sort (values, indices, scratch) and keep values: under 96 bytes per agent
             inputs = k_outputs + 4 + (2 * n_agents if prune is not None else 0)
-            self._run(self._array_parts(arrays), arrays.size, tile, align=align, inputs=inputs)
-            found = self._host(state)
-        first = int(found[:, 0].min())
-        self._flags = {fused.key(out, out_code): bool(found[:, 1 + k].max() > 0) for k, out in enumerate(outs)}
-        return first if first < probe.NOWHERE else -1
+            self._run(self._array_parts(arrays), arrays.size, tile, align=align, inputs=inputs, later=True)
+            flagged = [fused.key(out, out_code) for out in outs]
+            return self._settle(state, lambda found: self._flagged(found, flagged), later=True)
 
     def _selection(
         self, keep: Keep, n_agents: int
@@ -292,8 +288,8 @@ class MergeOps(TileBackend):
                 merged = merges.merge_linear(values[0] if uses_base else None, base_weight, agents, weights, div)
                 outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
-            self._run(parts, arrays.size, tile)
-            return self._found(first)
+            self._run(parts, arrays.size, tile, later=True)
+            return self._found(first, later=True)
 
     def _merge_linear_fused(
         self, arrays: BlockArrays, params: LinearParams, divisor: np.float32, out: np.ndarray, out_code: int
@@ -327,11 +323,9 @@ class MergeOps(TileBackend):
             launch(raw, m, lo, merged, state[w])
             outputs.put(merged, self._sink(raw_out, lo * size, (lo + m) * size))
 
-        self._run(self._array_parts(arrays), arrays.size, tile)
-        found = self._host(state)
-        first = int(found[:, 0].min())
-        self._flags = {fused.key(out, out_code): bool(found[:, 1].max() > 0)}
-        return first if first < probe.NOWHERE else -1
+        self._run(self._array_parts(arrays), arrays.size, tile, later=True)
+        flagged = [fused.key(out, out_code)]
+        return self._settle(state, lambda found: self._flagged(found, flagged), later=True)
 
     def merge_nearswap(self, arrays: BlockArrays, t: np.float32, out: np.ndarray, out_code: int) -> int:
         codes = self._codes(arrays)
@@ -351,8 +345,8 @@ class MergeOps(TileBackend):
                 merged = merges.merge_nearswap(base, agent, t32)
                 outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
-            self._run(parts, arrays.size, tile)
-            return self._found(first)
+            self._run(parts, arrays.size, tile, later=True)
+            return self._found(first, later=True)
 
     def _merge_nearswap_fused(self, arrays: BlockArrays, t: np.float32, out: np.ndarray, out_code: int) -> int:
         """``merge_nearswap`` in one fused kernel per tile (``fused/nearswap.py``)."""
@@ -386,8 +380,8 @@ class MergeOps(TileBackend):
                 merged = sce.merge_sce(decoded[0], taus, self._positions(lo, m), values, ranges, weights)
                 outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
-            self._run(parts, arrays.size, tile, inputs=2 * len(parts) + 4)
-            return self._found(first)
+            self._run(parts, arrays.size, tile, inputs=2 * len(parts) + 4, later=True)
+            return self._found(first, later=True)
 
     def _merge_sce_fused(self, arrays: BlockArrays, params: SceParams, out: np.ndarray, out_code: int) -> int:
         """``merge_sce`` in one fused kernel per tile (``fused/sce.py``): the variance, its cut and
@@ -462,8 +456,8 @@ class MergeOps(TileBackend):
                 merged = fusion.merge(*importance(raw, lo, m), limit)
                 outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
-            self._run(self._array_parts(arrays), arrays.size, tile, inputs=6)
-            return self._found(first)
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=6, later=True)
+            return self._found(first, later=True)
 
     def _merge_fusion_fused(
         self, arrays: BlockArrays, rows: RowScale, threshold: np.float32, out: np.ndarray, out_code: int
@@ -517,8 +511,8 @@ class MergeOps(TileBackend):
                 merged = vectors.merge_vectors(base, agents, unders, on_device, which, weights)
                 outputs.put(codecs.encode(merged, out_code), self._sink(raw_out, lo * size, (lo + m) * size))
 
-            self._run(parts, arrays.size, tile, inputs=len(parts) + 3)
-            return self._found(first)
+            self._run(parts, arrays.size, tile, inputs=len(parts) + 3, later=True)
+            return self._found(first, later=True)
 
     def _merge_vectors_fused(
         self,

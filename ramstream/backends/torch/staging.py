@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -242,6 +243,19 @@ class OutputRing:
             slot.written = self.pool.submit(_deliver, event, landed, sink)
         else:
             slot.landed, slot.event, slot.sink = landed, event, sink
+
+    def detach(self) -> list[Callable[[], object]]:
+        """The waits of the results queued so far, for a caller that collects them later instead
+        of ``flush`` (a deferred merge): each slot stays busy until its result is handed over, as
+        after any ``put``."""
+        waits: list[Callable[[], object]] = [event.synchronize for event in self._straight]
+        self._straight.clear()
+        for slot in self._slots:
+            if slot.written is not None:
+                waits.append(slot.written.result)
+            elif slot.sink is not None:
+                waits.append(partial(self._drain, slot))
+        return waits
 
     def _goes_straight(self, target: np.ndarray, nbytes: int) -> bool:
         return target.flags.c_contiguous and target.nbytes == nbytes and self.streams.straight(target)

@@ -14,6 +14,7 @@ buffer is the host buffer itself, every copy happens at once and every event has
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -83,6 +84,10 @@ class Streams(Protocol):
         compute that makes it is done."""
         ...
 
+    def readback_later(self, src: torch.Tensor) -> Callable[[], np.ndarray]:
+        """``readback`` queued now and waited for by the returned function (the host goes on)."""
+        ...
+
     def synchronize(self) -> None:
         """Wait for everything queued on every stream."""
         ...
@@ -138,6 +143,10 @@ class CpuStreams:
 
     def readback(self, src: torch.Tensor) -> np.ndarray:
         return src.contiguous().numpy()
+
+    def readback_later(self, src: torch.Tensor) -> Callable[[], np.ndarray]:
+        copy = src.contiguous().numpy().copy()
+        return lambda: copy
 
     def synchronize(self) -> None:
         pass
@@ -219,10 +228,18 @@ class CudaStreams:
         return host.to(self.device, non_blocking=True)
 
     def readback(self, src: torch.Tensor) -> np.ndarray:
+        return self.readback_later(src)()
+
+    def readback_later(self, src: torch.Tensor) -> Callable[[], np.ndarray]:
         host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
         host.copy_(src, non_blocking=True)
-        self.computed().synchronize()
-        return host.numpy()
+        event = self.computed()
+
+        def landed() -> np.ndarray:
+            event.synchronize()
+            return host.numpy()
+
+        return landed
 
     def synchronize(self) -> None:
         for stream in (self.copy, self.compute):

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ramstream.backends.base import MagpruneParams
+from ramstream.backends.landing import Landing
 from ramstream.backends.settings import BackendSettings
 from ramstream.backends.torch import (
     codecs,
@@ -94,6 +95,23 @@ class TileBackend:
         self._use_fused = fused.available(self._device, self.workers)
         # output buffer -> whether it holds NaN/Inf, as the last fused merge found (``fused.key``)
         self._flags: dict[tuple[int, int, int], bool] = {}
+        self._landing: Landing | None = None  # inside ``deferred``, on the streamed path
+
+    @property
+    def defers(self) -> bool:
+        return self._streamed
+
+    @contextmanager
+    def deferred(self) -> Iterator[Landing]:
+        """Merges called inside return once their tiles are queued (streamed path; on the CPU the
+        results are there when they return): their results, flags included, come with the
+        landing's ``wait``."""
+        landing = Landing()
+        self._landing = landing if self._streamed else None
+        try:
+            yield landing
+        finally:
+            self._landing = None
 
     @property
     def device(self) -> str:
@@ -174,18 +192,29 @@ class TileBackend:
         return nbytes
 
     def _run(
-        self, parts: Sequence[Part], n: int, tile: TileFn, align: int = GROUP, inputs: int = 0, fixed: int = 0
+        self,
+        parts: Sequence[Part],
+        n: int,
+        tile: TileFn,
+        align: int = GROUP,
+        inputs: int = 0,
+        fixed: int = 0,
+        later: bool = False,
     ) -> None:
         """Call ``tile(worker, lo, m, staged, outputs)`` for every tile of ``n`` elements; every
-        result put into ``outputs`` is delivered before this returns. Streamed (CUDA), one host
-        thread drives the streams while the pool reads; on the CPU each of the ``workers``
-        threads takes one balanced range of tiles with its own rings (torch ops release the
-        GIL), and its own partial results."""
+        result put into ``outputs`` is delivered before this returns, or with ``later`` (a merge)
+        inside ``deferred``, waited for by the landing. Streamed (CUDA), one host thread drives
+        the streams while the pool reads; on the CPU each of the ``workers`` threads takes one
+        balanced range of tiles with its own rings (torch ops release the GIL), and its own
+        partial results."""
         self._flags = {}  # a later operation may write into the buffers a fused merge flagged
         step = even_step(n, self._tile_elems(parts, inputs or len(parts), align, fixed), align)
         starts = list(range(0, n, step))
         if self.workers == 1:
-            self._loop(0, self._rings[0], parts, starts, n, step, tile)
+            hold = later and self._landing is not None
+            waits = self._loop(0, self._rings[0], parts, starts, n, step, tile, hold)
+            if self._landing is not None:
+                self._landing.also_wait(waits)
             return
         jobs = []
         for w in range(self.workers):
@@ -204,7 +233,10 @@ class TileBackend:
         n: int,
         step: int,
         tile: TileFn,
-    ) -> None:
+        hold: bool = False,
+    ) -> list[Callable[[], object]]:
+        """The tiles of one worker; their results delivered before it returns, or (``hold``) the
+        waits for them returned."""
         inputs, outputs = rings
         tiles = [(lo, min(step, n - lo)) for lo in starts]
         begun: list[Staging] = []  # the tile whose reads run on the pool, at most one
@@ -225,7 +257,10 @@ class TileBackend:
             except Exception:  # a failing GPU fails again here: the first error is the one to report
                 pass
             raise first
+        if hold:
+            return outputs.detach()
         outputs.flush()
+        return []
 
     def _cpu_pool(self) -> ThreadPoolExecutor:
         if self._workers_pool is None:
@@ -319,9 +354,25 @@ class TileBackend:
         """Per worker, the first non-finite position found (``probe.NOWHERE``: none)."""
         return torch.full((self.workers,), probe.NOWHERE, dtype=torch.int64, device=self._device)
 
-    def _found(self, first: torch.Tensor) -> int:
-        found = int(self._host(first.min()))
-        return found if found < probe.NOWHERE else -1
+    def _found(self, first: torch.Tensor, later: bool = False) -> int:
+        """The first non-finite position of ``first`` (per worker), -1 for none; for a merge
+        (``later``) inside ``deferred`` on the streamed path, a token for it (``backends.landing``)."""
+        return self._settle(first.min().reshape(1, 1), lambda found: self._flagged(found, []), later)
+
+    def _settle(self, state: torch.Tensor, post: Callable[[np.ndarray], int], later: bool = False) -> int:
+        """``post`` of ``state`` on the host: now, or for a merge (``later``) inside ``deferred``
+        on the streamed path once it has landed (the value returned is then the landing's token)."""
+        if not later or self._landing is None:
+            return post(self._host(state))
+        return self._landing.later(self._streams.readback_later(state), post)
+
+    def _flagged(self, found: np.ndarray, outs: Sequence[tuple[int, int, int]]) -> int:
+        """From a fused merge's state (per worker: the first non-finite position, then each
+        output's NaN/Inf flag): the flags, which answer ``has_nonfinite`` for ``outs``, and the
+        first non-finite position (-1: none)."""
+        self._flags.update({key: bool(found[:, 1 + k].max() > 0) for k, key in enumerate(outs)})
+        first = int(found[:, 0].min())
+        return first if first < probe.NOWHERE else -1
 
     # -- shared decoding -------------------------------------------------------------------------
     @staticmethod
