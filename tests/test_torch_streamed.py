@@ -31,6 +31,7 @@ from ramstream.backends.torch.staging import MIN_PIECE, InputRing, Part, pieces,
 from ramstream.config import RunOptions  # noqa: E402
 from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError, RamstreamError  # noqa: E402
 from ramstream.merge import merge_pass  # noqa: E402
+from ramstream.statistics import probe_pass  # noqa: E402
 from tests.families import Family, build_family, with_raw_value  # noqa: E402
 from tests.simulated_gpu import ForgetfulGpu, FullGpu, SimulatedGpu  # noqa: E402
 from tests.test_backends import METHODS, NumbaBytes, _merge  # noqa: E402
@@ -106,41 +107,52 @@ def test_every_method_streamed_through_a_late_device_writes_the_numba_bytes(
     assert sum(d.straight_downloads for d in devices) > 0
 
 
-def test_the_merge_pass_queues_the_next_batch_before_waiting_for_the_last(
+def test_the_passes_queue_the_next_batch_before_waiting_for_the_last(
     family: Family, tmp_path: Path, numba_bytes: NumbaBytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On a device that streams, a batch's merges return before their results land; the pass
-    waits for batch i only once batch i + 1 is queued (``execution.local``), and still writes the
-    Numba bytes (results downloaded straight into its buffers land only when waited for)."""
-    log: list[tuple[str, int]] = []
-    compute_later = merge_pass.Outputs.compute_later
+    """On a device that streams, a batch's probes and merges return before their results land;
+    each pass waits for batch i only once batch i + 1 is queued (``execution.local``), and still
+    writes the Numba bytes (results downloaded straight into its buffers land only when waited
+    for)."""
+    log: list[tuple[str, str, int]] = []
+    current = [""]
     wait = Landing.wait
 
-    def queued(self: Any, batch: Any, *args: Any) -> Any:
-        log.append(("queued", batch.index))
-        return compute_later(self, batch, *args)
+    def logging(work: Any, name: str) -> None:
+        compute_later = work.compute_later
 
-    def landed(self: Landing) -> dict[int, int]:
+        def queued(self: Any, batch: Any, *args: Any) -> Any:
+            current[0] = name
+            log.append((name, "queued", batch.index))
+            return compute_later(self, batch, *args)
+
+        monkeypatch.setattr(work, "compute_later", queued)
+
+    def landed(self: Landing) -> dict[int, Any]:
         found = wait(self)
-        log.append(("landed", len(found)))
+        log.append((current[0], "landed", len(found)))
         return found
 
-    monkeypatch.setattr(merge_pass.Outputs, "compute_later", queued)
+    logging(merge_pass.Outputs, "merge")
+    logging(probe_pass.ProbeWork, "probe")
     monkeypatch.setattr(Landing, "wait", landed)
-    expected = numba_bytes.of(family, tmp_path, "ties", {"density": 0.5})
+    expected = numba_bytes.of(family, tmp_path, "ram+", {})
     log.clear()
-    with simulated_gpu(SimulatedGpu):
-        got = _merge(family, tmp_path / "streamed" / "out", "ties", {"density": 0.5}, "torch", device="cpu")
+    with simulated_gpu(SimulatedGpu):  # RAM+ probes first (no index given), then merges
+        got = _merge(family, tmp_path / "streamed" / "out", "ram+", {}, "torch", device="cpu")
     assert got == expected
-    queued_at = [k for k, (what, _) in enumerate(log) if what == "queued"]
-    landed_at = [k for k, (what, _) in enumerate(log) if what == "landed"]
-    assert len(queued_at) >= 3 and len(landed_at) == len(queued_at)  # every batch waited for, once
-    assert all(nxt < at for nxt, at in zip(queued_at[1:], landed_at, strict=False))  # i + 1 queued first
-    assert all(n > 0 for what, n in log if what == "landed")  # every batch's merges were deferred
+    for name in ("probe", "merge"):
+        queued = [k for k, (who, what, _) in enumerate(log) if who == name and what == "queued"]
+        landings = [k for k, (who, what, _) in enumerate(log) if who == name and what == "landed"]
+        assert len(queued) >= 3 and len(landings) == len(queued), name  # every batch waited for, once
+        assert all(nxt < at for nxt, at in zip(queued[1:], landings, strict=False)), name  # i + 1 queued first
+        assert all(n > 0 for who, what, n in log if who == name and what == "landed"), name  # all deferred
 
 
-def test_a_nan_input_found_by_a_deferred_merge_is_refused_by_name(tmp_path: Path) -> None:
-    """The first NaN/Inf input reaches the pass with the landing: the same refusal as Numba's."""
+@pytest.mark.parametrize("method", ["task_arithmetic", "ram+"])
+def test_a_nan_input_found_by_a_deferred_call_is_refused_by_name(tmp_path: Path, method: str) -> None:
+    """The first NaN/Inf input reaches the pass with the landing (the merge's, or for RAM+ the
+    probe's): the same refusal as Numba's."""
     family = build_family(tmp_path / "family", shapes=SHAPES)
     bad = with_raw_value(family.agents[0], tmp_path / "bad", "model.layers.0.mlp.up_proj.weight", 700, 0x7FC0)
     members = [str(family.base), str(bad), str(family.agents[1])]
@@ -148,7 +160,7 @@ def test_a_nan_input_found_by_a_deferred_merge_is_refused_by_name(tmp_path: Path
     for backend in ("numba", "torch"):
         options = RunOptions(cache_dir=tmp_path / backend / "cache", quiet=True, backend=backend, block_elems=256)
         with simulated_gpu(SimulatedGpu), pytest.raises(NonFiniteWeightError) as caught:
-            merge(family.base, members[1:], out=tmp_path / backend / "out", method="task_arithmetic", options=options)
+            merge(family.base, members[1:], out=tmp_path / backend / "out", method=method, options=options)
         errors.append(str(caught.value))
         assert not (tmp_path / backend / "out" / "config.json").exists()
     assert errors[0] == errors[1] and "model.layers.0.mlp.up_proj.weight" in errors[0]

@@ -2,9 +2,10 @@
 
 On a GPU a merge that waited for its last tiles at its end would leave the device idle between
 blocks: the host would then read the next block's first tile while nothing computes. Inside
-``deferred()`` a backend that streams (``Backend.defers``) returns from a merge as soon as its
-tiles are queued; the merge's return value is a token (below -1) that ``Landing.wait`` maps to
-the first NaN/Inf input position (or -1) once every result has landed in its ``out``. The merge
+``deferred()`` a backend that streams (``Backend.defers``) returns from a merge (or a probe) as
+soon as its tiles are queued; the merge's return value is a token (below -1) that ``Landing.wait``
+maps to the first NaN/Inf input position (or -1) once every result has landed in its ``out``
+(the probe's counts carry the token as their ``first_nonfinite``, and it maps to the counts). The merge
 pass waits for a batch's landing after the next batch's merges are queued (``execution.local``),
 so the device goes from one block to the next without a drain. A backend that does not stream
 (Numba, torch on the CPU) returns its results at once and its landing holds nothing.
@@ -13,6 +14,7 @@ so the device goes from one block to the next without a drain. A backend that do
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -24,22 +26,22 @@ class Landing:
 
     def __init__(self) -> None:
         self._waits: list[Wait] = []
-        self._results: list[tuple[int, Callable[[], np.ndarray], Callable[[np.ndarray], int]]] = []
+        self._results: list[tuple[int, Callable[[], np.ndarray], Callable[[np.ndarray], Any]]] = []
 
     def also_wait(self, waits: Iterable[Wait]) -> None:
         """Results to wait for (downloads into the caller's buffers, their copies)."""
         self._waits.extend(waits)
 
-    def later(self, read: Callable[[], np.ndarray], post: Callable[[np.ndarray], int]) -> int:
-        """A token for a merge whose first NaN/Inf input position is ``post`` of what ``read``
-        returns once landed."""
+    def later(self, read: Callable[[], np.ndarray], post: Callable[[np.ndarray], Any]) -> int:
+        """A token for a call's result: ``post`` of what ``read`` returns once landed (a merge's
+        first NaN/Inf input position, a probe's counts)."""
         token = -2 - len(self._results)
         self._results.append((token, read, post))
         return token
 
-    def wait(self) -> dict[int, int]:
+    def wait(self) -> dict[int, Any]:
         """Every result landed (all waited for, even after one failed: none may land later; the
-        first failure raised): each token's first NaN/Inf input position, or -1."""
+        first failure raised): what each token stands for."""
         errors: list[BaseException] = []
         for wait in self._waits:
             try:
@@ -57,6 +59,6 @@ class Landing:
         return found
 
 
-def landed(value: int, found: dict[int, int]) -> int:
+def landed(value: int, found: dict[int, Any]) -> int:
     """A merge's first NaN/Inf input position: ``value`` itself, or what its token stood for."""
-    return found[value] if value < -1 else value
+    return int(found[value]) if value < -1 else value

@@ -8,13 +8,13 @@ executor, so it resumes from the journal wherever it stopped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ramstream.backends.base import Backend
+from ramstream.backends.base import Backend, ProbeCounts
 from ramstream.blocks import BlockArrays
 from ramstream.execution.executor import Executor
 from ramstream.execution.progress import Done, Progress
@@ -39,22 +39,54 @@ class ProbeWork:
         self._masks: dict[int, np.ndarray] = {}  # slot -> mask buffer of a whole batch
 
     def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> ProbeResult:
-        plan, n_agents = self.index.plan, self.index.n_agents
-        width = plan.mask_width
-        masks = self._masks.get(slot)
-        if masks is None:
-            masks = self._masks[slot] = np.empty((n_agents, max(plan.block_elems // 8, width)), np.uint8)
-        counts = np.empty((len(batch), counts_width(n_agents)), np.int64)
+        masks = self._slot_masks(batch, arrays, slot)
+        counts = np.empty((len(batch), counts_width(self.index.n_agents)), np.int64)
         at = 0
         for k, block_arrays in enumerate(arrays):
             used = mask_bytes(block_arrays.size)
-            found = backend.probe(block_arrays, self.eps, masks[:, at : at + used])
-            if found.first_nonfinite >= 0 and not self.allow_nonfinite:
-                raise block_arrays.nonfinite_error(found.first_nonfinite)
-            counts[k] = np.concatenate([found.overlap.reshape(-1), found.coverage])
+            self._counted(counts, k, block_arrays, backend.probe(block_arrays, self.eps, masks[:, at : at + used]))
             at += used
-        masks[:, at:width] = 0  # the chunk's padding: the same bytes whatever the slot held before
-        return ProbeResult(masks[:, :width], counts)
+        return ProbeResult(masks[:, : self.index.plan.mask_width], counts)
+
+    def compute_later(
+        self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int
+    ) -> Callable[[], ProbeResult]:
+        """``compute`` in two steps (``Backend.deferred``): the blocks' probes queued now, their
+        masks and counts waited for and checked by the returned function."""
+        masks = self._slot_masks(batch, arrays, slot)
+        found, at = [], 0
+        with backend.deferred() as landing:
+            for block_arrays in arrays:
+                used = mask_bytes(block_arrays.size)
+                found.append(backend.probe(block_arrays, self.eps, masks[:, at : at + used]))
+                at += used
+
+        def checked() -> ProbeResult:
+            landed = landing.wait()
+            counts = np.empty((len(batch), counts_width(self.index.n_agents)), np.int64)
+            for k, (block_arrays, result) in enumerate(zip(arrays, found, strict=True)):
+                token = result.first_nonfinite
+                self._counted(counts, k, block_arrays, landed[token] if token < -1 else result)
+            return ProbeResult(masks[:, : self.index.plan.mask_width], counts)
+
+        return checked
+
+    def _slot_masks(self, batch: Batch, arrays: Sequence[BlockArrays], slot: int) -> np.ndarray:
+        """The slot's mask buffer, its padding past the batch's blocks zeroed (the chunk's bytes
+        are then the same whatever the slot held before)."""
+        plan, n_agents = self.index.plan, self.index.n_agents
+        masks = self._masks.get(slot)
+        if masks is None:
+            masks = self._masks[slot] = np.empty((n_agents, max(plan.block_elems // 8, plan.mask_width)), np.uint8)
+        used = sum(mask_bytes(a.size) for a in arrays)
+        masks[:, used : plan.mask_width] = 0
+        return masks
+
+    def _counted(self, counts: np.ndarray, k: int, arrays: BlockArrays, found: ProbeCounts) -> None:
+        """Block ``k``'s counts into ``counts``; its NaN/Inf inputs refused unless allowed."""
+        if found.first_nonfinite >= 0 and not self.allow_nonfinite:
+            raise arrays.nonfinite_error(found.first_nonfinite)
+        counts[k] = np.concatenate([found.overlap.reshape(-1), found.coverage])
 
     def write(self, batch: Batch, result: ProbeResult) -> None:
         self.index.write_batch(batch, result.masks, result.counts, mark=False)

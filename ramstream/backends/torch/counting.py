@@ -68,8 +68,10 @@ class CountOps(TileBackend):
                 coverage[w] += tile_coverage
                 first[w] = torch.minimum(first[w], probe.first_nonfinite(values) + lo)
 
-            self._run(self._source_parts(sources), sources.size, tile)
-            return ProbeCounts(self._host(overlap.sum(0)), self._host(coverage.sum(0)), self._found(first))
+            self._run(self._source_parts(sources), sources.size, tile, later=True)
+            # one row as the fused kernel's state: the first non-finite position, overlap, coverage
+            state = torch.cat([first.min().reshape(1), overlap.sum(0).reshape(-1), coverage.sum(0)])
+            return self._probe_counts(state.reshape(1, -1), n_agents)
 
     def _probe_fused(self, arrays: BlockArrays, eps: float, masks: np.ndarray) -> ProbeCounts:
         """``probe`` in one fused kernel per tile (``fused/probe.py``); the counts and the first
@@ -90,12 +92,24 @@ class CountOps(TileBackend):
                 probe_tile_launch(raw, m, lo, eps32, packed, overlap, coverage, row, codes)
                 outputs.put(packed, self._sink(masks, lo // 8, lo // 8 + packed.shape[1]))
 
-            self._run(self._source_parts(sources), sources.size, tile)
-            total = self._host(state)
-        first = int(total[:, 0].min())
-        counts = total[:, 1:].sum(0)
-        overlap = counts[: n_agents * n_agents].reshape(n_agents, n_agents)
-        return ProbeCounts(overlap, counts[n_agents * n_agents :], first if first < probe.NOWHERE else -1)
+            self._run(self._source_parts(sources), sources.size, tile, later=True)
+            return self._probe_counts(state, n_agents)
+
+    def _probe_counts(self, state: torch.Tensor, n_agents: int) -> ProbeCounts:
+        """The counts from the per-worker ``state`` rows (the first non-finite position, overlap,
+        coverage); inside ``deferred`` on the streamed path, counts whose ``first_nonfinite`` is
+        the landing's token for the real ones (``backends.landing``)."""
+
+        def counted(total: np.ndarray) -> ProbeCounts:
+            first = int(total[:, 0].min())
+            counts = total[:, 1:].sum(0)
+            overlap = counts[: n_agents * n_agents].reshape(n_agents, n_agents)
+            return ProbeCounts(overlap, counts[n_agents * n_agents :], first if first < probe.NOWHERE else -1)
+
+        found = self._settle(state, counted, later=True)
+        if isinstance(found, ProbeCounts):
+            return found
+        return ProbeCounts(np.zeros((n_agents, n_agents), np.int64), np.zeros(n_agents + 1, np.int64), found)
 
     # -- arcee_fusion's importance ---------------------------------------------------------------
     def importance_high_histogram(self, arrays: BlockArrays, rows: RowScale) -> np.ndarray:

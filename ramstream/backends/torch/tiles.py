@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -47,6 +48,7 @@ GROUP = 64  # tiles start at multiples of 64 elements: the exact sums' groups
 WORK_BYTES = 48  # device bytes per element of a tile's temporaries, per input (a generous bound)
 TILE_CAP: int | None = None  # streamed tiles of at most this many elements (tests: tiny tiles)
 
+T = TypeVar("T")
 # tile(worker, first element, elements, the parts on the device, the worker's output ring)
 TileFn = Callable[[int, int, int, list[torch.Tensor], OutputRing], None]
 
@@ -359,9 +361,10 @@ class TileBackend:
         (``later``) inside ``deferred`` on the streamed path, a token for it (``backends.landing``)."""
         return self._settle(first.min().reshape(1, 1), lambda found: self._flagged(found, []), later)
 
-    def _settle(self, state: torch.Tensor, post: Callable[[np.ndarray], int], later: bool = False) -> int:
-        """``post`` of ``state`` on the host: now, or for a merge (``later``) inside ``deferred``
-        on the streamed path once it has landed (the value returned is then the landing's token)."""
+    def _settle(self, state: torch.Tensor, post: Callable[[np.ndarray], T], later: bool = False) -> T | int:
+        """``post`` of ``state`` on the host: now, or for a merge or a probe (``later``) inside
+        ``deferred`` on the streamed path once it has landed (the value returned is then the
+        landing's token for it)."""
         if not later or self._landing is None:
             return post(self._host(state))
         return self._landing.later(self._streams.readback_later(state), post)
