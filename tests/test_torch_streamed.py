@@ -149,6 +149,33 @@ def test_the_passes_queue_the_next_batch_before_waiting_for_the_last(
         assert all(n > 0 for who, what, n in log if who == name and what == "landed"), name  # all deferred
 
 
+def test_a_batch_decoded_into_memory_is_waited_for_before_the_next_is_read(
+    tmp_path: Path, numba_bytes: NumbaBytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agents of mixed formats are decoded to float32 in memory: such a batch is not kept alive
+    beside the next one (``--memory`` counts one batch's inputs), and the bytes are Numba's."""
+    family = build_family(tmp_path / "family", shapes=SHAPES, agent_dtypes=("BF16", "F32", "F16"))
+    log: list[str] = []
+    compute_later, wait = merge_pass.Outputs.compute_later, Landing.wait
+
+    def queued(self: Any, *args: Any) -> Any:
+        log.append("queued")
+        return compute_later(self, *args)
+
+    def landed(self: Landing) -> dict[int, Any]:
+        log.append("landed")
+        return wait(self)
+
+    monkeypatch.setattr(merge_pass.Outputs, "compute_later", queued)
+    monkeypatch.setattr(Landing, "wait", landed)
+    expected = numba_bytes.of(family, tmp_path, "task_arithmetic", {})
+    log.clear()
+    with simulated_gpu(SimulatedGpu):
+        got = _merge(family, tmp_path / "streamed" / "out", "task_arithmetic", {}, "torch", device="cpu")
+    assert got == expected
+    assert len(log) >= 6 and log == ["queued", "landed"] * (len(log) // 2)
+
+
 @pytest.mark.parametrize("method", ["task_arithmetic", "ram+"])
 def test_a_nan_input_found_by_a_deferred_call_is_refused_by_name(tmp_path: Path, method: str) -> None:
     """The first NaN/Inf input reaches the pass with the landing (the merge's, or for RAM+ the

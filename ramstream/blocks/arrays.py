@@ -84,6 +84,16 @@ class BlockArrays:
     def n_agents(self) -> int:
         return len(self._reader.family.agents)
 
+    def holds_memory(self) -> bool:
+        """Whether these arrays hold inputs decoded into memory so far (a LoRA agent's update, a
+        quantized tensor's values, agents of mixed formats decoded to float32), not only views of
+        the mapped files: what keeping them alive past their batch would cost."""
+        held = self.__dict__.get("_held")
+        if held and any(h is not None for h in held):
+            return True
+        views = self.__dict__.get("_views")
+        return views is not None and any(_owned(v) for v in (views[0], *views[2]))
+
     def span(self, start: int, stop: int) -> BlockArrays:
         """The same inputs over elements ``[start, stop)`` of the block's tensor, for statistics
         and mergers that must look past the block's edges (whole rows, preceding elements). Its
@@ -313,3 +323,10 @@ def _file(ref: Ref, fallback: Path) -> Path:
 def _readonly(array: np.ndarray) -> np.ndarray:
     array.setflags(write=False)
     return array
+
+
+def _owned(array: np.ndarray) -> bool:
+    """Whether ``array``'s memory is an array's own (decoded), not a file's mapping."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array.base is None

@@ -56,7 +56,8 @@ class LocalExecutor:
         """On a backend that defers (a GPU): batch i's results are waited for, checked and handed
         to the write-behind only once batch i + 1's merges are queued, so the device never drains
         between batches. The result buffers stay ``RESULT_SLOTS``: one batch being queued, one
-        landing, ``depth - 1`` being written."""
+        landing, ``depth - 1`` being written. A batch whose inputs were decoded into memory (LoRA
+        agents, quantized tensors, mixed formats) is waited for before the next is read."""
         unsettled: deque[tuple[Batch, Callable[[], Any], Done]] = deque()
         with InputFiles() as files, WriteBehind(self.depth - 1) as behind:
             reader = BlockReader(family, plan, files, self.backend.lora_product, self.backend.fp8_dequantize)
@@ -66,11 +67,14 @@ class LocalExecutor:
                         reader.prefetch(batches[i + 1])
                     arrays = [reader.arrays(plan.blocks[b]) for b in batch.blocks]
                     later = work.compute_later(batch, arrays, self.backend, i % (self.depth + 1))
+                    # a batch whose inputs were decoded into memory is waited for at once: the
+                    # next batch's inputs are never held beside it (``--memory`` counts one)
+                    keep = 0 if any(a.holds_memory() for a in arrays) else 1
                     del arrays
                     reader.release(batch)
                     progress.advance(plan.batch_bytes(batch))
                     unsettled.append((batch, later, progress.snapshot()))
-                    if len(unsettled) > 1:
+                    while len(unsettled) > keep:
                         _submit(behind, work, unsettled.popleft())
                 while unsettled:
                     _submit(behind, work, unsettled.popleft())
