@@ -149,6 +149,23 @@ def test_the_passes_queue_the_next_batch_before_waiting_for_the_last(
         assert all(n > 0 for who, what, n in log if who == name and what == "landed"), name  # all deferred
 
 
+def test_a_failure_inside_a_deferred_scope_waits_for_what_was_queued_before_it() -> None:
+    """What the calls before a failure queued lands before the error leaves the scope (the
+    caller frees its buffers after it); outside a streaming device nothing is deferred."""
+    device = SimulatedGpu()
+    backend = torch_backend.TorchBackend(BackendSettings(device="cpu", threads=1), streams=device)
+    waited: list[str] = []
+    try:
+        with pytest.raises(RuntimeError, match="the second call"), backend.deferred() as landing:
+            assert backend.defers
+            landing.also_wait([lambda: waited.append("first call's results")])
+            raise RuntimeError("the second call failed")
+        assert waited == ["first call's results"]
+    finally:
+        backend.close()
+        device.close()
+
+
 def test_a_batch_decoded_into_memory_is_waited_for_before_the_next_is_read(
     tmp_path: Path, numba_bytes: NumbaBytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -105,13 +105,20 @@ class TileBackend:
 
     @contextmanager
     def deferred(self) -> Iterator[Landing]:
-        """Merges called inside return once their tiles are queued (streamed path; on the CPU the
-        results are there when they return): their results, flags included, come with the
-        landing's ``wait``."""
+        """Merges and probes called inside return once their tiles are queued (streamed path; on
+        the CPU the results are there when they return): their results, flags and counts come with
+        the landing's ``wait``. If one fails, the others' results are waited for before the error
+        leaves: nothing lands in the caller's buffers after it."""
         landing = Landing()
         self._landing = landing if self._streamed else None
         try:
             yield landing
+        except BaseException:  # a call failed: what the others queued must land before the caller goes on
+            try:
+                landing.wait()
+            except BaseException:  # the first error is the one to report
+                pass
+            raise
         finally:
             self._landing = None
 
