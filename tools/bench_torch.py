@@ -536,13 +536,14 @@ def launches_per_tile(args: argparse.Namespace) -> None:
         setattr(CountOps, method, gathered)
     loop = torch_tiles.TileBackend._loop
 
-    def counted(w: int, rings: object, parts: object, starts: list[int], n: int, step: int, tile: Any) -> None:
+    def counted(w: int, rings: object, parts: object, starts: list[int], n: int, step: int, tile: Any,
+                *rest: Any) -> Any:  # fmt: skip
         def marked(*a: object, _marker: str = current[0]) -> None:
             with record_function(_marker):
                 tile(*a)
 
         tiles[current[0]] += len(starts)
-        loop(w, rings, parts, starts, n, step, marked)  # type: ignore[arg-type]
+        return loop(w, rings, parts, starts, n, step, marked, *rest)  # type: ignore[arg-type]
 
     torch_tiles.TileBackend._loop = staticmethod(counted)  # type: ignore[assignment]
     base, agents = bench_spine.ensure_family(Path(args.data) / "warmup", bench_spine.WARMUP)
