@@ -86,7 +86,9 @@ class SimulatedGpu:
         return torch.full_like(host, POISON)
 
     def host_memory(self, nbytes: int) -> np.ndarray:
-        return self.results.allocate(nbytes, fill=POISON)
+        buffer = self.results.allocate(nbytes)
+        buffer.fill(POISON)
+        return buffer
 
     def straight(self, target: np.ndarray) -> bool:
         if not self.results.holds(target):

@@ -200,7 +200,9 @@ class RegisteringStreams(LazyStreams):
         self.results = HostBuffers()
 
     def host_memory(self, nbytes: int) -> np.ndarray:
-        return self.results.allocate(nbytes, fill=0)
+        buffer = self.results.allocate(nbytes)
+        buffer.fill(0)
+        return buffer
 
     def straight(self, target: np.ndarray) -> bool:
         return self.results.holds(target)

@@ -14,10 +14,11 @@ so the device goes from one block to the next without a drain. A backend that do
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+T = TypeVar("T")
 Wait = Callable[[], object]  # blocks until something queued has landed (raising its failure)
 
 
@@ -59,6 +60,7 @@ class Landing:
         return found
 
 
-def landed(value: int, found: dict[int, Any]) -> int:
-    """A merge's first NaN/Inf input position: ``value`` itself, or what its token stood for."""
-    return int(found[value]) if value < -1 else value
+def landed(token: int, found: dict[int, Any], result: T) -> T:
+    """A call's result: what ``token`` stood for in a landing's ``found``, or ``result`` itself
+    where ``token`` is none (a merge's first NaN/Inf position or -1, a probe's counts' field)."""
+    return found[token] if token < -1 else result

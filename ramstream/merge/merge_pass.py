@@ -269,7 +269,7 @@ class Outputs:
         # read every input) only when every output asks (one that does not either lets them
         # through, with all the others, or had its probe vouch that there are none).
         check = all(p.job.check_nonfinite for p in self.parts)
-        bad = min((first for _, (token, _) in merged if (first := landed(token, found)) >= 0), default=-1)
+        bad = min((first for _, (token, _) in merged if (first := landed(token, found, token)) >= 0), default=-1)
         if check and bad >= 0:
             raise arrays.nonfinite_error(bad)
         for members, (_, outs) in merged:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ramstream.backends.base import Backend, ProbeCounts
+from ramstream.backends.landing import landed
 from ramstream.blocks import BlockArrays
 from ramstream.execution.executor import Executor
 from ramstream.execution.progress import Done, Progress
@@ -54,19 +55,18 @@ class ProbeWork:
         """``compute`` in two steps (``Backend.deferred``): the blocks' probes queued now, their
         masks and counts waited for and checked by the returned function."""
         masks = self._slot_masks(batch, arrays, slot)
-        found, at = [], 0
+        probed, at = [], 0
         with backend.deferred() as landing:
             for block_arrays in arrays:
                 used = mask_bytes(block_arrays.size)
-                found.append(backend.probe(block_arrays, self.eps, masks[:, at : at + used]))
+                probed.append(backend.probe(block_arrays, self.eps, masks[:, at : at + used]))
                 at += used
 
         def checked() -> ProbeResult:
-            landed = landing.wait()
+            found = landing.wait()
             counts = np.empty((len(batch), counts_width(self.index.n_agents)), np.int64)
-            for k, (block_arrays, result) in enumerate(zip(arrays, found, strict=True)):
-                token = result.first_nonfinite
-                self._counted(counts, k, block_arrays, landed[token] if token < -1 else result)
+            for k, (block_arrays, result) in enumerate(zip(arrays, probed, strict=True)):
+                self._counted(counts, k, block_arrays, landed(result.first_nonfinite, found, result))
             return ProbeResult(masks[:, : self.index.plan.mask_width], counts)
 
         return checked

@@ -29,10 +29,10 @@ class HostBuffers:
         self._live: dict[int, int] = {}  # start address -> end address
         self._lock = threading.Lock()  # buffers are allocated and freed on several threads
 
-    def allocate(self, nbytes: int, fill: int | None = None) -> np.ndarray:
-        """A uint8 buffer of ``nbytes`` (``fill``: every byte set to it); plain memory where it
-        cannot be registered, and then not one of these buffers (results reach it through a slot)."""
-        raw = np.empty(max(nbytes, 1), np.uint8) if fill is None else np.full(max(nbytes, 1), fill, np.uint8)
+    def allocate(self, nbytes: int) -> np.ndarray:
+        """A uint8 buffer of ``nbytes``; plain memory where it cannot be registered, and then not
+        one of these buffers (results reach it through a slot)."""
+        raw = np.empty(max(nbytes, 1), np.uint8)
         start = raw.ctypes.data
         if self._register is not None and not self._register(start, raw.nbytes):
             return raw[:nbytes]

@@ -79,7 +79,7 @@ def agreement_tile(
 
 
 def agreement_launch(
-    raw: list[torch.Tensor], m: int, eps: torch.Tensor | float, acc: torch.Tensor, counts: torch.Tensor,
+    raw: list[torch.Tensor], m: int, eps: float, acc: torch.Tensor, counts: torch.Tensor,
     codes: tuple[int, int],
 ) -> None:  # fmt: skip
     """Queue one tile's agreement into ``acc`` (sum_rows * DIGITS,) and ``counts`` (pairs, 2),
