@@ -26,6 +26,7 @@ from ramstream.config import RunOptions
 from ramstream.errors import ConfigError
 from ramstream.index.store import open_index_store
 from ramstream.methods.registry import method_names
+from ramstream.statistics import context
 from ramstream.statistics.magnitude import AbsHighHistogram
 from tests import reference_magnitude as ref
 from tests.checks import Interrupted, assert_bit_identical, interrupted_after
@@ -303,6 +304,34 @@ def test_statistics_are_cached_in_the_index(family: Family, tmp_path: Path, monk
     monkeypatch.setattr(AbsHighHistogram, "compute", lambda *a: calls.append(a))
     _merge(family, tmp_path / "b", "breadcrumbs", {"density": 0.2}, cache=cache)
     assert calls == []
+
+
+def test_partials_read_in_windows_of_any_size_give_the_same_bytes(
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statistics are walked a bounded window of whole units at a time, across tensors: one
+    unit per read (a tensor's blocks summed across reads) or windows that end inside tensors give
+    the bytes of the default windows; every statistic of breadcrumbs-TIES with an L1 rescale (both
+    histograms, the tie boundaries, the kept sums) is read so."""
+    opts = {"density": 0.2, "trim_scope": "model", "rescale": "l1"}
+    read = context.StatsContext.partials
+    outputs: list[dict[str, Any]] = []
+    reads: list[int] = []
+    for name, read_bytes in (("default", context.READ_BYTES), ("one unit", 1), ("windows", 3 << 20)):
+        count = [0]
+
+        def counted(self: context.StatsContext, stat: Any, blocks: range, count: list[int] = count) -> Any:
+            count[0] += 1
+            return read(self, stat, blocks)
+
+        monkeypatch.setattr(context, "READ_BYTES", read_bytes)
+        monkeypatch.setattr(context.StatsContext, "partials", counted)
+        _merge(family, tmp_path / name / "out", "breadcrumbs_ties", opts, cache=tmp_path / name)
+        reads.append(count[0])
+        if outputs:
+            assert_bit_identical(tmp_path / name / "out", outputs[0])
+        outputs.append(read_model_dir(tmp_path / name / "out"))
+    assert reads[0] < reads[2] < reads[1], reads  # the windows are what differ
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ run on the context's executor, which computes with its backend.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -22,11 +23,13 @@ from ramstream.format.family import Family
 from ramstream.index import resolve
 from ramstream.index.store import IndexStore
 from ramstream.io.lock import hold
-from ramstream.plan import Plan
+from ramstream.plan import Plan, widest
 from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.overlap import OverlapCounts
 from ramstream.statistics.probe_pass import run_probe
 from ramstream.statistics.stats_pass import run_statistics
+
+READ_BYTES = 64 * 1024**2  # partials read back at a time (``walk``)
 
 
 class StatsContext:
@@ -169,6 +172,19 @@ class StatsContext:
         if rows[-1] - rows[0] == len(rows) - 1:
             return flat[rows[0] : rows[-1] + 1]
         return flat[rows]
+
+    def walk(self, stat: BlockStatistic) -> Iterator[tuple[int, np.ndarray]]:
+        """Every block's partial of a computed statistic, in block order, as ``(first block,
+        partials of consecutive blocks)``: as many whole units a read as fit in ``READ_BYTES`` (one
+        at least). A read of the index costs milliseconds whatever its size, so a walk over many
+        small tensors (norms, biases, a MoE's experts) reads a few times, not once per tensor."""
+        shape = stat.shape(len(self.family.agents))
+        units = self.store.statistic_units(shape, stat.dtype)
+        per_unit = widest(units) * int(np.prod(shape, dtype=np.int64)) * np.dtype(stat.dtype).itemsize
+        step = max(1, READ_BYTES // max(per_unit, 1))
+        for i in range(0, len(units), step):
+            group = units[i : i + step]
+            yield group[0].first, self.partials(stat, range(group[0].first, group[-1].stop))
 
     def _array(self, stat: BlockStatistic, shape: tuple[int, ...]) -> zarr.Array:
         """The statistic's array in the store open now (kept while the store is)."""

@@ -22,7 +22,7 @@ from ramstream.blocks import BlockArrays
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
-from ramstream.statistics.magnitude import digest
+from ramstream.statistics.magnitude import digest, tensor_totals
 
 
 def _check_finite(first_nonfinite: int, arrays: BlockArrays, allow: bool) -> None:
@@ -104,22 +104,15 @@ def pairs(n_agents: int) -> list[tuple[int, int]]:
     return [(a, b) for a in range(n_agents) for b in range(a, n_agents)]
 
 
-def tensor_sums(ctx: StatsContext, stat: BlockStatistic, chunk: int = 256) -> np.ndarray:
+def tensor_sums(ctx: StatsContext, stat: BlockStatistic) -> np.ndarray:
     """float64 totals ``(tensors, *rows)`` of a statistic whose partials are accumulator rows
-    ``(*rows, BINS + 1)``, computing it if needed and reading ``chunk`` blocks at a time.
+    ``(*rows, BINS + 1)``, computing it if needed (read a bounded number of blocks at a time).
 
     Tensors without blocks (not merged, or empty) get zeros.
     """
     ctx.compute(stat)
-    plan = ctx.plan
     rows = stat.shape(len(ctx.family.agents))[:-1]
-    out = np.zeros((len(plan.tensors), *rows), np.float64)
-    for t in range(len(plan.tensors)):
-        blocks = plan.blocks_of(t)
-        if len(blocks) == 0:
-            continue
-        total = np.zeros((*rows, BINS + 1), np.int64)
-        for lo in range(blocks.start, blocks.stop, chunk):
-            total += ctx.partials(stat, range(lo, min(lo + chunk, blocks.stop))).sum(axis=0)
+    out = np.zeros((len(ctx.plan.tensors), *rows), np.float64)
+    for t, total in tensor_totals(ctx, stat):
         out[t] = np.array([finish(row) for row in total.reshape(-1, BINS + 1)], np.float64).reshape(rows)
     return out

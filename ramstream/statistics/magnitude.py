@@ -34,8 +34,6 @@ from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 
-READ_BYTES = 64 * 1024**2  # partials read back at a time
-
 
 def digest(*arrays: np.ndarray | bytes | str) -> str:
     """A short stable digest of arrays (dtype, shape and bytes), bytes and strings."""
@@ -158,33 +156,33 @@ class KeptL1:
 
 
 def tensor_totals(ctx: StatsContext, stat: BlockStatistic, dtype: type = np.int64) -> Iterator[tuple[int, np.ndarray]]:
-    """``(tensor, sum of its blocks' partials)`` for every tensor with blocks, reading the
-    partials a bounded number of blocks at a time (the statistic must be computed)."""
+    """``(tensor, sum of its blocks' partials)`` for every tensor with blocks, in tensor order,
+    reading the partials a bounded number of blocks at a time (``StatsContext.walk``; the statistic
+    must be computed)."""
     plan = ctx.plan
-    shape = stat.shape(len(ctx.family.agents))
-    per_block = int(np.prod(shape)) * np.dtype(stat.dtype).itemsize
-    step = max(1, READ_BYTES // max(per_block, 1))
-    for t in range(len(plan.tensors)):
-        blocks = plan.blocks_of(t)
-        if not len(blocks):
-            continue
-        total: np.ndarray = np.zeros(shape, dtype)
-        for lo in range(blocks.start, blocks.stop, step):
-            total += ctx.partials(stat, range(lo, min(lo + step, blocks.stop))).sum(axis=0, dtype=dtype)
-        yield t, total
+    pending: tuple[int, np.ndarray] | None = None  # the tensor being summed, and its sum so far
+    for first, partials in ctx.walk(stat):
+        b, stop = first, first + len(partials)
+        while b < stop:
+            t = plan.blocks[b].tensor
+            end = min(plan.blocks_of(t).stop, stop)
+            part = partials[b - first : end - first].sum(axis=0, dtype=dtype)
+            if pending is not None and pending[0] == t:
+                pending[1][...] += part
+            else:
+                if pending is not None:
+                    yield pending
+                pending = (t, part)
+            b = end
+    if pending is not None:
+        yield pending
 
 
 def block_values(ctx: StatsContext, stat: BlockStatistic, pick: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
     """``pick(block index, partial)`` for every block, reading partials a bounded batch at a time."""
-    plan = ctx.plan
-    shape = stat.shape(len(ctx.family.agents))
-    per_block = int(np.prod(shape)) * np.dtype(stat.dtype).itemsize
-    step = max(1, READ_BYTES // max(per_block, 1))
     out: list[np.ndarray] = []
-    n = len(plan.blocks)
-    for lo in range(0, n, step):
-        batch = ctx.partials(stat, range(lo, min(lo + step, n)))
-        out.extend(pick(lo + k, batch[k]) for k in range(len(batch)))
+    for first, partials in ctx.walk(stat):
+        out.extend(pick(first + k, partials[k]) for k in range(len(partials)))
     return np.array(out)
 
 
