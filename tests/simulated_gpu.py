@@ -137,11 +137,15 @@ class SimulatedGpu:
         return self.readback_later(src)()
 
     def readback_later(self, src: torch.Tensor) -> Callable[[], np.ndarray]:
+        """The bytes ``src`` holds now (the compute has run: a GPU's copy, queued on the compute
+        stream, reads what the work queued before it wrote), landing late. ``src`` is not held: on
+        a GPU its memory may be reused at once, by work queued after the copy."""
         delay = self._delay()
+        bytes_now = src.contiguous().numpy().copy()
 
         def copy() -> np.ndarray:
             time.sleep(delay)
-            return src.contiguous().numpy().copy()
+            return bytes_now
 
         return self._downloads.submit(copy).result
 

@@ -31,7 +31,7 @@ from ramstream.backends.torch.staging import MIN_PIECE, InputRing, Part, pieces,
 from ramstream.config import RunOptions  # noqa: E402
 from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError, RamstreamError  # noqa: E402
 from ramstream.merge import merge_pass  # noqa: E402
-from ramstream.statistics import probe_pass  # noqa: E402
+from ramstream.statistics import probe_pass, stats_pass  # noqa: E402
 from tests.families import Family, build_family, with_raw_value  # noqa: E402
 from tests.simulated_gpu import ForgetfulGpu, FullGpu, SimulatedGpu  # noqa: E402
 from tests.test_backends import METHODS, NumbaBytes, _merge  # noqa: E402
@@ -149,6 +149,56 @@ def test_the_passes_queue_the_next_batch_before_waiting_for_the_last(
         assert all(n > 0 for who, what, n in log if who == name and what == "landed"), name  # all deferred
 
 
+@pytest.mark.parametrize(
+    ("method", "given"),
+    [("ties", {"density": 0.3, "rescale": "l1"}), ("dare_ties", {"density": 0.5}), ("model_stock", {})],
+)
+def test_the_statistics_pass_queues_the_next_batch_before_waiting_for_the_last(
+    family: Family,
+    tmp_path: Path,
+    numba_bytes: NumbaBytes,
+    monkeypatch: pytest.MonkeyPatch,
+    method: str,
+    given: dict[str, Any],
+) -> None:
+    """The histograms and exact sums of a statistics pass return before they land, as merges do:
+    batch i + 1's are queued before batch i's land (their arrays hold -1 until then, and the
+    simulated device's read-backs land late), and the merge still writes the Numba bytes."""
+    log: list[tuple[int, str, int]] = []  # (pass, what, batch)
+    deferred: list[bool] = []
+    compute_later, statistic = stats_pass.StatisticsWork.compute_later, torch_tiles.TileBackend._statistic
+
+    def queued(self: Any, batch: Any, *args: Any) -> Any:
+        log.append((id(self), "queued", batch.index))
+        checked = compute_later(self, batch, *args)
+
+        def landed() -> Any:
+            log.append((id(self), "landed", batch.index))
+            return checked()
+
+        return landed
+
+    def recorded(self: Any, *args: Any) -> Any:
+        deferred.append(self._landing is not None)
+        return statistic(self, *args)
+
+    monkeypatch.setattr(stats_pass.StatisticsWork, "compute_later", queued)
+    monkeypatch.setattr(torch_tiles.TileBackend, "_statistic", recorded)
+    expected = numba_bytes.of(family, tmp_path, method, given)
+    log.clear()
+    with simulated_gpu(SimulatedGpu):
+        got = _merge(family, tmp_path / "streamed" / "out", method, given, "torch", device="cpu")
+    assert got == expected
+    passes = list(dict.fromkeys(who for who, _, _ in log))
+    assert passes, "no statistics pass"
+    for one in passes:
+        queued_at = [k for k, (who, what, _) in enumerate(log) if who == one and what == "queued"]
+        landed_at = [k for k, (who, what, _) in enumerate(log) if who == one and what == "landed"]
+        assert len(queued_at) >= 3 and len(landed_at) == len(queued_at)  # every batch waited for, once
+        assert all(nxt < at for nxt, at in zip(queued_at[1:], landed_at, strict=False))  # i + 1 queued first
+    assert deferred and all(deferred)  # every histogram and exact sum read back by a landing
+
+
 def test_a_failure_inside_a_deferred_scope_waits_for_what_was_queued_before_it() -> None:
     """What the calls before a failure queued lands before the error leaves the scope (the
     caller frees its buffers after it); outside a streaming device nothing is deferred."""
@@ -193,10 +243,11 @@ def test_a_batch_decoded_into_memory_is_waited_for_before_the_next_is_read(
     assert len(log) >= 6 and log == ["queued", "landed"] * (len(log) // 2)
 
 
-@pytest.mark.parametrize("method", ["task_arithmetic", "ram+"])
+@pytest.mark.parametrize("method", ["task_arithmetic", "ram+", "ties", "model_stock"])
 def test_a_nan_input_found_by_a_deferred_call_is_refused_by_name(tmp_path: Path, method: str) -> None:
-    """The first NaN/Inf input reaches the pass with the landing (the merge's, or for RAM+ the
-    probe's): the same refusal as Numba's."""
+    """The first NaN/Inf input reaches the pass with the landing (the merge's, for RAM+ the
+    probe's, for TIES the |tau| histogram's, for model_stock the Gram sums'): the same refusal as
+    Numba's."""
     family = build_family(tmp_path / "family", shapes=SHAPES)
     bad = with_raw_value(family.agents[0], tmp_path / "bad", "model.layers.0.mlp.up_proj.weight", 700, 0x7FC0)
     members = [str(family.base), str(bad), str(family.agents[1])]

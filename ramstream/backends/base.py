@@ -341,8 +341,10 @@ class Backend(Protocol):
     def deferred(self) -> AbstractContextManager[Landing]:
         """A scope whose merges may return a token (below -1) instead of the first NaN/Inf input
         position, their ``out`` not yet written: both come with the landing's ``wait``
-        (``backends.landing``). Outside it, or on a backend that does not defer, merges return
-        once their results are in ``out``."""
+        (``backends.landing``). So may the statistics a pass computes later (``abs_high_histogram``,
+        ``abs_low_histogram``, ``abs_sums``, ``gram``): their arrays are written and their
+        ``first_nonfinite`` resolved by the landing's ``wait``, not before. Outside it, or on a
+        backend that does not defer, every call returns its results."""
         ...
 
     def close(self) -> None:

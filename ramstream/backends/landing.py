@@ -13,7 +13,7 @@ so the device goes from one block to the next without a drain. A backend that do
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -60,7 +60,7 @@ class Landing:
         return found
 
 
-def landed(token: int, found: dict[int, Any], result: T) -> T:
+def landed(token: int, found: Mapping[int, Any], result: T) -> T:
     """A call's result: what ``token`` stood for in a landing's ``found``, or ``result`` itself
     where ``token`` is none (a merge's first NaN/Inf position or -1, a probe's counts' field)."""
     return found[token] if token < -1 else result

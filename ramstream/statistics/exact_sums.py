@@ -10,6 +10,7 @@ the backend (``Backend.abs_sums``, ``Backend.gram``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -20,16 +21,9 @@ from ramstream.backends.exact_sum import BINS, finish
 from ramstream.backends.rng import random_keys
 from ramstream.blocks import BlockArrays
 from ramstream.plan import Block, TensorPlan
-from ramstream.statistics.base import BlockStatistic
+from ramstream.statistics.base import BlockStatistic, Found
 from ramstream.statistics.context import StatsContext
-from ramstream.statistics.magnitude import digest, tensor_totals
-
-
-def _check_finite(first_nonfinite: int, arrays: BlockArrays, allow: bool) -> None:
-    """Refuse a NaN/Inf task vector element, naming the weight or the overflowing difference
-    (with ``allow``, the kernels counted it as 0)."""
-    if first_nonfinite >= 0 and not allow:
-        raise arrays.nonfinite_error(first_nonfinite)
+from ramstream.statistics.magnitude import digest, refused_nonfinite, tensor_totals
 
 
 @dataclass(frozen=True)
@@ -67,11 +61,15 @@ class DareL1Sums:
         return "int64"
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        return self.compute_later(arrays, block, tensor, backend)({})
+
+    def compute_later(
+        self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend
+    ) -> Callable[[Found], np.ndarray]:
         keys = random_keys(self.seed, arrays.n_agents, tensor.name)
         density = self._densities[tensor.name] if self.by_tensor else np.array(self.density, np.float32)
         result = backend.abs_sums(arrays, KeepRandom(keys, density, block.start))
-        _check_finite(result.first_nonfinite, arrays, self.allow_nonfinite)
-        return result.sums
+        return lambda found: refused_nonfinite(result, found, arrays, self.allow_nonfinite)
 
 
 @dataclass(frozen=True)
@@ -95,9 +93,13 @@ class Gram:
         return "int64"
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        return self.compute_later(arrays, block, tensor, backend)({})
+
+    def compute_later(
+        self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend
+    ) -> Callable[[Found], np.ndarray]:
         result = backend.gram(arrays, weights=self.weights)
-        _check_finite(result.first_nonfinite, arrays, self.allow_nonfinite)
-        return result.sums
+        return lambda found: refused_nonfinite(result, found, arrays, self.allow_nonfinite)
 
 
 def pairs(n_agents: int) -> list[tuple[int, int]]:

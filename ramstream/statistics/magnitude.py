@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ramstream.backends.base import HIGH_BINS, LOW_BINS, NONFINITE_BIN, Backend, KeepArray
+from ramstream.backends.base import HIGH_BINS, LOW_BINS, NONFINITE_BIN, Backend, ExactSums, KeepArray
 from ramstream.backends.exact_sum import BINS
+from ramstream.backends.landing import landed
 from ramstream.blocks import BlockArrays
 from ramstream.errors import NonFiniteWeightError
 from ramstream.plan import Block, TensorPlan
-from ramstream.statistics.base import BlockStatistic
+from ramstream.statistics.base import BlockStatistic, Found
 from ramstream.statistics.context import StatsContext
 
 
@@ -62,12 +63,21 @@ class AbsHighHistogram:
         return "int32"
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        return self.compute_later(arrays, block, tensor, backend)({})
+
+    def compute_later(
+        self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend
+    ) -> Callable[[Found], np.ndarray]:
         histogram = backend.abs_high_histogram(arrays)
-        if histogram[:, NONFINITE_BIN:].any():  # a NaN/Inf |tau|: name the weight, or the difference
-            bad = arrays.first_nonfinite_tau()
-            if bad >= 0:
-                raise arrays.nonfinite_error(bad)
-        return histogram
+
+        def checked(found: Found) -> np.ndarray:
+            if histogram[:, NONFINITE_BIN:].any():  # a NaN/Inf |tau|: name the weight, or the difference
+                bad = arrays.first_nonfinite_tau()
+                if bad >= 0:
+                    raise arrays.nonfinite_error(bad)
+            return histogram
+
+        return checked
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,6 +97,12 @@ class AbsLowHistogram:
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
         return backend.abs_low_histogram(arrays, self.targets[block.tensor])
+
+    def compute_later(
+        self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend
+    ) -> Callable[[Found], np.ndarray]:
+        histogram = backend.abs_low_histogram(arrays, self.targets[block.tensor])
+        return lambda found: histogram
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,10 +165,13 @@ class KeptL1:
         return "int64"
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        return self.compute_later(arrays, block, tensor, backend)({})
+
+    def compute_later(
+        self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend
+    ) -> Callable[[Found], np.ndarray]:
         result = backend.abs_sums(arrays, KeepArray(self.selector(arrays, block, tensor, backend)))
-        if result.first_nonfinite >= 0:
-            raise arrays.nonfinite_error(result.first_nonfinite)
-        return result.sums
+        return lambda found: refused_nonfinite(result, found, arrays)
 
 
 def tensor_totals(ctx: StatsContext, stat: BlockStatistic, dtype: type = np.int64) -> Iterator[tuple[int, np.ndarray]]:
@@ -184,6 +203,15 @@ def block_values(ctx: StatsContext, stat: BlockStatistic, pick: Callable[[int, n
     for first, partials in ctx.walk(stat):
         out.extend(pick(first + k, partials[k]) for k in range(len(partials)))
     return np.array(out)
+
+
+def refused_nonfinite(result: ExactSums, found: Found, arrays: BlockArrays, allow: bool = False) -> np.ndarray:
+    """The sums of a (maybe deferred) ``result``; its NaN/Inf task vector element refused, naming
+    the weight or the overflowing difference (with ``allow``, the kernels counted it as 0)."""
+    first = landed(result.first_nonfinite, found, result.first_nonfinite)
+    if first >= 0 and not allow:
+        raise arrays.nonfinite_error(first)
+    return result.sums
 
 
 def check_finite(tensor: TensorPlan, high: np.ndarray, agents: tuple[str, ...]) -> None:

@@ -9,7 +9,7 @@ cut, the plan's batches, and writes each statistic's units as they complete.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +23,18 @@ from ramstream.execution.progress import Done, Progress
 from ramstream.format.family import Family
 from ramstream.index.journal import Journal
 from ramstream.index.store import IndexStore, open_index_store
-from ramstream.plan import Batch
-from ramstream.statistics.base import BlockStatistic
+from ramstream.plan import Batch, Block, TensorPlan
+from ramstream.statistics.base import BlockStatistic, ComputedLater
 
 # Per statistic (its position in the pass): the units written, each with its chunk of partials.
 Partials = list[tuple[int, list[tuple[Batch, np.ndarray]]]]
+
+
+# (rows, row, statistic, its arguments): a partial to compute in a deferred scope
+Waiting = list[tuple[np.ndarray, int, ComputedLater, tuple[BlockArrays, Block, TensorPlan, Backend]]]
+# Partials of one batch whose computation may be in flight at once (``compute_later``); past it a
+# batch's further blocks (thousands of small tensors) are computed as ``compute`` does.
+LATER_BYTES = 32 * 1024**2
 
 
 class StatisticsWork:
@@ -57,21 +64,53 @@ class StatisticsWork:
         return out
 
     def compute(self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int) -> Partials:
+        return self._rows(batch, arrays, backend, 0)[0]
+
+    def compute_later(
+        self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, slot: int
+    ) -> Callable[[], Partials]:
+        """``compute`` in two steps (``Backend.deferred``): the calls of the statistics that can
+        wait (``ComputedLater``: the histograms and exact sums) queued in one deferred scope, up to
+        ``LATER_BYTES`` of their partials (each lands in host memory of its own first), the others
+        computed first; the partials checked and stored by the returned function once landed."""
+        result, waiting = self._rows(batch, arrays, backend, LATER_BYTES)
+        with backend.deferred() as landing:
+            pending = [(rows, row, stat.compute_later(*at)) for rows, row, stat, at in waiting]
+
+        def checked() -> Partials:
+            found = landing.wait()
+            for rows, row, partial in pending:
+                rows[row] = partial(found)
+            return result
+
+        return checked
+
+    def _rows(
+        self, batch: Batch, arrays: Sequence[BlockArrays], backend: Backend, room: int
+    ) -> tuple[Partials, Waiting]:
+        """The batch's partials, each unit's chunk of rows filled in place (zero rows after the
+        unit's blocks: one buffer of at most STAT_CHUNK_BYTES, not a list, its stack and a padded
+        copy), but for the rows of statistics that can wait, up to ``room`` bytes: those are
+        returned to be computed later."""
         plan = self.index.plan
         result: Partials = []
+        waiting: Waiting = []
         for k, units in self.missing(batch):
             stat = self.stats[k]
             written = []
             for unit in units:
-                # The chunk's rows, filled in place (zero rows after the unit's blocks): one
-                # buffer of at most STAT_CHUNK_BYTES, not a list, its stack and a padded copy.
                 rows = np.zeros(self.stores[k][0].shape[1:], stat.dtype)
                 for row, b in enumerate(unit.blocks):
                     block = plan.blocks[b]
-                    rows[row] = stat.compute(arrays[b - batch.first], block, plan.tensors[block.tensor], backend)
+                    at = (arrays[b - batch.first], block, plan.tensors[block.tensor], backend)
+                    if isinstance(stat, ComputedLater) and rows[row].nbytes <= room:
+                        waiting.append((rows, row, stat, at))
+                        room -= rows[row].nbytes
+                    else:  # outside a deferred scope: its backend calls return their results
+                        rows[row] = stat.compute(*at)
                 written.append((unit, rows))
             result.append((k, written))
-        return result
+        return result, waiting
 
     def write(self, batch: Batch, result: Partials) -> None:
         for k, units in result:

@@ -28,7 +28,8 @@ from ramstream.backends.exact_sum import BINS
 from ramstream.blocks import BlockArrays
 from ramstream.errors import NonFiniteWeightError
 from ramstream.plan import Block, TensorPlan
-from ramstream.statistics.magnitude import TieBoundary, digest
+from ramstream.statistics.base import Found
+from ramstream.statistics.magnitude import TieBoundary, digest, refused_nonfinite
 
 
 def key_bits(arrays: BlockArrays, backend: Backend) -> np.ndarray:
@@ -136,9 +137,12 @@ class KeptSquares:
         return "int64"
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
+        return self.compute_later(arrays, block, tensor, backend)({})
+
+    def compute_later(
+        self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend
+    ) -> Callable[[Found], np.ndarray]:
         kept = self.keep(arrays, block, backend).astype(np.uint8)
         mask = np.ascontiguousarray(np.broadcast_to(kept, (arrays.n_agents, arrays.size)))
         result = backend.abs_sums(arrays, KeepArray(mask), squares=True)
-        if result.first_nonfinite >= 0:
-            raise arrays.nonfinite_error(result.first_nonfinite)
-        return result.sums
+        return lambda found: refused_nonfinite(result, found, arrays)

@@ -157,7 +157,7 @@ class CountOps(TileBackend):
         n_agents = len(arrays.agents)
         codes = self._codes(arrays)
         if self._fused(codes):
-            return self._abs_high_fused(arrays, codes)
+            return self._abs_high_fused(arrays, codes, later=True)
         size = n_agents * HIGH_BINS + magnitude.SPREAD
         fixed = self._fixed(self.workers * size * 8, f"the magnitude histograms of {n_agents} agents")
         with self._scoped():
@@ -166,9 +166,9 @@ class CountOps(TileBackend):
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 magnitude.add_high_counts(counts[w], torch.stack(self._abs_bits(raw, codes, range(n_agents))))
 
-            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * n_agents + 6, fixed=fixed)
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * n_agents + 6, fixed=fixed, later=True)
             total = counts.sum(0)[: n_agents * HIGH_BINS].view(n_agents, HIGH_BINS)
-            return self._host(total).astype(np.int32)
+            return self._statistic(total, _same, (n_agents, HIGH_BINS), np.int32)
 
     def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
         targets = np.ascontiguousarray(targets, np.int32)
@@ -178,7 +178,7 @@ class CountOps(TileBackend):
             return np.zeros((n_agents, n_cuts, LOW_BINS), np.int32)
         codes = self._codes(arrays)
         if self._fused(codes):
-            return self._abs_low_fused(arrays, codes, targets)
+            return self._abs_low_fused(arrays, codes, targets, later=True)
         size = n_agents * n_cuts * LOW_BINS + magnitude.SPREAD
         fixed = self._fixed(self.workers * size * 8, f"the fine magnitude histograms of {n_agents} agents")
         with self._scoped():
@@ -191,14 +191,16 @@ class CountOps(TileBackend):
                 magnitude.add_low_counts(counts[w], bits, agents, aims)
 
             inputs = 2 * n_agents + 4 * len(wanted) * n_cuts + 4  # the (K, C, m) index and masks
-            self._run(self._array_parts(arrays), arrays.size, tile, inputs=inputs, fixed=fixed)
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=inputs, fixed=fixed, later=True)
             total = counts.sum(0)[: n_agents * n_cuts * LOW_BINS].view(n_agents, n_cuts, LOW_BINS)
-            return self._host(total).astype(np.int32)
+            return self._statistic(total, _same, (n_agents, n_cuts, LOW_BINS), np.int32)
 
-    def _abs_high_fused(self, arrays: BlockArrays, codes: list[int], rows: RowScale | None = None) -> np.ndarray:
+    def _abs_high_fused(
+        self, arrays: BlockArrays, codes: list[int], rows: RowScale | None = None, later: bool = False
+    ) -> np.ndarray:
         """``abs_high_histogram`` (with ``rows``: ``importance_high_histogram``, one agent) in one
         fused kernel per tile (``fused/magnitude.py``): the counts in one int32 accumulator per
-        worker (the Numba kernels' type), read back once."""
+        worker (the Numba kernels' type), read back once (``later``: by a deferred scope's landing)."""
         from ramstream.backends.torch.fused.magnitude import high_launch
 
         n_agents = len(arrays.agents)
@@ -210,11 +212,18 @@ class CountOps(TileBackend):
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 high_launch(raw, m, counts[w], (codes[0], codes[1]), rows_at(lo))
 
-            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
+            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed, later=later)
+            if later:
+                return self._statistic(counts.sum(0), _same, (n_agents, HIGH_BINS), np.int32)
             return self._host(counts.sum(0)).astype(np.int32)
 
     def _abs_low_fused(
-        self, arrays: BlockArrays, codes: list[int], targets: np.ndarray, rows: RowScale | None = None
+        self,
+        arrays: BlockArrays,
+        codes: list[int],
+        targets: np.ndarray,
+        rows: RowScale | None = None,
+        later: bool = False,
     ) -> np.ndarray:
         """``abs_low_histogram`` (with ``rows``: ``importance_low_histogram``) in one fused kernel
         per tile, as ``_abs_high_fused``."""
@@ -231,7 +240,9 @@ class CountOps(TileBackend):
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 low_launch(raw, m, aims, counts[w], (codes[0], codes[1]), rows_at(lo))
 
-            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed)
+            self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed, later=later)
+            if later:
+                return self._statistic(counts.sum(0), _same, (n_agents, n_cuts, LOW_BINS), np.int32)
             return self._host(counts.sum(0)).astype(np.int32)
 
     def _rows_at(self, rows: RowScale | None) -> Callable[[int], tuple[int, torch.Tensor, int, int] | None]:
@@ -333,10 +344,8 @@ class CountOps(TileBackend):
                 sums = exact_sums.product_group_sums(stacked, stacked) if squares else exact_sums.group_sums(stacked)
                 exact_sums.accumulate(acc[w], sums)
 
-            self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2)
-            total = self._host(acc.sum(0))
-            sums = renormalised(total).reshape(n_agents, 2, BINS + 1)
-            return ExactSums(sums, self._found(first))
+            self._run(parts, arrays.size, tile, inputs=2 * n_agents + 2, later=True)
+            return self._exact_sums(acc, first, (n_agents, 2, BINS + 1))
 
     def _abs_sums_fused(
         self, arrays: BlockArrays, keep: Keep, codes: list[int], parts: list[Part], squares: bool
@@ -363,9 +372,8 @@ class CountOps(TileBackend):
                     int(mode), squares,
                 )  # fmt: skip
 
-            self._run(parts, arrays.size, tile)
-            total = self._host(acc.sum(0))
-            return ExactSums(renormalised(total).reshape(n_agents, 2, BINS + 1), self._found(first))
+            self._run(parts, arrays.size, tile, later=True)
+            return self._exact_sums(acc, first, (n_agents, 2, BINS + 1))
 
     def gram(self, arrays: BlockArrays, weights: bool = False) -> ExactSums:
         n_agents = len(arrays.agents)
@@ -386,8 +394,8 @@ class CountOps(TileBackend):
                 stacked = torch.stack(rows)
                 exact_sums.accumulate(acc[w], exact_sums.product_group_sums(stacked[left], stacked[right]))
 
-            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_vectors + 1)
-            return ExactSums(renormalised(self._host(acc.sum(0))), self._found(first))
+            self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * len(pairs) + n_vectors + 1, later=True)
+            return self._exact_sums(acc, first, (len(pairs), BINS + 1))
 
     def _gram_fused(
         self, arrays: BlockArrays, pairs: list[tuple[int, int]], weights: bool, codes: list[int]
@@ -403,8 +411,13 @@ class CountOps(TileBackend):
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
                 gram_launch(raw, m, lo, acc[w], first[w : w + 1], (codes[0], codes[1]), weights)
 
-            self._run(self._array_parts(arrays), arrays.size, tile)
-            return ExactSums(renormalised(self._host(acc.sum(0))), self._found(first))
+            self._run(self._array_parts(arrays), arrays.size, tile, later=True)
+            return self._exact_sums(acc, first, (len(pairs), BINS + 1))
+
+    def _exact_sums(self, acc: torch.Tensor, first: torch.Tensor, shape: tuple[int, ...]) -> ExactSums:
+        """The per-worker accumulators ``acc`` summed and renormalised into ``shape``, and the first
+        non-finite position: now, or both by a deferred scope's landing (``_statistic``, a token)."""
+        return ExactSums(self._statistic(acc.sum(0), renormalised, shape, np.int64), self._found(first, later=True))
 
     # -- per-vector and pairwise sums --------------------------------------------------------------
     def vector_gram(self, arrays: BlockArrays, layout: VectorLayout, weights: bool = False) -> ExactSums:
@@ -546,6 +559,10 @@ class CountOps(TileBackend):
             inputs = 3 * n_agents + 5  # the inputs, and per agent its keys, their sort and its keep values
             self._run(self._array_parts(arrays), arrays.size, tile, align=params.slice_size, inputs=inputs)
         return keep
+
+
+def _same(values: np.ndarray) -> np.ndarray:
+    return values
 
 
 def _gram_rows(

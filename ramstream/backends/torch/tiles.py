@@ -376,6 +376,23 @@ class TileBackend:
             return post(self._host(state))
         return self._landing.later(self._streams.readback_later(state), post)
 
+    def _statistic(
+        self, result: torch.Tensor, post: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...], dtype: type
+    ) -> np.ndarray:
+        """``post`` of a statistic's device ``result`` on the host (``shape``, ``dtype``): now, or
+        inside ``deferred`` on the streamed path written into the array returned once the landing
+        waits (it holds -1 until then: nothing may read it before)."""
+        if self._landing is None:
+            return np.asarray(post(self._host(result)), dtype).reshape(shape)
+        read = self._streams.readback_later(result)
+        out: np.ndarray = np.full(shape, -1, dtype)
+
+        def land() -> None:
+            out[...] = np.asarray(post(read()), dtype).reshape(shape)
+
+        self._landing.also_wait([land])
+        return out
+
     def _flagged(self, found: np.ndarray, outs: Sequence[tuple[int, int, int]]) -> int:
         """From a fused merge's state (per worker: the first non-finite position, then each
         output's NaN/Inf flag): the flags, which answer ``has_nonfinite`` for ``outs``, and the
