@@ -14,14 +14,14 @@ they compile into the same on-disk cache, so the next test process loads them in
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +102,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[item.path]))  # stable within a file
 
 
-# A child of --compile-first: compiles the recorded kernels at the given positions of the list
-# ``recorded_kernels`` makes.
-_COMPILE = """
-import sys
-from tests.conftest import recorded_kernels
-kernels = recorded_kernels()
-for position in sys.argv[1:]:
-    kernels[int(position)].compile()
-"""
+def compile_recorded(position: int) -> None:
+    """In a child of --compile-first: compile the recorded kernel at ``position`` of the list
+    ``recorded_kernels`` makes (made once per child)."""
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = recorded_kernels()
+    _KERNELS[position].compile()
+
+
+_KERNELS: list[Any] | None = None
 
 
 def recorded_kernels() -> list[Any]:
@@ -123,23 +124,24 @@ def recorded_kernels() -> list[Any]:
 
 
 def _compile_first() -> None:
-    """Compile the recorded kernels not cached yet, shared round-robin by a child per core."""
+    """Compile the recorded kernels not cached yet, a child per core taking the next one as it
+    finishes the last (they take 0.1 to 8 s each: a fixed share per child left one core idle
+    for half the time)."""
     try:
         kernels = recorded_kernels()
     except ImportError:  # numba absent: nothing compiles
         return
     start = time.perf_counter()
-    todo = [str(k) for k, kernel in enumerate(kernels) if not kernel.cached()]
+    todo = [k for k, kernel in enumerate(kernels) if not kernel.cached()]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    processes = max(1, min(cores, 4))
-    shares = [todo[k::processes] for k in range(processes)]
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    children = [subprocess.Popen([sys.executable, "-c", _COMPILE, *share], env=env) for share in shares if share]
-    for child in children:
-        if child.wait(timeout=900):
-            raise pytest.UsageError(f"--compile-first: a child compiling kernels {child.args[3:]} failed")
-    _FIRST.update(kernels=len(todo), processes=len(children), seconds=time.perf_counter() - start)
+    processes = max(1, min(cores, 4, len(todo)))
+    if todo:
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            try:
+                list(pool.map(compile_recorded, todo, timeout=900))
+            except Exception as error:
+                raise pytest.UsageError(f"--compile-first: compiling the recorded kernels failed: {error!r}") from error
+    _FIRST.update(kernels=len(todo), processes=processes if todo else 0, seconds=time.perf_counter() - start)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
