@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -250,6 +251,32 @@ def kill_repeatedly(
     return outcomes, looked_finished
 
 
+def killed_twice(
+    cmd: list[str],
+    delays: list[float],
+    reset: Callable[[], None],
+    out: Path | None = None,
+    reference: Reference | None = None,
+) -> tuple[list[int], list[str], list[float]]:
+    """``kill_repeatedly`` until two runs or more were killed: when a run finishes before the
+    second kill (the machine sped up since its pace was timed: the suite's load comes and goes),
+    the pass starts over from nothing (``reset``) with delays a fifth shorter, three times at most.
+    The exit statuses, what looked finished after any kill, and the delays of the last attempt."""
+    looked_finished: list[str] = []
+    for attempt in range(3):
+        outcomes, looked = kill_repeatedly(cmd, delays, out, reference)
+        looked_finished += looked
+        if outcomes.count(KILLED) >= 2 or attempt == 2:
+            break
+        reset()
+        delays = [d * 0.8 for d in delays]
+    return outcomes, looked_finished, delays
+
+
+def _remove(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 def test_killed_merge_resumes_to_identical_bytes(tmp_path: Path, large: Reference) -> None:
     """A merge (from a complete index, so the kills land in the merge pass and its finalisation)
     killed at random instants, then rerun."""
@@ -259,7 +286,7 @@ def test_killed_merge_resumes_to_identical_bytes(tmp_path: Path, large: Referenc
     cmd = cli("merge", *large.members, "--out", out, "--index", index, *large.merge_opts, *ONE_THREAD)
     startup, speed = paced(large)
     delays = [startup * rng.uniform(0.8, 1.0) + large.merge_work * speed * rng.uniform(0.0, 0.2) for _ in range(KILLS)]
-    outcomes, looked_finished = kill_repeatedly(cmd, delays, out, large)
+    outcomes, looked_finished, delays = killed_twice(cmd, delays, lambda: _remove(out), out, large)
     # Each kill lands within the first fifth of what is left, so several land even on a loaded machine.
     assert outcomes.count(KILLED) >= 2, f"too few runs were interrupted: {outcomes} for delays {delays}"
     done = run_ok(cmd)
@@ -276,7 +303,7 @@ def test_killed_probe_resumes_to_identical_index(tmp_path: Path, large: Referenc
     cmd = cli("probe", *large.members, "--index", index, *PROBE_OPTS, *ONE_THREAD)
     startup, speed = paced(large)
     delays = [startup * rng.uniform(0.6, 1.0) + large.probe_work * speed * rng.uniform(0.0, 0.2) for _ in range(KILLS)]
-    outcomes, _ = kill_repeatedly(cmd, delays, None)
+    outcomes, _, delays = killed_twice(cmd, delays, lambda: _remove(index))
     # Each kill lands within the first fifth of what is left, so several land even on a loaded machine.
     assert outcomes.count(KILLED) >= 2, f"too few runs were interrupted: {outcomes} for delays {delays}"
     assert run_ok(cmd).stdout.strip() == f"index: {index}"
