@@ -19,6 +19,7 @@ file count, wide (a) under 30 s on a 2-core machine. The per-tensor overhead is
 
     python tools/bench_moe.py --data bench-moe                     # this tree
     python tools/bench_moe.py --data bench-moe --tree ../old       # another checkout, same data
+    python tools/bench_moe.py --data bench-moe --method ties --families dense,moe
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ def read_once(paths: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def measure(data: Path, family: str, work: Path, env: dict[str, str]) -> dict[str, float]:
-    cli = [sys.executable, "-m", "ramstream.cli", "merge", *members(data, family), "--method", "ram+", "--quiet"]
+def measure(data: Path, family: str, work: Path, env: dict[str, str], method: str = "ram+") -> dict[str, float]:
+    cli = [sys.executable, "-m", "ramstream.cli", "merge", *members(data, family), "--method", method, "--quiet"]
     cache = work / f"cache-{family}"
     shutil.rmtree(cache, ignore_errors=True)
     for out in ("out-a", "out-b"):
@@ -134,6 +135,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="where the families are written (~0.5 GB)")
     parser.add_argument("--tree", type=Path, default=None, help="a ramstream checkout to measure instead of this one")
+    parser.add_argument(
+        "--method", default="ram+", help="the method merged (ram+; ties: its statistics' histograms, read per tensor)"
+    )
+    parser.add_argument("--families", default=",".join(FAMILIES), help="which families to time, comma-separated")
     args = parser.parse_args()
     data = args.data.resolve()
     data.mkdir(parents=True, exist_ok=True)
@@ -143,13 +148,15 @@ def main() -> None:
     env.setdefault("NUMBA_CACHE_DIR", str(data / ".numba-cache"))
     work = data / "runs"
     work.mkdir(exist_ok=True)
-    measure(data, "dense", work, env)  # warm Numba's cache and the page cache
-    results = {family: measure(data, family, work, env) for family in FAMILIES}
+    chosen = [f for f in FAMILIES if f in args.families.split(",")]
+    measure(data, "dense", work, env, args.method)  # warm Numba's cache and the page cache
+    results = {family: measure(data, family, work, env, args.method) for family in ("dense", "moe", *chosen)}
     dense, moe = results["dense"], results["moe"]
     extra = moe["tensors"] - dense["tensors"]
     report = {
         "tree": str(tree),
-        "families": results,
+        "method": args.method,
+        "families": {family: results[family] for family in chosen},
         "moe_vs_dense": {
             "probe_merge": moe["probe_merge_s"] / dense["probe_merge_s"],
             "cached_merge": moe["cached_merge_s"] / dense["cached_merge_s"],
