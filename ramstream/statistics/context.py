@@ -21,7 +21,7 @@ from ramstream.errors import ConfigError
 from ramstream.execution.executor import Executor
 from ramstream.format.family import Family
 from ramstream.index import resolve
-from ramstream.index.store import IndexStore
+from ramstream.index.store import STAT_CHUNK_BYTES, IndexStore
 from ramstream.io.lock import hold
 from ramstream.plan import Plan, widest
 from ramstream.statistics.base import BlockStatistic
@@ -29,7 +29,10 @@ from ramstream.statistics.overlap import OverlapCounts
 from ramstream.statistics.probe_pass import run_probe
 from ramstream.statistics.stats_pass import run_statistics
 
-READ_BYTES = 64 * 1024**2  # partials read back at a time (``walk``)
+# Partials read back at a time (``walk``): a chunk. A read holds zarr's decoded chunks and its
+# output besides, so windows of 64 MiB took a TIES merge of many small tensors 170 MiB past its
+# --memory of 64 MiB; one chunk at a time is also kept, not copied (``partials``).
+READ_BYTES = STAT_CHUNK_BYTES
 
 
 class StatsContext:

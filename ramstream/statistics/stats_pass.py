@@ -135,6 +135,16 @@ class StatisticsWork:
         return RemoteStatistics(key, self.index.path.resolve(), self.stats, self.done)
 
 
+def pass_batches(index: IndexStore, stats: list[BlockStatistic]) -> tuple[Batch, ...]:
+    """The blocks a statistics pass computes and stores together: the units of its statistics
+    (each a chunk of at most ``STAT_CHUNK_BYTES`` of partials) where they all have the same
+    units, so that a plan batch of thousands of small tensors, each with histograms of hundreds
+    of KiB, is not held whole (a MoE's TIES pass held 110 MiB of one batch's partials under a
+    --memory of 64 MiB); the plan's batches otherwise (their units are computed with them)."""
+    layouts = {index.statistic_units(s.shape(index.n_agents), s.dtype) for s in stats}
+    return layouts.pop() if len(layouts) == 1 else index.plan.batches
+
+
 def _label(stats: list[BlockStatistic]) -> str:
     """``statistics (abs_hi16_v1, abs_lo16_v1 x3)``: a sweep's low histograms are one kind, several keys."""
     kinds = [s.key.split("-")[0] for s in stats]
@@ -169,7 +179,7 @@ def run_statistics(
     stores = [index.statistic(s.key, s.shape(n_agents), s.dtype) for s in pending]
     done = [journal.done(journal.size) for _, journal in stores]
     work = StatisticsWork(index, pending, stores, done)
-    todo = [b for b in plan.batches if work.missing(b)]
+    todo = [b for b in pass_batches(index, pending) if work.missing(b)]
     progress = Progress.for_terminal(work.label, sum(plan.batch_bytes(b) for b in todo), quiet)
     try:
         executor.run(work, family, plan, todo, progress)
