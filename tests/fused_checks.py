@@ -919,13 +919,10 @@ def vectors_merges(scratch: Path) -> None:
     multislerp and karcher through the API with the torch backend on the CPU, the fused kernels
     interpreted: the Numba bytes, every tile fused."""
     from ramstream.backends.torch.fused import vector_gram, vectors
-    from tests.families import build_family
-    from tests.test_backends import _merge
 
     calls = {"vectors": 0, "vector_gram": 0}
     _count(vectors, "vectors_launch", calls, "vectors")
     _count(vector_gram, "vector_gram_launch", calls, "vector_gram")
-    shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
     methods = [
         ("slerp", {"t": 0.3}, 1),
         ("nuslerp", {"weights": [0.4, 0.6]}, 2),
@@ -935,19 +932,10 @@ def vectors_merges(scratch: Path) -> None:
         ("multislerp", {"weights": 1.0}, None),
         ("karcher", {}, None),
     ]
-    # each method on one family, BF16 and F32 in turn (as ``_merges``): every kernel meets every
-    # format in ``vectors_tiles`` and ``vector_gram_tiles``
-    families = {}
-    for number, (method, given, agents) in enumerate(methods):
-        dtype = ("BF16", "F32")[number % 2]
-        if dtype not in families:
-            (scratch / dtype).mkdir(parents=True)
-            families[dtype] = build_family(scratch / dtype, dtype=dtype, shapes=shapes, identical_agent=True)
-        name = f"{dtype}-{method}-{number}"
-        expected = _merge(families[dtype], scratch / "numba" / name / "out", method, given, "numba", agents)
-        got = _merge(families[dtype], scratch / "torch" / name / "out", method, given, "torch", agents, device="cpu",
-                     threads=1)  # fmt: skip
-        assert got == expected, f"{name}: not the Numba bytes"
+    # each method on one family, BF16 and F32 in turn: every kernel meets every format in
+    # ``vectors_tiles`` and ``vector_gram_tiles``
+    _merges(scratch, [(m, given) for m, given, _ in methods], (("BF16", False), ("F32", False)),
+            [n for _, _, n in methods], subset_agent=False)  # fmt: skip
     assert min(calls.values()) > 0, calls
 
 
@@ -1284,25 +1272,34 @@ def _overflow_refused(scratch: Path) -> None:
 FAMILY_FORMATS = (("BF16", False), ("F16", True), ("F32", False))
 
 
-def _merges(scratch: Path, methods: list[tuple[str, dict[str, object]]]) -> None:
+def _merges(
+    scratch: Path,
+    methods: list[tuple[str, dict[str, object]]],
+    formats: tuple[tuple[str, bool], ...] = FAMILY_FORMATS,
+    agents: list[int | None] | None = None,
+    subset_agent: bool = True,
+) -> None:
     """Each method through the API, Numba's bytes against the fused kernels', on the next family
-    of ``FAMILY_FORMATS`` in turn: a check of three methods or more runs every format through
-    the API, and each kernel meets every format on its own in the ``*_tiles`` checks. (Every
-    method on every format cost three times the interpreter's time for no other path.)"""
+    of ``formats`` in turn: a check of as many methods as formats or more runs every format
+    through the API, and each kernel meets every format on its own in the ``*_tiles`` checks.
+    (Every method on every format cost the interpreter's time again for no other path.)
+    ``agents``: per method, how many of the family's agents it merges (None: all)."""
     from tests.families import build_family
     from tests.test_backends import _merge
 
     shapes = {"model.layers.0.mlp.up_proj.weight": (24, 40), "model.norm.weight": (40,)}
     families = {}
     for number, (method, given) in enumerate(methods):
-        dtype, single = FAMILY_FORMATS[number % len(FAMILY_FORMATS)]
+        dtype, single = formats[number % len(formats)]
         if dtype not in families:
             (scratch / dtype).mkdir(parents=True)
             families[dtype] = build_family(scratch / dtype, dtype=dtype, shapes=shapes, single_file=single,
-                                           identical_agent=True, subset_agent=True)  # fmt: skip
+                                           identical_agent=True, subset_agent=subset_agent)  # fmt: skip
         name = f"{dtype}-{method}-{number}"
-        expected = _merge(families[dtype], scratch / "numba" / name / "out", method, given, "numba")
-        got = _merge(families[dtype], scratch / "torch" / name / "out", method, given, "torch", device="cpu", threads=1)
+        used = agents[number] if agents else None
+        expected = _merge(families[dtype], scratch / "numba" / name / "out", method, given, "numba", used)
+        got = _merge(families[dtype], scratch / "torch" / name / "out", method, given, "torch", used, device="cpu",
+                     threads=1)  # fmt: skip
         assert got == expected, f"{name}: not the Numba bytes"
 
 

@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True, help="where the families are written (~0.5 GB)")
     parser.add_argument("--tree", type=Path, default=None, help="a ramstream checkout to measure instead of this one")
     parser.add_argument(
-        "--method", default="ram+", help="the method merged (ram+; ties: its statistics' histograms, read per tensor)"
+        "--method", default="ram+", help="the method merged (ram+; ties: its statistics passes and their index too)"
     )
     parser.add_argument("--families", default=",".join(FAMILIES), help="which families to time, comma-separated")
     args = parser.parse_args()

@@ -168,7 +168,7 @@ class CountOps(TileBackend):
 
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=2 * n_agents + 6, fixed=fixed, later=True)
             total = counts.sum(0)[: n_agents * HIGH_BINS].view(n_agents, HIGH_BINS)
-            return self._statistic(total, _same, (n_agents, HIGH_BINS), np.int32)
+            return self._statistic(total, np.asarray, (n_agents, HIGH_BINS), np.int32)
 
     def abs_low_histogram(self, arrays: BlockArrays, targets: np.ndarray) -> np.ndarray:
         targets = np.ascontiguousarray(targets, np.int32)
@@ -193,7 +193,7 @@ class CountOps(TileBackend):
             inputs = 2 * n_agents + 4 * len(wanted) * n_cuts + 4  # the (K, C, m) index and masks
             self._run(self._array_parts(arrays), arrays.size, tile, inputs=inputs, fixed=fixed, later=True)
             total = counts.sum(0)[: n_agents * n_cuts * LOW_BINS].view(n_agents, n_cuts, LOW_BINS)
-            return self._statistic(total, _same, (n_agents, n_cuts, LOW_BINS), np.int32)
+            return self._statistic(total, np.asarray, (n_agents, n_cuts, LOW_BINS), np.int32)
 
     def _abs_high_fused(
         self, arrays: BlockArrays, codes: list[int], rows: RowScale | None = None, later: bool = False
@@ -213,9 +213,7 @@ class CountOps(TileBackend):
                 high_launch(raw, m, counts[w], (codes[0], codes[1]), rows_at(lo))
 
             self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed, later=later)
-            if later:
-                return self._statistic(counts.sum(0), _same, (n_agents, HIGH_BINS), np.int32)
-            return self._host(counts.sum(0)).astype(np.int32)
+            return self._statistic(counts.sum(0), np.asarray, (n_agents, HIGH_BINS), np.int32, later)
 
     def _abs_low_fused(
         self,
@@ -241,9 +239,7 @@ class CountOps(TileBackend):
                 low_launch(raw, m, aims, counts[w], (codes[0], codes[1]), rows_at(lo))
 
             self._run(self._array_parts(arrays), arrays.size, tile, fixed=fixed, later=later)
-            if later:
-                return self._statistic(counts.sum(0), _same, (n_agents, n_cuts, LOW_BINS), np.int32)
-            return self._host(counts.sum(0)).astype(np.int32)
+            return self._statistic(counts.sum(0), np.asarray, (n_agents, n_cuts, LOW_BINS), np.int32, later)
 
     def _rows_at(self, rows: RowScale | None) -> Callable[[int], tuple[int, torch.Tensor, int, int] | None]:
         """The histogram kernels' rows for a tile at block position ``lo`` (``magnitude.Rows``:
@@ -559,10 +555,6 @@ class CountOps(TileBackend):
             inputs = 3 * n_agents + 5  # the inputs, and per agent its keys, their sort and its keep values
             self._run(self._array_parts(arrays), arrays.size, tile, align=params.slice_size, inputs=inputs)
         return keep
-
-
-def _same(values: np.ndarray) -> np.ndarray:
-    return values
 
 
 def _gram_rows(

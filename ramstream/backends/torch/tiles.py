@@ -377,12 +377,18 @@ class TileBackend:
         return self._landing.later(self._streams.readback_later(state), post)
 
     def _statistic(
-        self, result: torch.Tensor, post: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...], dtype: type
+        self,
+        result: torch.Tensor,
+        post: Callable[[np.ndarray], np.ndarray],
+        shape: tuple[int, ...],
+        dtype: type,
+        later: bool = True,
     ) -> np.ndarray:
         """``post`` of a statistic's device ``result`` on the host (``shape``, ``dtype``): now, or
-        inside ``deferred`` on the streamed path written into the array returned once the landing
-        waits (it holds -1 until then: nothing may read it before)."""
-        if self._landing is None:
+        for a statistic a pass computes later (``later``) inside ``deferred`` on the streamed path
+        written into the array returned once the landing waits (it holds -1 until then: nothing
+        may read it before)."""
+        if not later or self._landing is None:
             return np.asarray(post(self._host(result)), dtype).reshape(shape)
         read = self._streams.readback_later(result)
         out: np.ndarray = np.full(shape, -1, dtype)
