@@ -16,6 +16,7 @@ from ramstream.backends.base import Backend
 from ramstream.backends.settings import BackendSettings
 from ramstream.config import RunOptions
 from ramstream.errors import MissingDependencyError
+from ramstream.io.heap import map_large_buffers
 from ramstream.registry import Registry
 
 
@@ -104,6 +105,7 @@ def make_backend(
     gpu_memory: int | None = None,
     memory: int | None = None,
 ) -> Backend:
+    map_large_buffers()
     return _REGISTRY.get(name).load()(BackendSettings(threads, device, gpu_memory, memory))
 
 
@@ -119,4 +121,5 @@ def backend_for(options: RunOptions) -> Backend:
 
 
 def _settings(options: RunOptions) -> BackendSettings:
+    map_large_buffers()  # a run's peak memory is what it holds, not what it held (io/heap.py)
     return BackendSettings(options.threads, options.device, options.gpu_memory, options.memory)

@@ -120,9 +120,11 @@ class IndexStore:
 
     def write_statistic(self, array: zarr.Array, unit: Batch, rows: np.ndarray) -> None:
         """Persist one unit's chunk of a method statistic: its blocks' partials, then zero rows
-        (``array.shape[1:]``; its journal marks it afterwards)."""
+        (``array.shape[1:]``; its journal marks it afterwards). Written as the whole chunk it is,
+        leading axis kept: zarr then stores the rows as they are, where an integer index makes it
+        build a chunk of zeros and copy them in (another STAT_CHUNK_BYTES held at once)."""
         with store_io(self.path, f"writing batch {unit.index} of statistic {array.basename!r}"):
-            array[unit.index] = rows
+            array[unit.index : unit.index + 1] = rows[None]
 
     def _array(self, key: str) -> zarr.Array:
         cached = self._arrays.get(key)

@@ -145,17 +145,18 @@ class StatsContext:
         """Compute what is missing of each statistic (in one pass), without reading it back:
         large partials are then read a few blocks at a time with ``partials``."""
         if not all(self.store.statistic_complete(s.key) for s in stats):
+            self._partials_cache = None  # not held through a pass
             with self._writing():
                 self._store = self._open()
                 run_statistics(self.family, self._store, list(stats), self.executor, self.options.quiet)
 
-    def partials(self, stat: BlockStatistic, blocks: range) -> np.ndarray:
+    def partials(self, stat: BlockStatistic, blocks: range, keep: bool = True) -> np.ndarray:
         """The partials ``(len(blocks), *shape)`` of consecutive blocks of a computed statistic.
 
         They are stored a unit (a batch of blocks) per chunk. A read within one unit keeps that
-        unit (at most ``STAT_CHUNK_BYTES``), since callers walk the blocks in order, often one
-        tensor (one block) at a time; a read across units is the caller's bounded batch, read
-        whole and not kept (it would stay resident through the merge pass)."""
+        unit (at most ``STAT_CHUNK_BYTES``; not with ``keep=False``), since callers walk the blocks
+        in order, often one tensor (one block) at a time; a read across units is the caller's
+        bounded batch, read whole and not kept (it would stay resident through the merge pass)."""
         shape = stat.shape(len(self.family.agents))
         if not len(blocks):
             return np.zeros((0, *shape), stat.dtype)
@@ -164,7 +165,7 @@ class StatsContext:
         cached = self._partials_cache
         if cached is None or cached[0] != stat.key or cached[1] != lo or hi != lo + 1:
             data = self.store.read_statistic(self._array(stat, shape), slice(lo, hi))
-            if hi == lo + 1:
+            if hi == lo + 1 and keep:
                 self._partials_cache = (stat.key, lo, data)
         else:
             data = cached[2]
@@ -180,14 +181,16 @@ class StatsContext:
         """Every block's partial of a computed statistic, in block order, as ``(first block,
         partials of consecutive blocks)``: as many whole units a read as fit in ``READ_BYTES`` (one
         at least). A read of the index costs milliseconds whatever its size, so a walk over many
-        small tensors (norms, biases, a MoE's experts) reads a few times, not once per tensor."""
+        small tensors (norms, biases, a MoE's experts) reads a few times, not once per tensor.
+        Nothing read is kept: each window is read once, and a kept one would stay resident
+        through the passes that follow."""
         shape = stat.shape(len(self.family.agents))
         units = self.store.statistic_units(shape, stat.dtype)
         per_unit = widest(units) * int(np.prod(shape, dtype=np.int64)) * np.dtype(stat.dtype).itemsize
         step = max(1, READ_BYTES // max(per_unit, 1))
         for i in range(0, len(units), step):
             group = units[i : i + step]
-            yield group[0].first, self.partials(stat, range(group[0].first, group[-1].stop))
+            yield group[0].first, self.partials(stat, range(group[0].first, group[-1].stop), keep=False)
 
     def _array(self, stat: BlockStatistic, shape: tuple[int, ...]) -> zarr.Array:
         """The statistic's array in the store open now (kept while the store is)."""
