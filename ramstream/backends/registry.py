@@ -105,7 +105,8 @@ def make_backend(
     gpu_memory: int | None = None,
     memory: int | None = None,
 ) -> Backend:
-    map_large_buffers()
+    if memory is not None:
+        map_large_buffers(memory)
     return _REGISTRY.get(name).load()(BackendSettings(threads, device, gpu_memory, memory))
 
 
@@ -121,5 +122,5 @@ def backend_for(options: RunOptions) -> Backend:
 
 
 def _settings(options: RunOptions) -> BackendSettings:
-    map_large_buffers()  # a run's peak memory is what it holds, not what it held (io/heap.py)
+    map_large_buffers(options.memory)  # a run's peak is what it holds, not what it held (io/heap.py)
     return BackendSettings(options.threads, options.device, options.gpu_memory, options.memory)
