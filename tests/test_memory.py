@@ -29,8 +29,8 @@ MiB = 1024**2
 BUDGET = 64 * MiB
 # Beyond the same command's peak on a tiny family (``measured``: the interpreter, the libraries
 # and the kernels), a run may hold the budget and this: its larger plan and index, a statistic's
-# chunks in flight, more of the libraries' code (measured in all: merge 10, ties 41, sweep 52, TIES
-# of 385 tensors 44 MiB; before the C heap's thresholds followed the budget, ``ramstream/io/heap.py``,
+# chunks in flight, more of the libraries' code (measured in all: merge 11, ties 33, sweep 52, TIES
+# of 385 tensors 34 MiB; before the C heap's thresholds followed the budget, ``ramstream/io/heap.py``,
 # what it kept of freed buffers made it ties 66, sweep 97-138, 385 tensors 157 MiB).
 MARGIN = 80 * MiB
 SHAPES: dict[str, tuple[int, ...]] = {

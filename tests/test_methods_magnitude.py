@@ -320,9 +320,11 @@ def test_partials_read_in_windows_of_any_size_give_the_same_bytes(
     for name, read_bytes in (("default", context.READ_BYTES), ("one unit", 1), ("windows", 3 << 20)):
         count = [0]
 
-        def counted(self: context.StatsContext, stat: Any, blocks: range, count: list[int] = count) -> Any:
+        def counted(
+            self: context.StatsContext, stat: Any, blocks: range, window: Any = None, count: list[int] = count
+        ) -> Any:
             count[0] += 1
-            return read(self, stat, blocks)
+            return read(self, stat, blocks, window)
 
         monkeypatch.setattr(context, "READ_BYTES", read_bytes)
         monkeypatch.setattr(context.StatsContext, "partials", counted)

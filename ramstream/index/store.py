@@ -36,6 +36,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.core.array_spec import ArrayConfigParams
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from ramstream.config import DEFAULT_EPS
@@ -308,10 +309,15 @@ class IndexStore:
             raise IndexMismatchError(f"{self.path}: statistic {key!r} has an unexpected layout; delete the index")
         return node.with_config(EVERY_CHUNK), journal
 
-    def read_statistic(self, array: zarr.Array, units: slice) -> np.ndarray:
-        """The stored partials of ``units`` of a statistic's ``array`` (from ``statistic``)."""
+    def read_statistic(self, array: zarr.Array, units: slice, into: np.ndarray | None = None) -> np.ndarray:
+        """The stored partials of ``units`` of a statistic's ``array`` (from ``statistic``), read
+        into ``into`` when given (its shape that of the units' chunks: a walk over thousands of
+        histograms reuses one buffer instead of mapping a fresh one per read)."""
         with store_io(self.path, f"reading the index array {array.path!r}"):
-            return np.asarray(array[units])
+            if into is None:
+                return np.asarray(array[units])
+            array.get_basic_selection(units, out=default_buffer_prototype().nd_buffer.from_numpy_array(into))
+            return into
 
     def statistic_keys(self) -> list[str]:
         """The method statistics the index holds (complete or not), by key."""

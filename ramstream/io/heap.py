@@ -3,11 +3,13 @@
 glibc's default raises the size from which a buffer gets its own mapping to the largest one freed
 so far (up to 32 MiB), and keeps up to twice that free at the top of each arena: under a small
 budget what the blocks and the statistics' chunks freed stayed resident (a TIES merge of 385 small
-tensors under ``--memory 64MiB`` peaked 110 MiB higher, ``tests/test_memory.py``). Fixed at a
-32nd of the budget (1 to 32 MiB; twice that kept free), the heap holds at most a few percent of
-the budget beyond what is in use, while a large budget keeps reusing its buffers without the page
-faults of fresh mappings (a threshold of 4 MiB under ``--memory 1GiB`` made a cached TIES merge of
-6 GB 22 % slower, in system time). Other C libraries are left as they are.
+tensors under ``--memory 64MiB`` peaked 110 MiB higher, ``tests/test_memory.py``). Fixed at an
+eighth of the budget (1 to 32 MiB; twice that kept free), the heap holds a bounded part of the
+budget beyond what is in use. From ``--memory 256MiB`` up that is glibc's own ceiling, so a large
+budget keeps reusing its buffers as before; under a smaller one, buffers of 16 MiB (a statistic's
+chunk) are mapped afresh each time, whose page faults cost system time (a cached TIES merge of a
+MoE's 1 619 tensors under ``--memory 64MiB``: 237 MiB at 5-9 s, against 316 MiB at 3-4 s).
+Other C libraries are left as they are.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ _set: int | None = None  # the threshold set in this process
 
 def threshold_for(budget: int) -> int:
     """The size from which a buffer is mapped on its own under a memory budget of ``budget`` bytes."""
-    return min(32 * MIB, max(MIB, budget // 32))
+    return min(32 * MIB, max(MIB, budget // 8))
 
 
 def map_large_buffers(budget: int) -> None:

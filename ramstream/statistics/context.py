@@ -150,22 +150,25 @@ class StatsContext:
                 self._store = self._open()
                 run_statistics(self.family, self._store, list(stats), self.executor, self.options.quiet)
 
-    def partials(self, stat: BlockStatistic, blocks: range, keep: bool = True) -> np.ndarray:
+    def partials(self, stat: BlockStatistic, blocks: range, window: np.ndarray | None = None) -> np.ndarray:
         """The partials ``(len(blocks), *shape)`` of consecutive blocks of a computed statistic.
 
         They are stored a unit (a batch of blocks) per chunk. A read within one unit keeps that
-        unit (at most ``STAT_CHUNK_BYTES``; not with ``keep=False``), since callers walk the blocks
-        in order, often one tensor (one block) at a time; a read across units is the caller's
-        bounded batch, read whole and not kept (it would stay resident through the merge pass)."""
+        unit (at most ``STAT_CHUNK_BYTES``), since callers walk the blocks in order, often one
+        tensor (one block) at a time; a read across units is the caller's bounded batch, read
+        whole and not kept (it would stay resident through the merge pass). With ``window`` (room
+        for the units' chunks, from ``walk``) the units are read into it, and nothing is kept."""
         shape = stat.shape(len(self.family.agents))
         if not len(blocks):
             return np.zeros((0, *shape), stat.dtype)
         unit_of, slot_of = self.store.statistic_positions(shape, stat.dtype)
         lo, hi = int(unit_of[blocks.start]), int(unit_of[blocks.stop - 1]) + 1
         cached = self._partials_cache
-        if cached is None or cached[0] != stat.key or cached[1] != lo or hi != lo + 1:
+        if window is not None:
+            data = self.store.read_statistic(self._array(stat, shape), slice(lo, hi), window[: hi - lo])
+        elif cached is None or cached[0] != stat.key or cached[1] != lo or hi != lo + 1:
             data = self.store.read_statistic(self._array(stat, shape), slice(lo, hi))
-            if hi == lo + 1 and keep:
+            if hi == lo + 1:
                 self._partials_cache = (stat.key, lo, data)
         else:
             data = cached[2]
@@ -182,15 +185,17 @@ class StatsContext:
         partials of consecutive blocks)``: as many whole units a read as fit in ``READ_BYTES`` (one
         at least). A read of the index costs milliseconds whatever its size, so a walk over many
         small tensors (norms, biases, a MoE's experts) reads a few times, not once per tensor.
-        Nothing read is kept: each window is read once, and a kept one would stay resident
-        through the passes that follow."""
+        Every read lands in one buffer of the walk's own, dropped when the walk ends: a window is
+        valid until the next step (copy what must outlive it), and nothing stays resident through
+        the passes that follow."""
         shape = stat.shape(len(self.family.agents))
         units = self.store.statistic_units(shape, stat.dtype)
         per_unit = widest(units) * int(np.prod(shape, dtype=np.int64)) * np.dtype(stat.dtype).itemsize
         step = max(1, READ_BYTES // max(per_unit, 1))
+        window = np.empty((min(step, len(units)), widest(units), *shape), stat.dtype)
         for i in range(0, len(units), step):
             group = units[i : i + step]
-            yield group[0].first, self.partials(stat, range(group[0].first, group[-1].stop), keep=False)
+            yield group[0].first, self.partials(stat, range(group[0].first, group[-1].stop), window)
 
     def _array(self, stat: BlockStatistic, shape: tuple[int, ...]) -> zarr.Array:
         """The statistic's array in the store open now (kept while the store is)."""

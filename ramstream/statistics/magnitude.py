@@ -201,7 +201,7 @@ def block_values(ctx: StatsContext, stat: BlockStatistic, pick: Callable[[int, n
     """``pick(block index, partial)`` for every block, reading partials a bounded batch at a time."""
     out: list[np.ndarray] = []
     for first, partials in ctx.walk(stat):
-        out.extend(pick(first + k, partials[k]) for k in range(len(partials)))
+        out.extend(np.array(pick(first + k, partials[k])) for k in range(len(partials)))  # the window is reused
     return np.array(out)
 
 
