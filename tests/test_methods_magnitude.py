@@ -306,14 +306,17 @@ def test_statistics_are_cached_in_the_index(family: Family, tmp_path: Path, monk
     assert calls == []
 
 
+@pytest.mark.parametrize("scope", ["model", "tensor"])
 def test_partials_read_in_windows_of_any_size_give_the_same_bytes(
-    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scope: str
 ) -> None:
     """The statistics are walked a bounded window of whole units at a time, across tensors: one
     unit per read (a tensor's blocks summed across reads) or windows that end inside tensors give
     the bytes of the default windows; every statistic of breadcrumbs-TIES with an L1 rescale (both
-    histograms, the tie boundaries, the kept sums) is read so."""
-    opts = {"density": 0.2, "trim_scope": "model", "rescale": "l1"}
+    histograms, the tie boundaries, the kept sums) is read so. In tensor scope the low histogram
+    is walked once, a tensor's cuts refined at its last block (its earlier blocks read again
+    where a window began inside it)."""
+    opts = {"density": 0.2, "trim_scope": scope, "rescale": "l1"}
     read = context.StatsContext.partials
     outputs: list[dict[str, Any]] = []
     reads: list[int] = []
@@ -321,10 +324,15 @@ def test_partials_read_in_windows_of_any_size_give_the_same_bytes(
         count = [0]
 
         def counted(
-            self: context.StatsContext, stat: Any, blocks: range, window: Any = None, count: list[int] = count
+            self: context.StatsContext,
+            stat: Any,
+            blocks: range,
+            window: Any = None,
+            keep: bool = True,
+            count: list[int] = count,
         ) -> Any:
             count[0] += 1
-            return read(self, stat, blocks, window)
+            return read(self, stat, blocks, window, keep)
 
         monkeypatch.setattr(context, "READ_BYTES", read_bytes)
         monkeypatch.setattr(context.StatsContext, "partials", counted)

@@ -273,19 +273,18 @@ def _solved(
     low = placed.low_histogram()
     if low is not None:
         ctx.compute(low)
-        model_low = np.zeros((n_agents, n_cuts, LOW_BINS), np.int64)
-        for ti, hist in tensor_totals(ctx, low):
-            if scope == "tensor":
-                _refine(kind, targets, rank, value, lower, [ti], hist)
-            else:
-                model_low += hist
-        if scope == "model":
-            _refine(kind, targets, rank, value, lower, merged, model_low)
-        lows = (value & 0xFFFF).astype(np.int64)
         block_tensor = np.array([b.tensor for b in plan.blocks], np.int64)
-        per_block = block_values(
-            ctx, low, lambda b, p: np.take_along_axis(p, lows[block_tensor[b]][..., None], 2)[..., 0]
-        )
+        if scope == "tensor":
+            per_block = _refined_in_one_walk(ctx, low, placed, value, lower)
+        else:
+            model_low = np.zeros((n_agents, n_cuts, LOW_BINS), np.int64)
+            for _, hist in tensor_totals(ctx, low):
+                model_low += hist
+            _refine(kind, targets, rank, value, lower, merged, model_low)
+            lows = (value & 0xFFFF).astype(np.int64)
+            per_block = block_values(
+                ctx, low, lambda b, p: np.take_along_axis(p, lows[block_tensor[b]][..., None], 2)[..., 0]
+            )
         per_block = per_block.reshape(len(plan.blocks), n_agents, n_cuts) * (kind[block_tensor] == REAL)
         for ti in merged:
             blocks = plan.blocks_of(ti)
@@ -293,6 +292,43 @@ def _solved(
     first = _first_group(plan.tensors, merged, kind, ties, lower, scope, lower_takes_first)
     straddle = _straddles(ctx, merged, per_block, first, ties)
     return kind, value, ties, first, straddle
+
+
+def _refined_in_one_walk(
+    ctx: StatsContext, low: BlockStatistic, placed: Placement, value: np.ndarray, lower: np.ndarray
+) -> np.ndarray:
+    """Stage 2 in tensor scope, from one read of the low histogram (a model's worth of (N, C,
+    65536) partials: for a MoE's thousands of small tensors, hundreds of chunks): each tensor's
+    cuts refined once its last block is read, then its blocks' counts at the cut's low bin,
+    ``(blocks, N, C)``, picked from the same window; a tensor whose blocks began in an earlier
+    window has those read again, alone."""
+    plan = ctx.plan
+    picked = np.zeros((len(plan.blocks), *placed.kind.shape[1:]), np.int64)
+
+    def pick(partials: np.ndarray, lows: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(partials, lows[None, ..., None], 3)[..., 0]
+
+    pending: tuple[int, np.ndarray] | None = None  # a tensor whose blocks continue in the next window
+    for first, partials in ctx.walk(low):
+        b, stop = first, first + len(partials)
+        while b < stop:
+            t = plan.blocks[b].tensor
+            blocks = plan.blocks_of(t)
+            end = min(blocks.stop, stop)
+            total = partials[b - first : end - first].sum(axis=0, dtype=np.int64)
+            if pending is not None and pending[0] == t:
+                total += pending[1]
+            pending = None
+            if end < blocks.stop:
+                pending = (t, total)
+            else:
+                _refine(placed.kind, placed.targets, placed.rank, value, lower, [t], total)
+                lows = (value[t] & 0xFFFF).astype(np.int64)
+                picked[b:end] = pick(partials[b - first : end - first], lows)
+                if blocks.start < b:
+                    picked[blocks.start : b] = pick(ctx.partials(low, range(blocks.start, b), keep=False), lows)
+            b = end
+    return picked
 
 
 def _locate(hist: np.ndarray, c: int) -> tuple[int, int]:

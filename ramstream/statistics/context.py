@@ -150,14 +150,17 @@ class StatsContext:
                 self._store = self._open()
                 run_statistics(self.family, self._store, list(stats), self.executor, self.options.quiet)
 
-    def partials(self, stat: BlockStatistic, blocks: range, window: np.ndarray | None = None) -> np.ndarray:
+    def partials(
+        self, stat: BlockStatistic, blocks: range, window: np.ndarray | None = None, keep: bool = True
+    ) -> np.ndarray:
         """The partials ``(len(blocks), *shape)`` of consecutive blocks of a computed statistic.
 
         They are stored a unit (a batch of blocks) per chunk. A read within one unit keeps that
         unit (at most ``STAT_CHUNK_BYTES``), since callers walk the blocks in order, often one
         tensor (one block) at a time; a read across units is the caller's bounded batch, read
         whole and not kept (it would stay resident through the merge pass). With ``window`` (room
-        for the units' chunks, from ``walk``) the units are read into it, and nothing is kept."""
+        for the units' chunks, from ``walk``) the units are read into it; with it or ``keep=False``
+        nothing is kept."""
         shape = stat.shape(len(self.family.agents))
         if not len(blocks):
             return np.zeros((0, *shape), stat.dtype)
@@ -168,7 +171,7 @@ class StatsContext:
             data = self.store.read_statistic(self._array(stat, shape), slice(lo, hi), window[: hi - lo])
         elif cached is None or cached[0] != stat.key or cached[1] != lo or hi != lo + 1:
             data = self.store.read_statistic(self._array(stat, shape), slice(lo, hi))
-            if hi == lo + 1:
+            if hi == lo + 1 and keep:
                 self._partials_cache = (stat.key, lo, data)
         else:
             data = cached[2]
