@@ -335,3 +335,28 @@ def test_a_ties_merge_of_many_small_tensors_stays_within_budget(tmp_path: Path) 
     stdout, peak, overhead = measured(tmp_path, (base, agents), ties, tmp_path / "cache")
     assert stdout.startswith(f"merged: {tmp_path / 'out'} (ties"), stdout
     assert peak - overhead < BUDGET + MARGIN, within(peak, overhead, f"ties of {len(MANY_SHAPES)} tensors")
+
+
+# What a run's backend sets: glibc's thresholds at an eighth of the budget, 1 to 32 MiB (read back
+# in a fresh process, so this test process keeps its own).
+HEAP_SET = (
+    "import sys\n"
+    "from ramstream.backends.registry import backend_for\n"
+    "from ramstream.config import RunOptions\n"
+    "from ramstream.io import heap\n"
+    "backend_for(RunOptions(memory=int(sys.argv[1]), quiet=True))\n"
+    "print(heap._set)\n"
+)
+
+
+@pytest.mark.parametrize(("budget", "threshold"), [(16 * MiB, 2 * MiB), (64 * MiB, 8 * MiB), (256 * MiB, 32 * MiB),
+                                                   (1 << 40, 32 * MiB)])  # fmt: skip
+def test_a_run_sets_the_heap_thresholds_from_its_budget(budget: int, threshold: int) -> None:
+    from ramstream.io.heap import threshold_for
+
+    assert threshold_for(budget) == threshold
+    if sys.platform.startswith("linux"):
+        argv = [sys.executable, "-c", HEAP_SET, str(budget)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert int(done.stdout) == threshold
