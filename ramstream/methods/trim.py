@@ -44,6 +44,7 @@ from ramstream.statistics.magnitude import (
     block_values,
     check_finite,
     digest,
+    tensor_pieces,
     tensor_totals,
 )
 from ramstream.statistics.variance import VarHighHistogram, VarLowHistogram, VarTieBoundary
@@ -308,26 +309,18 @@ def _refined_in_one_walk(
     def pick(partials: np.ndarray, lows: np.ndarray) -> np.ndarray:
         return np.take_along_axis(partials, lows[None, ..., None], 3)[..., 0]
 
-    pending: tuple[int, np.ndarray] | None = None  # a tensor whose blocks continue in the next window
-    for first, partials in ctx.walk(low):
-        b, stop = first, first + len(partials)
-        while b < stop:
-            t = plan.blocks[b].tensor
-            blocks = plan.blocks_of(t)
-            end = min(blocks.stop, stop)
-            total = partials[b - first : end - first].sum(axis=0, dtype=np.int64)
-            if pending is not None and pending[0] == t:
-                total += pending[1]
-            pending = None
-            if end < blocks.stop:
-                pending = (t, total)
-            else:
-                _refine(placed.kind, placed.targets, placed.rank, value, lower, [t], total)
-                lows = (value[t] & 0xFFFF).astype(np.int64)
-                picked[b:end] = pick(partials[b - first : end - first], lows)
-                if blocks.start < b:
-                    picked[blocks.start : b] = pick(ctx.partials(low, range(blocks.start, b), keep=False), lows)
-            b = end
+    total = np.zeros(0, np.int64)  # the tensor's sum over the blocks read so far
+    for t, b, piece in tensor_pieces(ctx, low):
+        blocks = plan.blocks_of(t)
+        part = piece.sum(axis=0, dtype=np.int64)
+        total = part if b == blocks.start else total + part
+        end = b + len(piece)
+        if end == blocks.stop:  # its last block: refine its cuts, pick its blocks' counts
+            _refine(placed.kind, placed.targets, placed.rank, value, lower, [t], total)
+            lows = (value[t] & 0xFFFF).astype(np.int64)
+            picked[b:end] = pick(piece, lows)
+            if blocks.start < b:  # it began in an earlier window: those blocks read again, alone
+                picked[blocks.start : b] = pick(ctx.partials(low, range(blocks.start, b), keep=False), lows)
     return picked
 
 

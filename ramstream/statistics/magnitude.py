@@ -174,25 +174,32 @@ class KeptL1:
         return lambda found: refused_nonfinite(result, found, arrays)
 
 
-def tensor_totals(ctx: StatsContext, stat: BlockStatistic, dtype: type = np.int64) -> Iterator[tuple[int, np.ndarray]]:
-    """``(tensor, sum of its blocks' partials)`` for every tensor with blocks, in tensor order,
-    reading the partials a bounded number of blocks at a time (``StatsContext.walk``; the statistic
-    must be computed)."""
+def tensor_pieces(ctx: StatsContext, stat: BlockStatistic) -> Iterator[tuple[int, int, np.ndarray]]:
+    """``(tensor, its first block here, the partials of its consecutive blocks)`` in block order, a
+    window of ``StatsContext.walk`` at a time: a tensor whose blocks span windows comes in several
+    pieces, and a piece is valid until the next (the walk reuses its buffer)."""
     plan = ctx.plan
-    pending: tuple[int, np.ndarray] | None = None  # the tensor being summed, and its sum so far
     for first, partials in ctx.walk(stat):
         b, stop = first, first + len(partials)
         while b < stop:
-            t = plan.blocks[b].tensor
-            end = min(plan.blocks_of(t).stop, stop)
-            part = partials[b - first : end - first].sum(axis=0, dtype=dtype)
-            if pending is not None and pending[0] == t:
-                pending[1][...] += part
-            else:
-                if pending is not None:
-                    yield pending
-                pending = (t, part)
+            end = min(plan.blocks_of(plan.blocks[b].tensor).stop, stop)
+            yield plan.blocks[b].tensor, b, partials[b - first : end - first]
             b = end
+
+
+def tensor_totals(ctx: StatsContext, stat: BlockStatistic, dtype: type = np.int64) -> Iterator[tuple[int, np.ndarray]]:
+    """``(tensor, sum of its blocks' partials)`` for every tensor with blocks, in tensor order,
+    reading the partials a bounded number of blocks at a time (``tensor_pieces``; the statistic
+    must be computed)."""
+    pending: tuple[int, np.ndarray] | None = None  # the tensor being summed, and its sum so far
+    for t, _, piece in tensor_pieces(ctx, stat):
+        part = piece.sum(axis=0, dtype=dtype)
+        if pending is not None and pending[0] == t:
+            pending[1][...] += part
+        else:
+            if pending is not None:
+                yield pending
+            pending = (t, part)
     if pending is not None:
         yield pending
 
