@@ -26,6 +26,7 @@ from ramstream.api import merge  # noqa: E402
 from ramstream.backends.landing import Landing  # noqa: E402
 from ramstream.backends.settings import BackendSettings  # noqa: E402
 from ramstream.backends.torch import backend as torch_backend  # noqa: E402
+from ramstream.backends.torch import staging  # noqa: E402
 from ramstream.backends.torch import tiles as torch_tiles  # noqa: E402
 from ramstream.backends.torch.staging import MIN_PIECE, InputRing, Part, pieces, slot_bytes  # noqa: E402
 from ramstream.config import RunOptions  # noqa: E402
@@ -280,6 +281,7 @@ def test_a_compute_that_does_not_wait_for_its_upload_is_caught(family: Family, t
     budget=st.integers(16, 64).map(lambda mib: mib << 20),
     seed=st.integers(0, 2**16),
     case=st.sampled_from([("ram+", {}), ("dare_ties", {"density": 0.5, "seed": 3}), ("della", METHODS[12][1])]),
+    pooled=st.booleans(),
 )
 def test_blocks_tiles_budget_and_timing_never_change_a_byte(
     family: Family,
@@ -290,13 +292,105 @@ def test_blocks_tiles_budget_and_timing_never_change_a_byte(
     budget: int,
     seed: int,
     case: tuple[str, dict[str, Any]],
+    pooled: bool,
 ) -> None:
+    """``pooled``: every tile read on the pool and every block's first tile read ahead (as a
+    GPU pass reads blocks of a real model), not the small tiles read on the calling thread."""
     method, options = case
     expected = numba_bytes.of(family, tmp_path_factory.mktemp("numba"), method, options)
     out = tmp_path_factory.mktemp("streamed") / "out"
-    with simulated_gpu(lambda: SimulatedGpu(budget=budget, seed=seed), tile_cap):
+    with pytest.MonkeyPatch.context() as patch, simulated_gpu(lambda: SimulatedGpu(budget=budget, seed=seed), tile_cap):
+        if pooled:
+            patch.setattr(staging, "INLINE_TILE", 0)
         got = _merge(family, out, method, options, "torch", device="cpu", block_elems=block_elems)
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("method", "given", "at_least"),
+    [
+        ("ram+", {}, 2 * 22),  # the probe's and the merge's blocks after their first
+        ("ties", {"density": 0.3}, 3 * 22),  # both histograms' passes and the merge's
+        # the merge's, but where a tensor's slices are of another length (3 times): the
+        # statistics pass reads spans of whole slices, which no block announced
+        ("della", METHODS[12][1], 22 - 3),
+    ],
+)
+def test_the_next_blocks_first_tile_is_read_while_a_block_computes(
+    family: Family, tmp_path: Path, method: str, given: dict[str, Any], at_least: int, numba_bytes: NumbaBytes
+) -> None:
+    """Reads go on across blocks and batches: while a block's last tile is queued, the next
+    block's first is read into a slot set aside for it, cut as the first call on this block cut
+    its own, and the next call takes it from there (23 blocks of 256 elements a pass). A call
+    that is not the expected one (a statistic over a span) reads its own tiles; the Numba bytes
+    either way."""
+    taken: list[bool] = []
+    take = InputRing.take
+
+    def counted(ring: InputRing, parts: Any, lo: int, m: int) -> Any:
+        staging_ = take(ring, parts, lo, m)
+        taken.append(staging_ is not None)
+        return staging_
+
+    with pytest.MonkeyPatch.context() as patch, simulated_gpu(SimulatedGpu):
+        patch.setattr(staging, "INLINE_TILE", 0)
+        patch.setattr(InputRing, "take", counted)
+        got = _merge(family, tmp_path / "out", method, given, "torch", device="cpu")
+    assert got == numba_bytes.of(family, tmp_path, method, given)
+    assert sum(taken) >= at_least, (sum(taken), len(taken))
+
+
+def _keyed(source: np.ndarray, key: int, fail: bool = False) -> Part:
+    """A part of ``source`` that looks like a file's range (``key``: its offset), failing at will."""
+    plain = _part(source)
+
+    def read(dst: np.ndarray, lo: int, m: int) -> None:
+        time.sleep(0.01)  # still reading while the caller goes on
+        if fail:
+            raise OSError("the file ended early")
+        plain.read(dst, lo, m)
+
+    return Part(source.itemsize, read, (3, key, source.itemsize))
+
+
+def test_a_tile_read_ahead_keeps_its_slot_until_it_is_asked_for() -> None:
+    """The slot of a tile read ahead is set aside: the tiles staged meanwhile (a call that was
+    not the expected one) take the others, and the tile, asked for later, holds its bytes. Only
+    the same file ranges, first element and length are that tile; a read ahead that failed is
+    raised only where its tile is asked for, and dropped silently otherwise."""
+    m = 300_000  # 600 kB per part: read in pieces on the pool
+    a, b = (np.arange(m, dtype=np.uint16) + k for k in (1, 2))
+    device = SimulatedGpu()
+    with ThreadPoolExecutor(4) as pool:
+        ring = InputRing(device, 3, 2 * m * 2 + 128, pool, readers=4)
+        ring.ahead([_keyed(a, 0)], 0, m)
+        assert ring.take([_keyed(a, 0)], 0, m - 64) is None  # another length
+        assert ring.take([_keyed(a, 64)], 0, m) is None  # another range
+        assert ring.take([_part(a)], 0, m) is None  # read from memory: never read ahead
+        for _ in range(5):  # the other call's tiles cycle through the remaining slots
+            staged = ring.stage([_keyed(b, 0)], 0, m)
+            np.testing.assert_array_equal(_host(device, staged[0]).view(np.uint16), b)
+            ring.consumed()
+        ahead = ring.take([_keyed(a, 0)], 0, m)
+        assert ahead is not None and ring.take([_keyed(a, 0)], 0, m) is None  # taken once
+        np.testing.assert_array_equal(_host(device, ring.finish(ahead)[0]).view(np.uint16), a)
+        ring.consumed()
+
+        ring.ahead([_keyed(a, 0, fail=True)], 0, m)
+        ring.ahead([_keyed(b, 0)], 0, m)  # the failed one dropped: no one asked for it
+        ring.drop_ahead()
+        ring.ahead([_keyed(a, 0, fail=True)], 0, m)
+        failed = ring.take([_keyed(a, 0, fail=True)], 0, m)
+        assert failed is not None
+        with pytest.raises(OSError, match="ended early"):
+            ring.finish(failed)
+    device.close()
+
+
+def _host(device: SimulatedGpu, staged: Any) -> np.ndarray:
+    """A staged part's bytes, once its upload landed."""
+    device.synchronize()
+    return staged.numpy().copy()
 
 
 # -- the read pieces -------------------------------------------------------------------------------
@@ -362,7 +456,6 @@ def test_every_method_reads_its_inputs_with_preadv(
     """Not only the probe and RAM: a method's passes read every input from its file into the
     staging slot (``preadv``), copying from the block's views only where they hold decoded
     values (agents of mixed formats, handed out as float32); the Numba bytes either way."""
-    from ramstream.backends.torch import staging
 
     mixed = build_family(tmp_path / "mixed", shapes=SHAPES, agent_dtypes=("F32", "BF16", "F16"), seed=5)
     for fam, views in ((family, False), (mixed, True)):

@@ -29,7 +29,7 @@ import numpy as np
 
 from ramstream.backends.landing import Landing
 from ramstream.backends.vector_sums import VectorLayout
-from ramstream.blocks import BlockArrays
+from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.blocks.quantized import ScaledCodes
 
 Consensus = Literal["none", "sum"]
@@ -336,6 +336,12 @@ class Backend(Protocol):
     def defers(self) -> bool:
         """Whether merges called inside ``deferred()`` return before their results land (a
         backend that streams through a device); a caller that does not wait for them gains nothing."""
+        ...
+
+    def expect(self, upcoming: Sequence[BlockSources | None]) -> None:
+        """The blocks the next calls will read, in order (None: one whose inputs are not all in
+        files): a backend that streams reads the next block's first tile while a block's last
+        computes. A hint only: calls on other blocks, or in another order, are computed as ever."""
         ...
 
     def deferred(self) -> AbstractContextManager[Landing]:

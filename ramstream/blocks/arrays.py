@@ -159,6 +159,13 @@ class BlockReader:
     def arrays(self, block: Block) -> BlockArrays:
         return BlockArrays(self, block, block.start, block.stop)
 
+    def file_sources(self, block: Block) -> BlockSources | None:
+        """``block``'s sources where every input is a range of a file (None where one is
+        computed: a LoRA agent, a quantized tensor), without reading anything."""
+        if not all(isinstance(r, TensorRef) for r in self._refs(block)):
+            return None
+        return self._sources(block, block.start, block.stop, ())
+
     def _held(self, block: Block, start: int, stop: int) -> tuple[np.ndarray | None, ...]:
         computed = (self._computed(r, start, stop, k == 0) for k, r in enumerate(self._refs(block)))
         return tuple(None if v is None else _readonly(v) for v in computed)

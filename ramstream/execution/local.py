@@ -45,6 +45,7 @@ class LocalExecutor:
             for i, batch in enumerate(batches):
                 if i + 1 < len(batches):
                     reader.prefetch(batches[i + 1])
+                _expect(self.backend, reader, plan, batches, i)
                 arrays = [reader.arrays(plan.blocks[b]) for b in batch.blocks]
                 result = work.compute(batch, arrays, self.backend, i % (behind.depth + 1))
                 del arrays
@@ -65,6 +66,7 @@ class LocalExecutor:
                 for i, batch in enumerate(batches):
                     if i + 1 < len(batches):
                         reader.prefetch(batches[i + 1])
+                    _expect(self.backend, reader, plan, batches, i)
                     arrays = [reader.arrays(plan.blocks[b]) for b in batch.blocks]
                     later = work.compute_later(batch, arrays, self.backend, i % (self.depth + 1))
                     # a batch whose inputs were decoded into memory is waited for at once: the
@@ -84,6 +86,15 @@ class LocalExecutor:
                         later()
                     except BaseException:  # the first error is the one to report
                         pass
+
+
+def _expect(backend: Backend, reader: BlockReader, plan: Plan, batches: Sequence[Batch], i: int) -> None:
+    """On a backend that streams: the blocks batch ``i``'s calls read, and the next batch's first
+    (read ahead while batch ``i``'s last block computes)."""
+    if not backend.defers:
+        return
+    blocks = [*batches[i].blocks, *([batches[i + 1].first] if i + 1 < len(batches) else [])]
+    backend.expect([reader.file_sources(plan.blocks[b]) for b in blocks])
 
 
 def _submit(behind: WriteBehind, work: BlockWork[Any], pending: tuple[Batch, Callable[[], Any], Done]) -> None:

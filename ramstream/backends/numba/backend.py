@@ -533,6 +533,9 @@ class NumbaBackend:
     def defers(self) -> bool:
         return False
 
+    def expect(self, upcoming: Sequence[BlockSources | None]) -> None:
+        """Nothing to read ahead: the kernels read the mapped files, the OS reads ahead."""
+
     @contextmanager
     def deferred(self) -> Iterator[Landing]:
         """The kernels return when done: nothing is left to land."""

@@ -26,6 +26,7 @@ from ramstream.backends.torch.streams import Event, Streams
 
 ALIGN = 64  # bytes between the parts of a slot: every dtype view of a part is aligned
 MIN_PIECE = 256 << 10  # bytes: a part is cut into pieces for the readers no smaller than this
+INLINE_TILE = 2 * MIN_PIECE  # bytes: a tile smaller than this is read on the calling thread
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Part:
 
     itemsize: int
     read: Callable[[np.ndarray, int, int], None]
+    key: tuple[int, int, int] | None = None  # (descriptor, offset, itemsize) of a file's range; None: in memory
 
 
 def file_part(fd: int, offset: int, itemsize: int, fail: Callable[[], Exception]) -> Part:
@@ -48,7 +50,7 @@ def file_part(fd: int, offset: int, itemsize: int, fail: Callable[[], Exception]
                 raise fail()
             got += n
 
-    return Part(itemsize, read)
+    return Part(itemsize, read, (fd, offset, itemsize))
 
 
 def array_part(array: np.ndarray) -> Part:
@@ -59,6 +61,12 @@ def array_part(array: np.ndarray) -> Part:
         np.copyto(dst, raw[lo : lo + m].view(np.uint8))
 
     return Part(raw.dtype.itemsize, read)
+
+
+def read_inline(nbytes: int) -> bool:
+    """Whether a tile of ``nbytes`` is read on the calling thread: handing a small tile's parts
+    to the pool costs more than reading them (measured on a MoE's small tensors)."""
+    return nbytes < INLINE_TILE
 
 
 def _aligned(nbytes: int) -> int:
@@ -125,12 +133,14 @@ class InputRing:
         self._slots: list[_InputSlot] = []
         self._next = 0
         self._current: _InputSlot | None = None
+        self._ahead: tuple[object, Staging] | None = None  # a tile read for a later call (``ahead``)
         self.reserve(capacity)
 
     def reserve(self, capacity: int) -> None:
         """Make every slot hold at least ``capacity`` bytes (a wider tile than ever before)."""
         if capacity <= self.capacity:
             return
+        self.drop_ahead()
         self.streams.synchronize()  # nothing may still read or write the old buffers
         self.capacity = _aligned(capacity)
         hosts = [self.streams.host_buffer(self.capacity) for _ in range(self.depth)]
@@ -144,19 +154,54 @@ class InputRing:
             spans.append((total, part.itemsize * m))
             total += _aligned(part.itemsize * m)
         self.reserve(total)
-        slot = self._slots[self._next % self.depth]
-        self._next += 1
+        slot = self._free_slot()
         if slot.uploaded is not None:
             slot.uploaded.synchronize()
         host = slot.host[:total].numpy()
         jobs = pieces(parts, spans, host, lo, m, self.readers)
-        if self.pool is None or len(jobs) == 1:
+        if self.pool is None or len(jobs) == 1 or read_inline(total):
             for read, dst, first, count in jobs:
                 read(dst, first, count)
             return Staging(slot, total, spans, [])
         return Staging(
             slot, total, spans, [self.pool.submit(read, dst, first, count) for read, dst, first, count in jobs]
         )
+
+    def _free_slot(self) -> _InputSlot:
+        """The next slot in turn, past the one set aside for a tile read ahead."""
+        aside = self._ahead[1].slot if self._ahead is not None else None
+        while True:
+            slot = self._slots[self._next % self.depth]
+            self._next += 1
+            if slot is not aside:
+                return slot
+
+    def ahead(self, parts: Sequence[Part], lo: int, m: int) -> None:
+        """Begin reading a tile that a later call is expected to stage first (across a block's
+        or a batch's boundary, while this call's last tile computes); its slot is set aside
+        until ``take`` asks for the same tile, or another is read ahead. Parts read from memory
+        are not read ahead."""
+        key = _tile_key(parts, lo, m)
+        if key is None or (self._ahead is not None and self._ahead[0] == key):
+            return
+        self.drop_ahead()
+        staging = self.begin(parts, lo, m)
+        self._ahead = (key, staging)
+
+    def take(self, parts: Sequence[Part], lo: int, m: int) -> Staging | None:
+        """The tile read ahead, if it is this one (the same file ranges, elements and length)."""
+        key = _tile_key(parts, lo, m)
+        if key is None or self._ahead is None or self._ahead[0] != key:
+            return None
+        staging, self._ahead = self._ahead[1], None
+        return staging
+
+    def drop_ahead(self) -> None:
+        """Forget the tile read ahead once its reads are done (their failures with it: no call
+        asked for those bytes)."""
+        if self._ahead is not None:
+            staging, self._ahead = self._ahead[1], None
+            wait(staging.reads)
 
     def finish(self, staging: Staging) -> list[torch.Tensor]:
         """The tile's parts on the device (uint8, ``m * itemsize`` bytes each) once its reads are
@@ -176,6 +221,18 @@ class InputRing:
         """The compute reading the last staged tile is queued: its device buffer is reusable after it."""
         if self._current is not None:
             self._current.consumed = self.streams.computed()
+
+
+def file_ranges(parts: Sequence[Part]) -> tuple[tuple[int, int, int], ...] | None:
+    """The file ranges that ``parts`` read (None where one is read from memory)."""
+    keys = tuple(p.key for p in parts)
+    return None if any(k is None for k in keys) else keys  # type: ignore[return-value]
+
+
+def _tile_key(parts: Sequence[Part], lo: int, m: int) -> object | None:
+    """What identifies a tile of file ranges: reading it twice reads the same bytes."""
+    keys = file_ranges(parts)
+    return None if keys is None else (keys, lo, m)
 
 
 Deliver = Callable[[np.ndarray], None]  # gets a landed result's bytes

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
+from itertools import pairwise
 from typing import TypeVar
 
 import numpy as np
@@ -32,7 +33,17 @@ from ramstream.backends.torch import (
     magnitude,
     probe,
 )
-from ramstream.backends.torch.staging import InputRing, OutputRing, Part, Sink, Staging, array_part, file_part
+from ramstream.backends.torch.staging import (
+    InputRing,
+    OutputRing,
+    Part,
+    Sink,
+    Staging,
+    array_part,
+    file_part,
+    file_ranges,
+    read_inline,
+)
 from ramstream.backends.torch.streams import CpuStreams, CudaStreams, Streams
 from ramstream.blocks import BlockArrays, BlockSources
 from ramstream.blocks.lora import numpy_product
@@ -98,10 +109,27 @@ class TileBackend:
         # output buffer -> whether it holds NaN/Inf, as the last fused merge found (``fused.key``)
         self._flags: dict[tuple[int, int, int], bool] = {}
         self._landing: Landing | None = None  # inside ``deferred``, on the streamed path
+        # (a block's file ranges, its elements) -> the parts and elements of the block expected next
+        self._expected: dict[tuple[object, int], tuple[list[Part], int]] = {}
+        # the block of the last call that read one whole, and how its first call cut its tiles
+        self._opened: tuple[object, tuple[int, int, int]] = (None, (0, GROUP, 0))
 
     @property
     def defers(self) -> bool:
         return self._streamed
+
+    def expect(self, upcoming: Sequence[BlockSources | None]) -> None:
+        """The blocks the next calls read, in order (None: one read from memory). On the
+        streamed path a call on one of them begins reading the next one's first tile while its
+        own last tile is queued, so the reads go on across blocks and batches, not only between
+        the tiles of one block."""
+        if not self._streamed:
+            return
+        self._expected = {}
+        for now, then in pairwise(upcoming):
+            if now is None or then is None or now.held or then.held or read_inline(_nbytes(then)):
+                continue  # a small block's tile is read on the calling thread: nothing to gain
+            self._expected[(file_ranges(self._source_parts(now)), now.size)] = (self._source_parts(then), then.size)
 
     @contextmanager
     def deferred(self) -> Iterator[Landing]:
@@ -221,7 +249,8 @@ class TileBackend:
         starts = list(range(0, n, step))
         if self.workers == 1:
             hold = later and self._landing is not None
-            waits = self._loop(0, self._rings[0], parts, starts, n, step, tile, hold)
+            then = self._read_next(parts, n, inputs or len(parts), align, fixed)
+            waits = self._loop(0, self._rings[0], parts, starts, n, step, tile, hold, then)
             if self._landing is not None:
                 self._landing.also_wait(waits)
             return
@@ -243,9 +272,11 @@ class TileBackend:
         step: int,
         tile: TileFn,
         hold: bool = False,
+        then: Callable[[InputRing], None] | None = None,
     ) -> list[Callable[[], object]]:
         """The tiles of one worker; their results delivered before it returns, or (``hold``) the
-        waits for them returned."""
+        waits for them returned. The first tile may have been read ahead by the call before;
+        ``then`` reads the next call's first tile ahead while the last tile's compute is queued."""
         inputs, outputs = rings
         tiles = [(lo, min(step, n - lo)) for lo in starts]
         begun: list[Staging] = []  # the tile whose reads run on the pool, at most one
@@ -253,9 +284,12 @@ class TileBackend:
         try:
             with torch.inference_mode():
                 for k, (lo, m) in enumerate(tiles):
-                    staged = inputs.finish(begun.pop() if begun else inputs.begin(parts, lo, m))
+                    read = begun.pop() if begun else (ahead and k == 0 and inputs.take(parts, lo, m)) or None
+                    staged = inputs.finish(read or inputs.begin(parts, lo, m))
                     if ahead and k + 1 < len(tiles):  # the next tile is read while this one's compute is queued
                         begun.append(inputs.begin(parts, *tiles[k + 1]))
+                    elif ahead and then is not None:  # and after the last, the next call's first
+                        then(inputs)
                     tile(w, lo, m, staged, outputs)
                     inputs.consumed()
         except BaseException as first:  # a failed read or tile: nothing more may land in the caller's buffers
@@ -270,6 +304,27 @@ class TileBackend:
             return outputs.detach()
         outputs.flush()
         return []
+
+    def _read_next(
+        self, parts: Sequence[Part], n: int, inputs: int, align: int, fixed: int
+    ) -> Callable[[InputRing], None] | None:
+        """Where this call reads an expected block whole: reading the block expected after it
+        ahead, cut as the first call on this block cut it (that operation is the likeliest to
+        open the next block too; the calls after it on this block leave the tile read ahead)."""
+        keys = file_ranges(parts) if self._expected else None
+        after = self._expected.get((keys, n)) if keys is not None else None
+        if after is None:
+            return None
+        if self._opened[0] != (keys, n):  # the first call on this block
+            self._opened = ((keys, n), (inputs, align, fixed))
+        following, size = after
+        cut = self._opened[1]
+
+        def read_ahead(ring: InputRing) -> None:
+            step = even_step(size, self._tile_elems(following, *cut), cut[1])
+            ring.ahead(following, 0, min(step, size))
+
+        return read_ahead
 
     def _cpu_pool(self) -> ThreadPoolExecutor:
         if self._workers_pool is None:
@@ -442,6 +497,11 @@ def _first_line(error: BaseException) -> str:
 
 def _read_error(sources: BlockSources, k: int) -> Callable[[], Exception]:
     return lambda: sources.read_error(k)
+
+
+def _nbytes(sources: BlockSources) -> int:
+    """Bytes of a block's inputs."""
+    return sources.size * sum(codecs.ITEMSIZE[int(c)] for c in sources.codes)
 
 
 def even_step(n: int, most: int, align: int) -> int:
