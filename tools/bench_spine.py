@@ -45,6 +45,9 @@ GOALS = {"a": 3.0, "b": 2.0, "rss_mib": 1.3 * 1024}
 FULL = {"hidden": 2048, "layers": 8, "vocab": 64000, "intermediate": 8448, "kv_hidden": 256}
 QUICK = {"hidden": 256, "layers": 2, "vocab": 8192, "intermediate": 1024, "kv_hidden": 64}
 WARMUP = {"hidden": 64, "layers": 1, "vocab": 512, "intermediate": 176, "kv_hidden": 16}
+# ramstream.demo.samples.MOE_SHAPE: 8 layers x 64 experts, 1619 small tensors (108 MB a member)
+MOE = {"hidden": 128, "layers": 8, "vocab": 4096, "intermediate": 0, "kv_hidden": 32, "experts": 64,
+       "expert_intermediate": 64}  # fmt: skip
 DENSITIES = (0.032, 0.462, 0.543)
 MEMBERS = ("base", "agent1", "agent2", "agent3")
 

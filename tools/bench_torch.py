@@ -52,8 +52,9 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -331,6 +332,9 @@ class GpuBench:
             if method == "ram+":
                 self.timed(method, "torch", self.merge("torch", method, index["torch"], out), ops=True)
                 self.same(method, "torch (torch ops)", out, reference)
+                with _no_read_ahead():  # what reading the next block's first tile ahead gains
+                    self.timed(method, "torch, no read-ahead", self.merge("torch", method, index["torch"], out))
+                self.same(method, "torch, no read-ahead", out, reference)
                 for engine in ("numba", "torch"):
                     disk = self.runs / f"{engine}-disk"
                     self.timed(f"{method} written to disk", engine, self.merge(engine, method, index[engine], disk))
@@ -343,6 +347,19 @@ class GpuBench:
             self.launches(method, self.merge("torch", method, index["torch"], out))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextmanager
+def _no_read_ahead() -> Iterator[None]:
+    """The torch backend without the hint of the blocks to come: every call reads its first tile."""
+    from ramstream.backends.torch import tiles
+
+    expect = tiles.TileBackend.expect
+    tiles.TileBackend.expect = lambda self, upcoming: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        tiles.TileBackend.expect = expect  # type: ignore[method-assign]
 
 
 def gpu(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> None:
@@ -732,7 +749,10 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="with --cuda: torch's device (cpu: a dry run) [cuda]")
     parser.add_argument("--methods", default=None, help=f"with --cuda: these merges only [{','.join(PASSES)}]")
     parser.add_argument(
-        "--family", choices=["full", "quick"], default="full", help="the 6 GB family, or a small one (dry runs)"
+        "--family",
+        choices=["full", "quick", "moe"],
+        default="full",
+        help="the 6 GB family, a small one (dry runs), or a MoE's 1619 small tensors (--host: per-block costs)",
     )
     parser.add_argument("--staging", action="store_true", help="the streamed path's reads alone, against the floor")
     parser.add_argument(
@@ -748,7 +768,7 @@ def main() -> int:
     if args.launches:
         launches_per_tile(args)
         return 0
-    shape = bench_spine.FULL if args.family == "full" else bench_spine.QUICK
+    shape = {"full": bench_spine.FULL, "quick": bench_spine.QUICK, "moe": bench_spine.MOE}[args.family]
     base, agents = bench_spine.ensure_family(Path(args.data) / args.family, shape)
     gb = sum(f.stat().st_size for f in bench_spine.input_files(base, agents)) / 1e9
     (staging if args.staging else host if args.host else gpu if args.cuda else cpu)(args, base, agents, gb)
