@@ -335,6 +335,11 @@ class GpuBench:
                 with _no_read_ahead():  # what reading the next block's first tile ahead gains
                     self.timed(method, "torch, no read-ahead", self.merge("torch", method, index["torch"], out))
                 self.same(method, "torch, no read-ahead", out, reference)
+                for engine in ("numba", "torch"):  # whether the single write-behind thread bounds the pass
+                    with _writer_time() as spent:
+                        seconds = self.timed(method, engine, self.merge(engine, method, index[engine], out))
+                    self.rows.append({"pass": f"{method} write-behind", "engine": engine, "seconds": seconds, **spent})
+                    shutil.rmtree(out, ignore_errors=True)
                 for engine in ("numba", "torch"):
                     disk = self.runs / f"{engine}-disk"
                     self.timed(f"{method} written to disk", engine, self.merge(engine, method, index[engine], disk))
@@ -347,6 +352,39 @@ class GpuBench:
             self.launches(method, self.merge("torch", method, index["torch"], out))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextmanager
+def _writer_time() -> Iterator[dict[str, float]]:
+    """The write-behind's seconds over a pass: how long its threads persisted batches (the
+    outputs' writes and syncs, the journal marks), and how long the driving thread waited for
+    them to take the next batch. Busy nearly the whole pass: the writes bound it."""
+    from ramstream.execution import local
+
+    spent = {"writer_busy_s": 0.0, "driver_waited_s": 0.0}
+    persist, submit = local._Persist.__call__, local.WriteBehind.submit
+
+    def timed_persist(self: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            persist(self)
+        finally:
+            spent["writer_busy_s"] += time.perf_counter() - t0
+
+    def timed_submit(self: Any, fn: Callable[[], None]) -> None:
+        t0 = time.perf_counter()
+        try:
+            submit(self, fn)
+        finally:
+            spent["driver_waited_s"] += time.perf_counter() - t0
+
+    local._Persist.__call__ = timed_persist  # type: ignore[method-assign]
+    local.WriteBehind.submit = timed_submit  # type: ignore[method-assign]
+    try:
+        yield spent
+    finally:
+        local._Persist.__call__ = persist  # type: ignore[method-assign]
+        local.WriteBehind.submit = submit  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -427,6 +465,12 @@ def gpu(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) -> 
             print(
                 f"launches: {row['pass']} on {row['engine']}: {row['launches']} ({row['launches_per_GB']:.0f} per GB), "
                 f"kernels busy {row['kernel_s']:.2f} s"
+            )
+    for row in bench.rows:
+        if "writer_busy_s" in row:
+            print(
+                f"write-behind: {row['pass']} on {row['engine']}: pass {row['seconds']:.2f} s, writer busy "
+                f"{row['writer_busy_s']:.2f} s, the driving thread waited for it {row['driver_waited_s']:.2f} s"
             )
     for row in bench.rows:
         if "error" in row:
@@ -731,6 +775,14 @@ def host(args: argparse.Namespace, base: Path, agents: list[Path], gb: float) ->
         slowest = min(floors.values())
         for name, rate in {**floors, **rates}.items():
             print(f"{name}: {rate:.2f} GB/s of input ({100 * rate / slowest:.0f} % of the slowest floor)")
+        for backend in ("torch", "numba"):
+            with _writer_time() as spent:
+                seconds = merge(backend)
+            print(
+                f"write-behind, ram+ on {'the null device' if backend == 'torch' else 'Numba'}: pass {seconds:.2f} s, "
+                f"writer busy {spent['writer_busy_s']:.2f} s, the driving thread waited for it "
+                f"{spent['driver_waited_s']:.2f} s"
+            )
         profile = cProfile.Profile()
         profile.enable()
         merge("torch")
