@@ -384,6 +384,11 @@ def test_a_tile_read_ahead_keeps_its_slot_until_it_is_asked_for() -> None:
         assert failed is not None
         with pytest.raises(OSError, match="ended early"):
             ring.finish(failed)
+
+        single = InputRing(device, 1, 2 * m * 2 + 128, pool, readers=4)
+        single.ahead([_keyed(a, 0)], 0, m)  # its one slot is the next call's: nothing is set aside
+        assert single.take([_keyed(a, 0)], 0, m) is None
+        np.testing.assert_array_equal(_host(device, single.stage([_keyed(b, 0)], 0, m)[0]).view(np.uint16), b)
     device.close()
 
 

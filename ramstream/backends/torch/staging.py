@@ -182,8 +182,8 @@ class InputRing:
         until ``take`` asks for the same tile, or another is read ahead. Parts read from memory
         are not read ahead."""
         key = _tile_key(parts, lo, m)
-        if key is None or (self._ahead is not None and self._ahead[0] == key):
-            return
+        if key is None or self.depth < 2 or (self._ahead is not None and self._ahead[0] == key):
+            return  # (one slot: none to set aside)
         self.drop_ahead()
         staging = self.begin(parts, lo, m)
         self._ahead = (key, staging)
