@@ -66,10 +66,12 @@ S = TypeVar("S", bound=Streams)
 
 @contextmanager
 def backends_through(
-    make_streams: Callable[[BackendSettings], S], tile_cap: int | None = TINY_TILES
+    make_streams: Callable[[BackendSettings], S], tile_cap: int | None = TINY_TILES, pooled: bool = True
 ) -> Iterator[list[S]]:
     """Every torch backend made inside streams through fresh streams from ``make_streams`` (a
-    simulated device here, lagging CUDA streams on a GPU), tiles of at most ``tile_cap``."""
+    simulated device here, lagging CUDA streams on a GPU), tiles of at most ``tile_cap``.
+    ``pooled``: every tile read on the pool and every block's first tile read ahead, as a
+    real model's blocks are (these families' tiles are small enough to be read inline)."""
     made: list[S] = []
 
     def make(settings: BackendSettings) -> torch_backend.TorchBackend:
@@ -79,6 +81,8 @@ def backends_through(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch_backend, "make", make)
         patch.setattr(torch_tiles, "TILE_CAP", tile_cap)
+        if pooled:
+            patch.setattr(staging, "INLINE_TILE", 0)
         try:
             yield made
         finally:
@@ -87,10 +91,10 @@ def backends_through(
 
 
 def simulated_gpu(
-    make_device: Callable[[], SimulatedGpu], tile_cap: int | None = TINY_TILES
+    make_device: Callable[[], SimulatedGpu], tile_cap: int | None = TINY_TILES, pooled: bool = True
 ) -> AbstractContextManager[list[SimulatedGpu]]:
     """Every torch backend made inside streams through a fresh simulated device."""
-    return backends_through(lambda settings: make_device(), tile_cap)
+    return backends_through(lambda settings: make_device(), tile_cap, pooled)
 
 
 @pytest.mark.parametrize(("method", "given"), METHODS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(METHODS)])
@@ -295,13 +299,11 @@ def test_blocks_tiles_budget_and_timing_never_change_a_byte(
     pooled: bool,
 ) -> None:
     """``pooled``: every tile read on the pool and every block's first tile read ahead (as a
-    GPU pass reads blocks of a real model), not the small tiles read on the calling thread."""
+    GPU pass reads blocks of a real model), or the small tiles read on the calling thread."""
     method, options = case
     expected = numba_bytes.of(family, tmp_path_factory.mktemp("numba"), method, options)
     out = tmp_path_factory.mktemp("streamed") / "out"
-    with pytest.MonkeyPatch.context() as patch, simulated_gpu(lambda: SimulatedGpu(budget=budget, seed=seed), tile_cap):
-        if pooled:
-            patch.setattr(staging, "INLINE_TILE", 0)
+    with simulated_gpu(lambda: SimulatedGpu(budget=budget, seed=seed), tile_cap, pooled):
         got = _merge(family, out, method, options, "torch", device="cpu", block_elems=block_elems)
     assert got == expected
 
@@ -333,7 +335,6 @@ def test_the_next_blocks_first_tile_is_read_while_a_block_computes(
         return staging_
 
     with pytest.MonkeyPatch.context() as patch, simulated_gpu(SimulatedGpu):
-        patch.setattr(staging, "INLINE_TILE", 0)
         patch.setattr(InputRing, "take", counted)
         got = _merge(family, tmp_path / "out", method, given, "torch", device="cpu")
     assert got == numba_bytes.of(family, tmp_path, method, given)
