@@ -1,7 +1,8 @@
 """The local executor: one batch loop in this process, with write-behind.
 
 Batches run in order on the calling thread (the backend parallelises inside a block); the next
-batch's inputs are announced to the OS while this one computes; each batch's ``write`` then
+batch's inputs are announced to the OS while this one computes, and a backend that streams is
+told which blocks come (``Backend.expect``: it reads the next block's first tile ahead); each batch's ``write`` then
 ``mark`` run on write-behind threads while the next batches compute, at most ``depth`` pending,
 so a pass holds ``depth + 1`` result buffers and a kill loses at most ``depth`` batches.
 """

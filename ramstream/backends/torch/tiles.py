@@ -284,7 +284,7 @@ class TileBackend:
         try:
             with torch.inference_mode():
                 for k, (lo, m) in enumerate(tiles):
-                    read = begun.pop() if begun else (ahead and k == 0 and inputs.take(parts, lo, m)) or None
+                    read = begun.pop() if begun else inputs.take(parts, lo, m) if ahead and k == 0 else None
                     staged = inputs.finish(read or inputs.begin(parts, lo, m))
                     if ahead and k + 1 < len(tiles):  # the next tile is read while this one's compute is queued
                         begun.append(inputs.begin(parts, *tiles[k + 1]))
