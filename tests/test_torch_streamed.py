@@ -31,6 +31,7 @@ from ramstream.backends.torch import tiles as torch_tiles  # noqa: E402
 from ramstream.backends.torch.staging import MIN_PIECE, InputRing, Part, pieces, slot_bytes  # noqa: E402
 from ramstream.config import RunOptions  # noqa: E402
 from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError, RamstreamError  # noqa: E402
+from ramstream.format.safetensors_header import read_header  # noqa: E402
 from ramstream.merge import merge_pass  # noqa: E402
 from ramstream.statistics import probe_pass, stats_pass  # noqa: E402
 from tests.families import Family, build_family, with_raw_value  # noqa: E402
@@ -339,6 +340,41 @@ def test_the_next_blocks_first_tile_is_read_while_a_block_computes(
         got = _merge(family, tmp_path / "out", method, given, "torch", device="cpu")
     assert got == numba_bytes.of(family, tmp_path, method, given)
     assert sum(taken) >= at_least, (sum(taken), len(taken))
+
+
+def test_an_input_cut_short_during_the_run_is_named_where_its_tile_was_read_ahead(tmp_path: Path) -> None:
+    """An agent's file truncated after the family was opened, where its last tensor's data
+    begins: the read that meets the end, that tensor's first tile read ahead while the block
+    before computed, is raised by the call that takes the tile, naming the file and the tensor,
+    and the output is left unfinished."""
+    fam = build_family(tmp_path / "family", shapes=SHAPES, seed=3)
+    shard = next(fam.agents[1].glob("*.safetensors"))
+    last = max(read_header(shard).tensors, key=lambda t: t.offset)  # cut where its data begins
+    expect = torch_tiles.TileBackend.expect
+    reads_ahead: list[bool] = []
+    take = InputRing.take
+
+    def truncating(backend: Any, upcoming: Any) -> None:
+        if not reads_ahead:  # the family is open and planned: the file changes under the run
+            with open(shard, "r+b") as f:
+                f.truncate(last.offset)
+        expect(backend, upcoming)
+
+    def taking(ring: InputRing, parts: Any, lo: int, m: int) -> Any:
+        staging_ = take(ring, parts, lo, m)
+        reads_ahead.append(staging_ is not None)
+        return staging_
+
+    out = tmp_path / "out"
+    with pytest.MonkeyPatch.context() as patch, simulated_gpu(SimulatedGpu):
+        patch.setattr(torch_tiles.TileBackend, "expect", truncating)
+        patch.setattr(InputRing, "take", taking)
+        with pytest.raises(RamstreamError) as caught:
+            _merge(fam, out, "ram+", {}, "torch", device="cpu")
+    message = str(caught.value)
+    assert f"{shard}: could not read tensor {last.name!r}" in message and "\n" not in message, message
+    assert reads_ahead[-1], "the failed read was not the tile read ahead"
+    assert not (out / "config.json").exists() and not list(out.glob("*.safetensors"))
 
 
 def _keyed(source: np.ndarray, key: int, fail: bool = False) -> Part:
