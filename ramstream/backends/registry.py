@@ -118,9 +118,9 @@ def warm_backend(options: RunOptions) -> None:
 
 def backend_for(options: RunOptions) -> Backend:
     """The run's compute backend, with its thread count (scoped to its own calls) and device."""
+    map_large_buffers(options.memory)  # a run's peak is what it holds, not what it held (io/heap.py)
     return _REGISTRY.get(options.backend).load()(_settings(options))
 
 
 def _settings(options: RunOptions) -> BackendSettings:
-    map_large_buffers(options.memory)  # a run's peak is what it holds, not what it held (io/heap.py)
     return BackendSettings(options.threads, options.device, options.gpu_memory, options.memory)
