@@ -381,12 +381,17 @@ def histogram_tiles() -> None:
         assert np.array_equal(got_high.numpy(), 3 + high), what
         assert np.array_equal(got_low.numpy(), 2 + low), what
         assert high[:, 0].min() > 0 and low[0, 0, 0] > 0 and low[2, 2].sum() > 0, what  # zeros and NaN seen
-        positions = np.arange(m)
-        for t, value, begin in ((0, 0, 0), (0, int(bits[0][m // 3]), 100), (2, int(bits[2].max()), 64), (1, 1, 0)):
-            ties = torch.full((-(-m // 8),), 0x5A, dtype=torch.uint8)
-            magnitude.tie_launch(_staged(base, [agents[t]]), m, 64, value, 64 + begin, ties, (base_code, code))
-            want = np.packbits((bits[t] == value) & (positions >= begin), bitorder="little")
-            assert np.array_equal(ties.numpy(), want), f"ties {code} agent {t} value {value:#x} from {begin}"
+        # tie searches, one launch: agents 2 and 0 staged (in that order), agent 0 asked twice, a
+        # value with no match
+        queries = [(2, int(bits[2].max())), (0, 0), (0, int(bits[0][m // 3])), (2, 1)]
+        looked = [2, 0]
+        ties = torch.full((len(queries), -(-m // 8)), 0x5A, dtype=torch.uint8)
+        rows = torch.tensor([looked.index(t) for t, _ in queries], dtype=torch.int32)
+        values = torch.tensor([v for _, v in queries], dtype=torch.int64)
+        magnitude.tie_launch(_staged(base, [agents[t] for t in looked]), m, rows, values, ties, (base_code, code))
+        for q, (t, value) in enumerate(queries):
+            want = np.packbits(bits[t] == value, bitorder="little")
+            assert np.array_equal(ties[q].numpy(), want), f"ties {code} agent {t} value {value:#x}"
         # the cuts' keep mask: per agent (cut 0, cut 1) values with tie ranges in block positions
         # (the tile starts at block position 64): a band with ties split, everything (cut 1 at
         # 0xFFFFFFFF: the NaN bins too), nothing
@@ -397,7 +402,7 @@ def histogram_tiles() -> None:
         kept = torch.full((3, m), 7, dtype=torch.uint8)
         magnitude.cut_keep_launch(staged, m, lo, torch.from_numpy(value), torch.from_numpy(ranges), kept,
                                   (base_code, code))  # fmt: skip
-        wide, at = bits.astype(np.int64), positions + lo
+        wide, at = bits.astype(np.int64), np.arange(m) + lo
         lower = [[_in_lower(wide[t], at, value[t, c], ranges[t, c]) for c in range(2)] for t in range(3)]
         want_keep = np.stack([lower[t][1] & ~lower[t][0] for t in range(3)]).astype(np.uint8)
         assert np.array_equal(kept.numpy(), want_keep), f"cut keep {code}"
@@ -418,7 +423,7 @@ def histogram_merges(scratch: Path) -> None:
     from ramstream.backends.torch.counting import CountOps
     from ramstream.backends.torch.fused import magnitude
 
-    calls = {"high": 0, "low": 0, "tie": 0, "cut keep": 0, "compared": 0, "ties compared": 0}
+    calls = {"high": 0, "low": 0, "tie": 0, "cut keep": 0, "compared": 0, "ties compared": 0, "tie queries": 0}
     _count(magnitude, "high_launch", calls, "high")
     _count(magnitude, "low_launch", calls, "low")
     _count(magnitude, "tie_launch", calls, "tie")
@@ -438,17 +443,19 @@ def histogram_merges(scratch: Path) -> None:
         calls["compared"] += 1
         return got
 
-    fused_tie = CountOps.find_tie
+    fused_ties = CountOps.find_ties
 
-    def tie(self: CountOps, arrays: object, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
-        got = fused_tie(self, arrays, agent, value, begin, need)  # type: ignore[arg-type]
-        assert got == numba.find_tie(arrays, agent, value, begin, need), "tie search"  # type: ignore[arg-type]
+    def ties(self: CountOps, arrays: object, agents: np.ndarray, values: np.ndarray, needs: np.ndarray) -> np.ndarray:
+        got = fused_ties(self, arrays, agents, values, needs)  # type: ignore[arg-type]
+        want = numba.find_ties(arrays, agents, values, needs)  # type: ignore[arg-type]
+        assert np.array_equal(got, want) and (want >= 0).all(), "tie search"
         calls["ties compared"] += 1
+        calls["tie queries"] += len(agents)
         return got
 
     _patch(CountOps, "abs_high_histogram", high)  # undone after the check, as every patch
     _patch(CountOps, "abs_low_histogram", low)
-    _patch(CountOps, "find_tie", tie)
+    _patch(CountOps, "find_ties", ties)
     _merges(
         scratch,
         [
@@ -458,6 +465,7 @@ def histogram_merges(scratch: Path) -> None:
         ],
     )
     assert min(calls.values()) > 0, calls
+    assert calls["tie queries"] > calls["ties compared"], calls  # a block's cuts searched in one call
 
 
 def _naive_linear(

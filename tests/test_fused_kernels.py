@@ -171,8 +171,8 @@ def test_the_histogram_kernels_compile_for_sm90_with_native_atomics(code: int, k
     low_signature = {**HISTOGRAM_SIGNATURE, "targets": "*i32"}
     low_signature["counts"] = low_signature.pop("counts")  # after targets, as the kernel takes them
     low = _ptx(magnitude.low_tile, low_signature, {**shared, "N_CUTS": 2, "LOW": LOW_BINS})
-    tie_signature = {"base": "*u8", "agent_at": "i64", "m": "i32", "lo": "i64", "value": "i64", "begin": "i64",
-                     "ties": "*u8"}  # fmt: skip
+    tie_signature = {"base": "*u8", "agents_at": "i64", "agent_stride": "i64", "m": "i32", "rows": "*i32",
+                     "values": "*i64", "ties": "*u8"}  # fmt: skip
     ties = _ptx(magnitude.tie_tile, tie_signature, {"BASE": base, "AGENT": code, "BLOCK": magnitude.BLOCK})
     assert FORBIDDEN.findall(ties) == []
     for ptx in (high, low):

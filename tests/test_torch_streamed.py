@@ -28,6 +28,7 @@ from ramstream.backends.settings import BackendSettings  # noqa: E402
 from ramstream.backends.torch import backend as torch_backend  # noqa: E402
 from ramstream.backends.torch import staging  # noqa: E402
 from ramstream.backends.torch import tiles as torch_tiles  # noqa: E402
+from ramstream.backends.torch.counting import CountOps  # noqa: E402
 from ramstream.backends.torch.staging import MIN_PIECE, InputRing, Part, pieces, slot_bytes  # noqa: E402
 from ramstream.config import RunOptions  # noqa: E402
 from ramstream.errors import NonFiniteOutputError, NonFiniteWeightError, RamstreamError  # noqa: E402
@@ -167,12 +168,14 @@ def test_the_statistics_pass_queues_the_next_batch_before_waiting_for_the_last(
     method: str,
     given: dict[str, Any],
 ) -> None:
-    """The histograms and exact sums of a statistics pass return before they land, as merges do:
-    batch i + 1's are queued before batch i's land (their arrays hold -1 until then, and the
-    simulated device's read-backs land late), and the merge still writes the Numba bytes."""
+    """The histograms, exact sums and tie searches of a statistics pass return before they land,
+    as merges do: batch i + 1's are queued before batch i's land (their arrays hold -1 until then,
+    and the simulated device's read-backs land late), and the merge still writes the Numba bytes."""
     log: list[tuple[int, str, int]] = []  # (pass, what, batch)
     deferred: list[bool] = []
+    searches: list[bool] = []
     compute_later, statistic = stats_pass.StatisticsWork.compute_later, torch_tiles.TileBackend._statistic
+    find_ties = CountOps.find_ties
 
     def queued(self: Any, batch: Any, *args: Any) -> Any:
         log.append((id(self), "queued", batch.index))
@@ -188,8 +191,13 @@ def test_the_statistics_pass_queues_the_next_batch_before_waiting_for_the_last(
         deferred.append(self._landing is not None)
         return statistic(self, *args)
 
+    def searched(self: Any, *args: Any) -> Any:
+        searches.append(self._landing is not None)
+        return find_ties(self, *args)
+
     monkeypatch.setattr(stats_pass.StatisticsWork, "compute_later", queued)
     monkeypatch.setattr(torch_tiles.TileBackend, "_statistic", recorded)
+    monkeypatch.setattr(CountOps, "find_ties", searched)
     expected = numba_bytes.of(family, tmp_path, method, given)
     log.clear()
     with simulated_gpu(SimulatedGpu):
@@ -203,6 +211,7 @@ def test_the_statistics_pass_queues_the_next_batch_before_waiting_for_the_last(
         assert len(queued_at) >= 3 and len(landed_at) == len(queued_at)  # every batch waited for, once
         assert all(nxt < at for nxt, at in zip(queued_at[1:], landed_at, strict=False))  # i + 1 queued first
     assert deferred and all(deferred)  # every histogram and exact sum read back by a landing
+    assert all(searches) and (bool(searches) or method != "ties")  # and every tie search
 
 
 def test_a_failure_inside_a_deferred_scope_waits_for_what_was_queued_before_it() -> None:

@@ -268,9 +268,11 @@ class Backend(Protocol):
         """uint8 (N, n): 1 where an element lies in cut 1's lower set and not in cut 0's."""
         ...
 
-    def find_tie(self, arrays: BlockArrays, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
-        """``(position, count)``: the block position of the ``need``-th (1-based) element at or
-        after ``begin`` whose |tau| bits equal ``value`` (-1 if fewer), and how many there are."""
+    def find_ties(self, arrays: BlockArrays, agents: np.ndarray, values: np.ndarray, needs: np.ndarray) -> np.ndarray:
+        """int64 (Q,): per query q, the block position of the ``needs[q]``-th (1-based) element of
+        agent ``agents[q]`` whose |tau| bits equal ``values[q]`` (-1 if fewer). One call answers
+        every query of a block, reading each input once; inside ``deferred()`` on a backend that
+        streams, the array is filled when the landing waits (it holds -1 until then)."""
         ...
 
     def abs_sums(self, arrays: BlockArrays, keep: Keep, squares: bool = False) -> ExactSums:

@@ -128,19 +128,39 @@ class TieBoundary:
         return "int64"
 
     def compute(self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend) -> np.ndarray:
-        out = np.zeros((self.value.shape[1], self.value.shape[2]), np.int64)
-        for t, c in zip(*np.nonzero(self.straddle[block.tensor, :, :, 1] == block.stop), strict=True):
-            start, stop, before = (int(x) for x in self.straddle[block.tensor, t, c])
-            if (start, stop) != (block.start, block.stop):
-                continue
-            need = int(self.first[block.tensor, t, c]) - before
-            out[t, c] = block.start + self.find(arrays, backend, int(t), int(self.value[block.tensor, t, c]), need) + 1
-        return out
+        return self.compute_later(arrays, block, tensor, backend)({})
 
-    def find(self, arrays: BlockArrays, backend: Backend, row: int, value: int, need: int) -> int:
-        """The block position of the ``need``-th element of row ``row`` whose key bits are ``value``."""
-        position, _ = backend.find_tie(arrays, row, value, 0, need)
-        return position
+    def compute_later(
+        self, arrays: BlockArrays, block: Block, tensor: TensorPlan, backend: Backend
+    ) -> Callable[[Found], np.ndarray]:
+        """Every cut that ends in this block searched for in one backend call (each input read
+        once), answered once it has landed."""
+        cuts = [
+            (int(t), int(c))
+            for t, c in zip(*np.nonzero(self.straddle[block.tensor, :, :, 1] == block.stop), strict=True)
+            if tuple(self.straddle[block.tensor, t, c, :2]) == (block.start, block.stop)
+        ]
+        rows = np.array([t for t, _ in cuts], np.int64)
+        values = np.array([self.value[block.tensor, t, c] for t, c in cuts], np.int64)
+        needs = np.array(
+            [self.first[block.tensor, t, c] - self.straddle[block.tensor, t, c, 2] for t, c in cuts], np.int64
+        )
+        positions = self.find(arrays, backend, rows, values, needs) if cuts else np.zeros(0, np.int64)
+
+        def partial(found: Found) -> np.ndarray:
+            out = np.zeros((self.value.shape[1], self.value.shape[2]), np.int64)
+            for (t, c), position in zip(cuts, positions, strict=True):
+                out[t, c] = block.start + int(position) + 1
+            return out
+
+        return partial
+
+    def find(
+        self, arrays: BlockArrays, backend: Backend, rows: np.ndarray, values: np.ndarray, needs: np.ndarray
+    ) -> np.ndarray:
+        """Per query, the block position of the ``need``-th element of row ``row`` whose key bits
+        are ``value`` (filled once the call has landed)."""
+        return backend.find_ties(arrays, rows, values, needs)
 
 
 # selector(arrays, block, tensor, backend) -> (N, block.size) array, nonzero where kept

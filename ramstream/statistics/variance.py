@@ -99,9 +99,16 @@ class VarTieBoundary(TieBoundary):
     def key(self) -> str:
         return f"var_tie_boundary_v1-{self.cuts}"
 
-    def find(self, arrays: BlockArrays, backend: Backend, row: int, value: int, need: int) -> int:
-        positions = np.flatnonzero(key_bits(arrays, backend) == value)
-        return int(positions[need - 1]) if 1 <= need <= len(positions) else -1
+    def find(
+        self, arrays: BlockArrays, backend: Backend, rows: np.ndarray, values: np.ndarray, needs: np.ndarray
+    ) -> np.ndarray:
+        bits = key_bits(arrays, backend)  # one key for all agents: computed once for every query
+        found = np.full(len(values), -1, np.int64)
+        for q, (value, need) in enumerate(zip(values, needs, strict=True)):
+            positions = np.flatnonzero(bits == value)
+            if 1 <= need <= len(positions):
+                found[q] = positions[need - 1]
+        return found
 
 
 def kept_by_cut(bits: np.ndarray, value: np.ndarray, ranges: np.ndarray) -> np.ndarray:

@@ -391,18 +391,22 @@ class NumbaBackend:
         )
         return keep
 
-    def find_tie(self, arrays: BlockArrays, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
+    def find_ties(self, arrays: BlockArrays, agents: np.ndarray, values: np.ndarray, needs: np.ndarray) -> np.ndarray:
         workers = self._workers(arrays.size)
-        return magnitude.find_tie(
-            arrays.base,
-            arrays.base_code,
-            arrays.agents[agent],
-            int(arrays.agent_codes[agent]),
-            value,
-            begin,
-            need,
-            workers,
-        )
+        found = [
+            magnitude.find_tie(
+                arrays.base,
+                arrays.base_code,
+                arrays.agents[int(agent)],
+                int(arrays.agent_codes[int(agent)]),
+                int(value),
+                0,
+                int(need),
+                workers,
+            )[0]
+            for agent, value, need in zip(agents, values, needs, strict=True)
+        ]
+        return np.array(found, np.int64)
 
     def abs_sums(self, arrays: BlockArrays, keep: Keep, squares: bool = False) -> ExactSums:
         mode, keep_array, keys, density, start = self._keep_args(keep)

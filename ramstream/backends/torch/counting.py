@@ -276,34 +276,35 @@ class CountOps(TileBackend):
             self._run(self._array_parts(arrays), arrays.size, tile)
         return keep
 
-    def find_tie(self, arrays: BlockArrays, agent: int, value: int, begin: int, need: int) -> tuple[int, int]:
-        """Each tile's ties come back as a bit mask (through the output ring, with no host wait);
-        the ``need``-th is then found on the host, so the answer never depends on the workers."""
-        parts = [array_part(arrays.base), array_part(arrays.agents[agent])]
-        codes = [int(arrays.base_code), int(arrays.agent_codes[agent])]
-        ties = np.zeros(-(-arrays.size // 8), np.uint8)  # bit i % 8 of byte i // 8: position i
+    def find_ties(self, arrays: BlockArrays, agents: np.ndarray, values: np.ndarray, needs: np.ndarray) -> np.ndarray:
+        """The base and each agent asked about read once; each tile's ties come back as a bit mask
+        per query (through the output ring, with no host wait); the ``need``-th is then found on
+        the host, so the answer never depends on the workers. Inside ``deferred`` on the streamed
+        path that happens when the landing waits: the block's search costs no drain."""
+        looked = sorted({int(a) for a in agents})
+        rows = np.array([looked.index(int(a)) for a in agents], np.int32)
+        parts = [array_part(arrays.base), *(array_part(arrays.agents[a]) for a in looked)]
+        codes = [int(arrays.base_code), *(int(arrays.agent_codes[a]) for a in looked)]
+        n, queries = arrays.size, len(rows)
+        ties = np.zeros((queries, -(-n // 8)), np.uint8)  # bit i % 8 of byte i // 8: position i
         fused = self._fused(codes)  # one launch per tile (``fused/magnitude.py``)
         with self._scoped():
+            on_device = (self._constant(rows), self._constant(np.asarray(values, np.int64)))
 
             def tile(w: int, lo: int, m: int, raw: list[torch.Tensor], outputs: OutputRing) -> None:
-                if lo + m <= begin:  # tiles start at multiples of 64: whole bytes of the mask
-                    return
+                packed = torch.empty((queries, -(-m // 8)), dtype=torch.uint8, device=self._device)
                 if fused:
                     from ramstream.backends.torch.fused.magnitude import tie_launch
 
-                    packed = torch.empty(-(-m // 8), dtype=torch.uint8, device=self._device)
-                    tie_launch(raw, m, lo, value, begin, packed, (codes[0], codes[1]))
+                    tie_launch(raw, m, *on_device, packed, (codes[0], codes[1]))
                 else:
-                    (bits,) = self._abs_bits(raw, codes, [0])
-                    equal = (bits.to(torch.int64) == value) & (self._positions(lo, m) >= begin)
-                    packed = probe.pack(equal[None])[0]
-                outputs.put(packed, self._sink(ties, lo // 8, lo // 8 + packed.shape[0]))
+                    bits = [b.to(torch.int64) for b in self._abs_bits(raw, codes, range(len(looked)))]
+                    packed = probe.pack(torch.stack([bits[r] == int(v) for r, v in zip(rows, values, strict=True)]))
+                # tiles start at multiples of 64: whole bytes of the masks
+                outputs.put(packed, self._sink(ties, lo // 8, lo // 8 + packed.shape[1]))
 
-            self._run(parts, arrays.size, tile)
-        positions = np.flatnonzero(np.unpackbits(ties, bitorder="little")[: arrays.size])
-        if not 1 <= need <= len(positions):
-            return -1, len(positions)
-        return int(positions[need - 1]), len(positions)
+            self._run(parts, n, tile, later=True)
+        return self._after_landing(lambda: _tie_positions(ties, n, needs), np.full(queries, -1, np.int64))
 
     # -- exact sums -------------------------------------------------------------------------------
     def abs_sums(self, arrays: BlockArrays, keep: Keep, squares: bool = False) -> ExactSums:
@@ -582,3 +583,13 @@ def _gram_rows(
         first[w] = torch.minimum(first[w], probe.first_nonfinite([value]) + lo)
         rows.append(torch.where(torch.isfinite(value), value, zero))
     return rows
+
+
+def _tie_positions(ties: np.ndarray, n: int, needs: np.ndarray) -> np.ndarray:
+    """Per query, the position of the ``need``-th set bit of its packed mask (-1 if fewer)."""
+    found = np.full(len(needs), -1, np.int64)
+    for q, need in enumerate(needs):
+        positions = np.flatnonzero(np.unpackbits(ties[q], bitorder="little")[:n])
+        if 1 <= need <= len(positions):
+            found[q] = positions[need - 1]
+    return found

@@ -446,10 +446,17 @@ class TileBackend:
         if not later or self._landing is None:
             return np.asarray(post(self._host(result)), dtype).reshape(shape)
         read = self._streams.readback_later(result)
-        out: np.ndarray = np.full(shape, -1, dtype)
+        return self._after_landing(lambda: np.asarray(post(read()), dtype).reshape(shape), np.full(shape, -1, dtype))
+
+    def _after_landing(self, post: Callable[[], np.ndarray], out: np.ndarray) -> np.ndarray:
+        """``post()`` now, or inside ``deferred`` on the streamed path written into ``out`` once
+        the landing has waited for what the call queued before it (``out`` holds its fill until
+        then: nothing may read it before)."""
+        if self._landing is None:
+            return post()
 
         def land() -> None:
-            out[...] = np.asarray(post(read()), dtype).reshape(shape)
+            out[...] = post()
 
         self._landing.also_wait([land])
         return out

@@ -5,7 +5,7 @@
 - ``high_tile``: per agent, how many elements have each high half (``bits >> 16``, 32768 bins);
 - ``low_tile``: per agent and cut, how many elements whose high half is the cut's target (-1:
   none) have each low half (``bits & 0xFFFF``);
-- ``tie_tile``: for one agent, where its bits equal a cut's value at or after a block position,
+- ``tie_tile``: per query (an agent and a cut's value), where the agent's bits equal the value,
   bit-packed (bit ``i % 8`` of byte ``i // 8``: element ``i``, as numpy's little bit order);
 - ``cut_keep_tile``: per agent, whether each element survives its two cuts (the keep mask that the
   L1 statistics of TIES and breadcrumbs sum over), one byte per element.
@@ -129,26 +129,29 @@ def low_tile(
 
 @triton.jit
 def tie_tile(
-    base,
-    agent_at,  # the agent's raw bytes at base + agent_at
+    base,  # uint8 pointer: the base's raw bytes; staged agent j's are at base + agents_at + j * agent_stride
+    agents_at,
+    agent_stride,
     m,
-    lo,
-    value,  # int64: the bits looked for
-    begin,  # int64: the first block position looked at
-    ties,  # uint8 (ceil(m / 8),): the tile's packed mask
+    rows,  # int32 (queries,): the staged agent each query looks in
+    values,  # int64 (queries,): the bits each query looks for
+    ties,  # uint8 (queries, ceil(m / 8)): per query, the tile's packed mask
     BASE: tl.constexpr,
     AGENT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """One program per ``BLOCK`` elements and query (the grid's second axis)."""
+    q = tl.program_id(1)
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < m
     b = codecs.decode(base, offsets, mask, BASE)
-    bits = _abs_bits(base, agent_at, 0, 0, b, offsets, mask, AGENT)
-    equal = mask & (bits.to(tl.int64) == value) & (offsets.to(tl.int64) + lo >= begin)
+    bits = _abs_bits(base, agents_at, agent_stride, tl.load(rows + q), b, offsets, mask, AGENT)
+    equal = mask & (bits.to(tl.int64) == tl.load(values + q))
+    row_bytes = (m + 7) // 8
     bytes_at = tl.program_id(0) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
     weights = (1 << tl.arange(0, 8)).to(tl.int32)
     packed = tl.sum(tl.reshape(equal.to(tl.int32), (BLOCK // 8, 8)) * weights[None, :], axis=1)
-    tl.store(ties + bytes_at, packed.to(tl.uint8), mask=bytes_at < (m + 7) // 8)
+    tl.store(ties + q * row_bytes + bytes_at, packed.to(tl.uint8), mask=bytes_at < row_bytes)
 
 
 @triton.jit
@@ -214,14 +217,20 @@ def low_launch(
 
 
 def tie_launch(
-    raw: list[torch.Tensor], m: int, lo: int, value: int, begin: int, ties: torch.Tensor, codes: tuple[int, int]
+    raw: list[torch.Tensor],
+    m: int,
+    rows: torch.Tensor,
+    values: torch.Tensor,
+    ties: torch.Tensor,
+    codes: tuple[int, int],
 ) -> None:
-    """Queue the tie search of one tile: ``raw`` the base and one agent, ``ties`` (ceil(m / 8),)
+    """Queue the tie searches of one tile: ``raw`` the base and the agents looked in, ``rows``
+    (queries,) int32 and ``values`` (queries,) int64 on the device, ``ties`` (queries, ceil(m / 8))
     uint8 on the device."""
-    agent_at, _ = layout(raw)
+    agents_at, stride = layout(raw)
     with on_device(raw[0]):
-        tie_tile[(triton.cdiv(m, BLOCK),)](
-            raw[0], agent_at, m, lo, value, begin, ties, BASE=codes[0], AGENT=codes[1], BLOCK=BLOCK, **EXACT,
+        tie_tile[(triton.cdiv(m, BLOCK), rows.shape[0])](
+            raw[0], agents_at, stride, m, rows, values, ties, BASE=codes[0], AGENT=codes[1], BLOCK=BLOCK, **EXACT,
         )  # fmt: skip
 
 
