@@ -259,8 +259,12 @@ def test_allow_nonfinite_flag_on_the_command_line(tmp_path: Path, family: Family
     assert looks_finished(tmp_path / "allowed")
 
 
-def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(tmp_path: Path, family: Family, reference: dict) -> None:
-    """SIGINT (Ctrl-C) mid-merge: exit 130 with one line saying to rerun; the rerun resumes."""
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(
+    tmp_path: Path, family: Family, reference: dict, stop: str
+) -> None:
+    """SIGINT (Ctrl-C) or SIGTERM (timeout, a batch scheduler, docker stop) mid-merge: exit 130
+    with one line saying to rerun; the rerun resumes."""
     import signal
 
     index, out = tmp_path / "index.zarr", tmp_path / "out"
@@ -282,7 +286,7 @@ def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(tmp_path: Path, family
     while not writing.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.2)  # inside the first block's (slowed) write
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, stop))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "rerun the same command" in err

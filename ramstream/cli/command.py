@@ -1,13 +1,16 @@
 """What every command does around the API: import it on first use, print a model's summary, and
-turn ramstream's errors (and Ctrl-C) into one line on stderr and an exit code."""
+turn ramstream's errors (and Ctrl-C, and SIGTERM) into one line on stderr and an exit code."""
 
 from __future__ import annotations
 
 import gc
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any, TypeVar
 
 import click
@@ -33,13 +36,14 @@ def load_api(backend: str) -> ModuleType:
 
 
 def friendly(func: F) -> F:
-    """Turn ramstream's errors (and Ctrl-C) into one line on stderr and a non-zero exit:
-    1 for an error, 130 for an interruption."""
+    """Turn ramstream's errors (and Ctrl-C or SIGTERM) into one line on stderr and a non-zero
+    exit: 1 for an error, 130 for an interruption."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return func(*args, **kwargs)
+            with _sigterm_as_interrupt():
+                return func(*args, **kwargs)
         except RamstreamError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
@@ -52,6 +56,29 @@ def friendly(func: F) -> F:
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (what ``timeout``, batch schedulers and ``docker stop`` send) stops a command as
+    Ctrl-C does: the passes stop where they are, what is being written is finished or dropped,
+    and the user is told how to resume. Raised once: a second SIGTERM during that cleanup is
+    ignored (SIGKILL still stops it, and the rerun resumes all the same)."""
+    if threading.current_thread() is not threading.main_thread():  # only there can a handler be set
+        yield
+        return
+    raised: list[int] = []
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        if not raised:
+            raised.append(signum)
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def summary(method: str, per_agent: dict[str, tuple[float, ...]]) -> str:
