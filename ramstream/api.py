@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ramstream.backends.registry import backend_for, load_backend, prepare_backend, warm_backend
 from ramstream.config import DEFAULT_EPS, DEFAULT_SHARD_SIZE, RunOptions
-from ramstream.errors import RamstreamError
+from ramstream.errors import NonFiniteWeightError, RamstreamError
 from ramstream.execution.executor import Executor
 from ramstream.execution.registry import make_executor
 from ramstream.format.family import Family, open_family
@@ -120,9 +121,10 @@ def probe(
             executor,
             allow_nonfinite,
         )
-        ctx.overlap()
-        if agreement:
-            ctx.compute(Agreement(ctx.store.header.eps))
+        with _nonfinite_hint("the probe", True, allow_nonfinite):
+            ctx.overlap()
+            if agreement:
+                ctx.compute(Agreement(ctx.store.header.eps))
         return ctx.store
     finally:
         executor.close()
@@ -183,11 +185,28 @@ def merge(
     backend = backend_for(options)
     executor = make_executor(backend, options)  # a cluster is reached only when a pass runs
     try:
-        with output_dir.lock(output.out):
+        with output_dir.lock(output.out), _nonfinite_hint(spec.name, spec.accepts_nonfinite, allow_nonfinite):
             return _merge_into(output, family, index, force, allow_nonfinite, options, executor)
     finally:
         executor.close()
         backend.close()
+
+
+@contextmanager
+def _nonfinite_hint(what: str, accepts: bool, allowed: bool) -> Iterator[None]:
+    """A NaN/Inf weight refused: say whether ``--allow-nonfinite`` would merge it (and how), or
+    that this method cannot, so the fix is not only "repair the checkpoint"."""
+    try:
+        yield
+    except NonFiniteWeightError as exc:
+        if allowed:
+            raise
+        hint = (
+            "or pass --allow-nonfinite to let it through (a non-finite task-vector element then counts as inactive)"
+            if accepts
+            else f"{what} cannot merge NaN/Inf weights, even with --allow-nonfinite"
+        )
+        raise NonFiniteWeightError(f"{exc} ({hint})") from exc
 
 
 def _merge_into(

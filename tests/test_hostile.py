@@ -273,6 +273,24 @@ def test_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path, family: Family) -
     one_line_error(run("merge", family.base, family.agents[0], "/dev/zero", "--out", out), "character device")
 
 
+def test_a_git_lfs_pointer_in_place_of_the_weights_says_to_fetch_them(tmp_path: Path, family: Family) -> None:
+    """A repository cloned without Git LFS holds ~130-byte pointers where the weights should be:
+    say so, rather than that the header claims exabytes."""
+    agent = tmp_path / "cloned"
+    agent.mkdir()
+    for path in family.agents[0].iterdir():
+        (agent / path.name).write_bytes(path.read_bytes())
+    pointer = next(agent.glob("*.safetensors"))
+    pointer.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 123456\n")
+    out = tmp_path / "out"
+    one_line_error(run("merge", family.base, agent, "--out", out), str(pointer), "Git LFS pointer", "git lfs pull")
+    assert not out.exists()
+
+
+def test_inspect_given_a_model_directory_asks_for_an_index(tmp_path: Path, family: Family) -> None:
+    one_line_error(run("inspect", family.base), str(family.base), "not a ramstream index", "give an index's path")
+
+
 # -- 7. tracebacks a user could cause -----------------------------------------------------------
 
 

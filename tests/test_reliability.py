@@ -253,7 +253,11 @@ def test_allow_nonfinite_flag_on_the_command_line(tmp_path: Path, family: Family
     raw[3] = 0x7F80  # +Inf in bf16
     write_safetensors(shard, {**tensors, name: (dtype, shape, raw)})
     args = ["merge", family.base, bad, *family.agents[1:], "--cache-dir", tmp_path / "cache", "--quiet"]
-    one_line_error(cli(*args, "--out", tmp_path / "refused"), name)
+    one_line_error(cli(*args, "--out", tmp_path / "refused"), name, "fix the checkpoint", "or pass --allow-nonfinite")
+    probe = ["probe", family.base, bad, *family.agents[1:], "--index", tmp_path / "refused.idx", "--quiet"]
+    one_line_error(cli(*probe), name, "or pass --allow-nonfinite")
+    ties = one_line_error(cli(*args, "--out", tmp_path / "ties", "--method", "ties"), name, "fix the checkpoint")
+    assert "ties cannot merge NaN/Inf weights" in ties  # and no flag suggested that it would refuse
     done = cli(*args, "--out", tmp_path / "allowed", "--allow-nonfinite")
     assert done.returncode == 0, done.stderr
     assert looks_finished(tmp_path / "allowed")

@@ -277,7 +277,7 @@ class BlockReader:
             if not np.isfinite(value):
                 return NonFiniteWeightError(
                     f"{ref.file}: tensor {tensor.name!r} of {member.name} holds {value} at index "
-                    f"{where}; fix the checkpoint (NaN/Inf weights cannot be merged)"
+                    f"{where}; fix the checkpoint"
                 )
             values.append(value)
         refs, members = self._refs(block), self.family.members

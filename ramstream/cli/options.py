@@ -103,7 +103,13 @@ def run_options(f: F) -> F:
 
 def output_options(f: F) -> F:
     """What the commands that write merged models (merge, sweep) take about the output."""
-    f = click.option("--shard-size", type=Size(), default=str(DEFAULT_SHARD_SIZE), show_default=True)(f)
+    f = click.option(
+        "--shard-size",
+        type=Size(),
+        default=f"{DEFAULT_SHARD_SIZE // 1000**3}GB",
+        show_default=True,
+        help="Largest output shard file, e.g. 2GB, 10GiB (5GB: the Hugging Face default).",
+    )(f)
     f = click.option(
         "--out-dtype",
         type=click.Choice(["auto", "bf16", "f16", "f32", "fp8"]),
@@ -112,7 +118,14 @@ def output_options(f: F) -> F:
         help="auto keeps each tensor's base dtype (bf16 for a tensor the base stores quantized); fp8 writes "
         "those in the base's FP8 scheme.",
     )(f)
-    return click.option("--index", "index", type=click.Path(path_type=Path), default=None)(f)
+    return click.option(
+        "--index",
+        "index",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Where the index (the agents' masks and statistics, about N x parameters / 8 bytes for N agents) "
+        "is kept and reused: later merges of these inputs skip the probe [default: cached under --cache-dir].",
+    )(f)
 
 
 def checkpoint_options(f: F) -> F:

@@ -38,6 +38,10 @@ class TensorEntry:
         return math.prod(self.shape)
 
 
+# What a file that Git LFS has not fetched starts with: a pointer to the weights, ~130 bytes of text.
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
 @dataclass(frozen=True)
 class SafetensorsHeader:
     path: Path
@@ -56,6 +60,11 @@ def read_header(path: Path) -> SafetensorsHeader:
             if len(prefix) < 8:
                 raise CorruptFileError(f"{path}: file is {size} bytes, too short to be safetensors")
             (header_len,) = struct.unpack("<Q", prefix)
+            if prefix == LFS_POINTER[:8] and (prefix + f.read(len(LFS_POINTER) - 8)) == LFS_POINTER:
+                raise CorruptFileError(
+                    f"{path}: a Git LFS pointer, not the weights (the repository was cloned without its LFS "
+                    "files); run `git lfs pull` there, or download the file"
+                )
             if header_len > MAX_HEADER_BYTES:
                 raise CorruptFileError(
                     f"{path}: header claims {header_len} bytes (cap {MAX_HEADER_BYTES}); "

@@ -471,7 +471,7 @@ def _open_group(path: Path, read_only: bool) -> zarr.Group:
             if not _holds_only_index_entries(path):
                 raise IndexMismatchError(
                     f"{path}: a directory that is not a ramstream index (it holds {_first_foreign(path)!r}); "
-                    "give an --index path that does not exist yet, or an index"
+                    "give an index's path, or (probe, merge) an --index path that does not exist yet"
                 )
             raise IndexMismatchError(
                 f"{path}: a damaged ramstream index (its zarr.json is missing: deleted or cut short during a run); "
