@@ -319,8 +319,9 @@ def _refined_in_one_walk(
             _refine(placed.kind, placed.targets, placed.rank, value, lower, [t], total)
             lows = (value[t] & 0xFFFF).astype(np.int64)
             picked[b:end] = pick(piece, lows)
-            if blocks.start < b:  # it began in an earlier window: those blocks read again, alone
-                picked[blocks.start : b] = pick(ctx.partials(low, range(blocks.start, b), keep=False), lows)
+            if blocks.start < b:  # it began in an earlier window: those blocks read again, a unit at a time
+                for first, partials in ctx.in_units(low, range(blocks.start, b)):
+                    picked[first : first + len(partials)] = pick(partials, lows)
     return picked
 
 

@@ -183,6 +183,18 @@ class StatsContext:
             return flat[rows[0] : rows[-1] + 1]
         return flat[rows]
 
+    def in_units(self, stat: BlockStatistic, blocks: range) -> Iterator[tuple[int, np.ndarray]]:
+        """The partials of ``blocks`` of a computed statistic as ``(first block, partials)``, one
+        stored unit (at most ``STAT_CHUNK_BYTES``) at a time: a tensor of many small blocks (a
+        small ``--memory``) read whole would hold every unit it spans at once, and zarr's copy."""
+        shape = stat.shape(len(self.family.agents))
+        unit_of, _ = self.store.statistic_positions(shape, stat.dtype)
+        lo = blocks.start
+        while lo < blocks.stop:
+            hi = min(int(np.searchsorted(unit_of, unit_of[lo], side="right")), blocks.stop)
+            yield lo, self.partials(stat, range(lo, hi), keep=False)
+            lo = hi
+
     def walk(self, stat: BlockStatistic) -> Iterator[tuple[int, np.ndarray]]:
         """Every block's partial of a computed statistic, in block order, as ``(first block,
         partials of consecutive blocks)``: as many whole units a read as fit in ``READ_BYTES`` (one
