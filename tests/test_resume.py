@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import zarr
 
-from tests.families import build_family
+from tests.families import build_family, read_safetensors, write_safetensors
 
 # Timed kills: ~28M bf16 elements per checkpoint. With --memory 16MiB a block is 262144
 # elements, so a pass has ~110 blocks and takes one to two seconds on one thread.
@@ -393,3 +393,72 @@ def test_probe_killed_at_a_step_resumes_to_identical_index(tmp_path: Path, small
     done = run(cli(*args))
     assert done.returncode == 0 and "Traceback" not in done.stderr, f"rerun after a kill at {step}:\n{done.stderr}"
     assert_same_index(index, small.index)
+
+
+# -- a rerun that is not the same merge: the refusal names what differs ------------------------
+
+
+def merge_killed_mid_merge(root: Path) -> tuple[list[str | Path], Path]:
+    """A merge of a family of its own, killed in its merge pass: its arguments and its output."""
+    family = build_family(root / "family", shapes=SMALL, int_tensor=True, shards=2, seed=14)
+    out = root / "out"
+    args: list[str | Path] = ["merge", family.base, *family.agents, "--out", out, "--cache-dir", root / "cache"]
+    args += MERGE_OPTS
+    kill_at_step(args, MERGE_STEPS["mid-merge"])
+    return args, out
+
+
+def refusal(args: list[str | Path]) -> str:
+    """The one line a refused rerun prints, checked to be one error line, exit status 1."""
+    done = run(cli(*args))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def killed_mid_merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str | Path], Path]:
+    return merge_killed_mid_merge(tmp_path_factory.mktemp("killed-mid-merge"))
+
+
+def test_a_rerun_after_an_input_changed_names_that_input(tmp_path: Path) -> None:
+    """The same command after a shard was rewritten cannot finish the merge: the refusal says
+    which checkpoint changed, and offers only what helps (no "rerun that command")."""
+    args, out = merge_killed_mid_merge(tmp_path)
+    agent = tmp_path / "family" / "agent1"
+    shard = sorted(agent.glob("model-*.safetensors"))[0]
+    tensors = read_safetensors(shard)
+    name = next(iter(tensors))
+    dtype, shape, raw = tensors[name]
+    tensors[name] = (dtype, shape, raw ^ np.ones_like(raw))  # other values, same size and header
+    write_safetensors(shard, tensors)
+    line = refusal(args)
+    assert f"{out}: holds an unfinished merge whose input {agent} changed since it started" in line, line
+    assert f"({shard.name} was modified)" in line and "--force" in line and "another --out" in line, line
+    assert "rerun the command" not in line, line
+    assert (out / ".ramstream" / "run.json").is_file(), "a refused rerun leaves the unfinished merge alone"
+    run_ok(cli(*args, "--force"))
+    assert (out / "ramstream_merge.json").is_file() and not (out / ".ramstream").exists()
+
+
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [
+        (("--r", "0.3"), "started with r=0.1, not r=0.3 (a parameter of ram+)"),
+        (("--method", "task_arithmetic"), "started with --method ram+, not task_arithmetic"),
+        (("--eps", "0.001"), "started with --eps 1e-05, not 0.001"),
+        (("--out-dtype", "f32"), "started with --out-dtype auto, not f32"),
+    ],
+)
+def test_a_rerun_with_another_parameter_names_it(
+    killed_mid_merge: tuple[list[str | Path], Path], changed: tuple[str, str], named: str
+) -> None:
+    """Another option than the killed merge's: the refusal names it with both values, and says
+    that rerunning the command that started the merge finishes it."""
+    args, out = killed_mid_merge
+    before = tree_bytes(out / ".ramstream")
+    line = refusal([*args, *changed])
+    assert line.startswith(f"error: {out}: holds an unfinished merge {named}; "), line
+    assert "rerun the command that started it to finish it" in line and "--force" in line, line
+    assert tree_bytes(out / ".ramstream") == before, "a refused rerun leaves the unfinished merge alone"

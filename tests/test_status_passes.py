@@ -2,7 +2,8 @@
 histograms and boundary, the pairwise agreement, ...), done, partial or not started.
 
 The statistics passes are real: run through the API on a real family, one of them stopped after
-two of its units (its journal's marks, as a kill leaves them).
+two of its units (its journal's marks, as a kill leaves them). ``status OUT`` of a merge (or a
+sweep) killed in its probe finds the index the merge was given and shows how far the probe got.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +20,7 @@ from ramstream.config import RunOptions
 from tests.checks import Interrupted, interrupted_after
 from tests.families import Family, build_family
 from tests.test_cli import in_process, ok, one_line_error
+from tests.test_resume import SMALL, kill_at_step, renamed_to
 
 SHAPES = {"model.embed_tokens.weight": (64, 32), "model.layers.0.mlp.up_proj.weight": (32, 32)}
 TIES = ("--method", "ties", "--density", "0.3", "--trim-scope", "model")
@@ -93,3 +96,65 @@ def test_a_finished_statistic_whose_journal_lost_a_mark_is_refused(probed: Path,
     (journal / "c.3").unlink()
     message = one_line_error(in_process("status", index), str(index), "'progress/abs_hi16_v1'")
     assert "run the command again" in message
+
+
+# -- a merge or a sweep killed in its probe, before its merge pass recorded anything ----------
+
+
+@pytest.fixture(scope="module")
+def several_batches(tmp_path_factory: pytest.TempPathFactory) -> Family:
+    """A family whose probe takes 13 batches under --memory 16MiB: a kill can land inside it."""
+    return build_family(tmp_path_factory.mktemp("status-probe"), shapes=SMALL, seed=5)
+
+
+def killed_in_probe(verb: str, family: Family, out: Path, index: Path, *extra: str) -> None:
+    """Run ``verb`` (merge or sweep) with ``--index index`` and SIGKILL it in its probe pass."""
+    members = [family.base, *family.agents]
+    args: list[str | Path] = [verb, *members, "--out", out, "--index", index, *extra]
+    args += ["--memory", "16MiB", "--quiet", "--cache-dir", out.parent / "cache"]
+    kill_at_step(args, renamed_to("progress/probe/c.3"))
+
+
+def shown(path: Path, *extra: str | Path) -> dict[str, Any]:
+    """``status PATH --json``, with a cache directory that holds no index."""
+    done = ok(in_process("status", path, "--json", "--cache-dir", path.parent / "elsewhere", *extra))
+    return json.loads(done.out)  # type: ignore[no-any-return]
+
+
+def assert_probe_stopped(doc: dict[str, Any], index: Path) -> None:
+    """The index named, the probe partial with its bytes, the merge pass known but not begun."""
+    assert doc["index"] == str(index.resolve()) and doc["notes"] == [], doc
+    probe, merge = doc["passes"]["probe"], doc["passes"]["merge"]
+    assert probe["state"] == "partial" and 0 < probe["blocks_done"] < probe["blocks_total"] == 13, probe
+    assert 0 < probe["bytes_done"] < probe["bytes_total"], probe
+    assert merge["state"] == "not started" and merge["bytes_total"] == probe["bytes_total"], merge
+
+
+def test_a_merge_stopped_in_its_probe_names_its_index_and_how_far_the_probe_got(
+    several_batches: Family, tmp_path: Path
+) -> None:
+    """Before its merge pass, no journal names the merge's index: the merge records it as it
+    starts, so status finds the --index it was given without being told."""
+    out, index = tmp_path / "out", tmp_path / "given" / "index.zarr"
+    killed_in_probe("merge", several_batches, out, index)
+    doc = shown(out)
+    assert_probe_stopped(doc, index)
+    members = [several_batches.base, *several_batches.agents]
+    assert [i["path"] for i in doc["inputs"]] == [str(m.resolve()) for m in members]
+    text = ok(in_process("status", out, "--cache-dir", tmp_path / "elsewhere")).out
+    assert f"index  {index.resolve()}" in text and "not found" not in text, text
+    assert next(line for line in text.splitlines() if line.startswith("probe")).split()[:2] == ["probe", "partial"]
+
+
+def test_a_sweep_stopped_in_its_probe_names_its_index_and_how_far_the_probe_got(
+    several_batches: Family, tmp_path: Path
+) -> None:
+    """A sweep's status shows its index's passes too, found as a merge's is, or through --index."""
+    out, index = tmp_path / "sweep", tmp_path / "given" / "index.zarr"
+    killed_in_probe("sweep", several_batches, out, index, "--grid", "ram+:r=0.1,0.2")
+    for given in ((), ("--index", index)):
+        doc = shown(out, *given)
+        assert doc["kind"] == "sweep", doc
+        assert_probe_stopped(doc, index)
+    text = ok(in_process("status", out, "--cache-dir", tmp_path / "elsewhere")).out
+    assert f"index  {index.resolve()}" in text, text

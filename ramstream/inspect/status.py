@@ -3,10 +3,11 @@
 Read from what the passes persist, never from the checkpoints: the probe's journal
 (``progress/probe`` in the index, and its ``probe`` attribute), each statistics pass's
 (``progress/<key>``: TIES's histograms, the agreement, ...; ``stats/<key>`` in the report), the merge's journal
-(``<out>/.ramstream/journal``: array ``merge``, attributes ``block_elems`` and ``index``) and
-``run.json``; a finished merge from ``ramstream_merge.json``. Both journals keep the throughput
-of their last run (attribute ``rate``), which gives the ETA. Bytes are input bytes (base plus
-every agent), as in the progress line of the passes.
+(``<out>/.ramstream/journal``: array ``merge``, attributes ``block_elems`` and ``index``),
+``run.json`` and ``started.json`` (where the index is, written as the passes begin: a merge or a
+sweep stopped in its probe is found there); a finished merge from ``ramstream_merge.json``. Both
+journals keep the throughput of their last run (attribute ``rate``), which gives the ETA. Bytes
+are input bytes (base plus every agent), as in the progress line of the passes.
 """
 
 from __future__ import annotations
@@ -207,14 +208,19 @@ def _journal_group(out: Path) -> zarr.Group | None:
 
 
 def _find_index(
-    key: str | None, explicit: Path | None, journal: zarr.Group | None, cache_dir: Path | None
+    key: str | None, explicit: Path | None, journal: zarr.Group | None, cache_dir: Path | None, work: Path
 ) -> Path | None:
+    """The index of the merge whose work area is ``work``: ``--index``, the one its merge journal
+    names, the one it recorded as its passes began (``started.json``: before the merge pass, while
+    its probe runs), or the cached index of its content key."""
     candidates: list[Path] = []
     if explicit is not None:
         candidates.append(explicit)
     recorded = journal.attrs.get("index") if journal is not None else None
-    if isinstance(recorded, str):
-        candidates.append(Path(recorded))
+    started = output_dir.started_record(work).get("index")
+    for where in (recorded, started):
+        if isinstance(where, str) and where:
+            candidates.append(Path(where))
     if cache_dir is not None and isinstance(key, str) and key.isalnum():  # a content key, never a path
         from ramstream.index.resolve import cache_path
 
@@ -324,23 +330,39 @@ def output_status(out: Path, index: Path | None = None, cache_dir: Path | None =
         )
     run = _run_record(out)
     journal = _journal_group(out)
-    found = _find_index(run.get("inputs"), index, journal, cache_dir)
+    key = run.get("inputs")
+    store, found, notes = _index_of(key if isinstance(key, str) else None, index, journal, cache_dir, out)
+    passes = _passes(journal, store)
+    details = {"merge": {k: run.get(k) for k in ("method", "params", "eps", "out_dtype")}}
+    inputs = store.header.inputs if store is not None else ()
+    return Status(out, "output", found, passes, tuple(inputs), details, tuple(notes))
+
+
+def _index_of(
+    key: str | None, index: Path | None, journal: zarr.Group | None, cache_dir: Path | None, path: Path
+) -> tuple[IndexStore | None, Path | None, list[str]]:
+    """The index of the merge (or sweep) in ``path``, opened, where it is, and notes on why none
+    was used; one built from other inputs than ``key`` is not used."""
+    found = _find_index(key, index, journal, cache_dir, output_dir.work_dir(path))
     store, notes = None, []
     if found is not None:
         store = open_index_store(found, read_only=True)
-        if store.header.content_key != run.get("inputs"):
+        if store.header.content_key != key:
             notes.append(f"{found} was built from other inputs than this merge; not used")
             store, found = None, None
     if store is None and index is None:
         notes.append("the merge's index was not found: pass --index PATH for bytes, inputs and the probe's state")
     elif store is None and index is not None and not (index / "zarr.json").is_file():
         notes.append(f"{index}, given as --index, is not an index (it has no zarr.json)")
-    probe = probe_status(store) if store is not None else None
-    merge = _merge_pass(journal, store, probe)
-    passes = (probe, *statistics_status(store), merge) if probe is not None and store is not None else (merge,)
-    details = {"merge": {k: run.get(k) for k in ("method", "params", "eps", "out_dtype")}}
-    inputs = store.header.inputs if store is not None else ()
-    return Status(out, "output", found, passes, tuple(inputs), details, tuple(notes))
+    return store, found, notes
+
+
+def _passes(journal: zarr.Group | None, store: IndexStore | None) -> tuple[PassStatus, ...]:
+    """The probe and the statistics passes the index holds, when it was found, then the merge."""
+    if store is None:
+        return (_merge_pass(journal, None, None),)
+    probe = probe_status(store)
+    return (probe, *statistics_status(store), _merge_pass(journal, store, probe))
 
 
 # -- a sweep ----------------------------------------------------------------------------------
@@ -364,8 +386,10 @@ def _sweep_names(path: Path, journal: zarr.Group | None) -> list[str]:
     return [n for n in names if n and Path(n).name == n]
 
 
-def sweep_status(path: Path) -> Status:
-    """A sweep's candidates (finished, started or not) and its merge pass over the unfinished ones."""
+def sweep_status(path: Path, index: Path | None = None, cache_dir: Path | None = None) -> Status:
+    """A sweep's candidates (finished, started or not) and, while it is unfinished, its passes:
+    the probe and statistics passes of its index (``--index``, or the one it recorded as its
+    passes began) and its merge pass over the unfinished candidates."""
     journal = _journal_group(path)
     candidates = []
     for name in _sweep_names(path, journal):
@@ -375,19 +399,28 @@ def sweep_status(path: Path) -> Status:
         else:
             state = "partial" if output_dir.work_dir(out).is_dir() else "not started"
         candidates.append({"name": name, "state": state})
-    passes = (_merge_pass(journal, None, None),) if journal is not None else ()
-    return Status(path, "sweep", None, passes, (), {"sweep": {"candidates": candidates}})
+    details: dict[str, Any] = {"sweep": {"candidates": candidates}}
+    work = output_dir.work_dir(path)
+    if not work.is_dir():  # finished, or not begun: no passes to tell
+        return Status(path, "sweep", None, (), (), details)
+    key = output_dir.started_record(work).get("key")
+    store, found, notes = _index_of(key if isinstance(key, str) else None, index, journal, cache_dir, path)
+    if store is None and journal is None:
+        return Status(path, "sweep", found, (), (), details, tuple(notes))
+    inputs = store.header.inputs if store is not None else ()
+    return Status(path, "sweep", found, _passes(journal, store), tuple(inputs), details, tuple(notes))
 
 
 def status(path: str | Path, index: str | Path | None = None, cache_dir: Path | None = None) -> Status:
     """The status of an index, of a merge's output directory or of a sweep's."""
     path = Path(path)
+    given = Path(index) if index is not None else None
     if (path / SWEEP_FILE).is_file() or "outputs" in getattr(_journal_group(path), "attrs", {}):
-        return sweep_status(path)
+        return sweep_status(path, given, cache_dir)
     if (path / "zarr.json").is_file():
         return index_status(path)
     if (path / output_dir.RECORD_FILE).is_file() or (output_dir.work_dir(path) / output_dir.RUN_FILE).is_file():
-        return output_status(path, Path(index) if index is not None else None, cache_dir)
+        return output_status(path, given, cache_dir)
     if path.is_dir() and (path / ".ramstream").is_dir():
         raise IndexMismatchError(f"{path}: a merge was prepared here but recorded nothing yet; rerun it")
     raise IndexMismatchError(f"{path}: neither a ramstream index nor a merge output directory; check the path")
@@ -434,7 +467,7 @@ def _pass_line(p: PassStatus, now: float) -> str:
 def render(status: Status) -> str:
     doc = status.to_dict()
     lines = [f"{status.kind} {status.path}"]
-    if status.kind == "output" and status.index is not None:
+    if status.kind in ("output", "sweep") and status.index is not None:
         lines.append(f"index  {status.index}")
     if "index_info" in doc:
         info = doc["index_info"]

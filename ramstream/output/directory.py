@@ -1,14 +1,18 @@
 """The output directory: its work area, how a finished merge is recognised, and finalisation.
 
-While a merge runs, everything lives in ``<out>/.ramstream/`` (``run.json``, the journal, the
-``*.safetensors.partial`` shards). Finalisation fsyncs the shards, renames them into ``<out>``,
-writes the shard index (when there are several shards), the model card, the copied tokenizer
-files, then ``config.json`` and ``ramstream_merge.json`` last, once everything they describe is
-in place; then the work area is renamed away in one step (the commit) and deleted. A directory
-counts as a finished merge only when ``ramstream_merge.json`` exists and the work area does not.
-The record keeps what identifies the bytes of every file it lists (``written``: sizes and
-digests, sampled for the shards); a rerun finds a merge whose files changed since (an evaluator
-that rewrote its weights) unfinished, and merges it again.
+While a merge runs, everything lives in ``<out>/.ramstream/`` (``run.json``, ``started.json``,
+the journal, the ``*.safetensors.partial`` shards). ``run.json`` says which merge this is (a rerun
+resumes it only when its own is equal); ``started.json``, written as its passes begin, says where
+its index is and what its inputs were then: for ``ramstream status`` before the merge pass has
+recorded anything, and to say which input changed when a rerun is refused. Finalisation fsyncs
+the shards, renames them into ``<out>``, writes the shard index (when there are several shards),
+the model card, the copied tokenizer files, then ``config.json`` and ``ramstream_merge.json``
+last, once everything they describe is in place; then the work area is renamed away in one step
+(the commit) and deleted. A directory counts as a finished merge only when
+``ramstream_merge.json`` exists and the work area does not. The record keeps what identifies the
+bytes of every file it lists (``written``: sizes and digests, sampled for the shards); a rerun
+finds a merge whose files changed since (an evaluator that rewrote its weights) unfinished, and
+merges it again.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from ramstream.io.atomic import atomic_write_bytes, atomic_write_text, fsync_dir
 from ramstream.io.lock import hold
 from ramstream.io.writer import ShardLayout
 from ramstream.output.base_files import read_copied
+from ramstream.output.run_difference import run_difference
 
 WORK_DIR = ".ramstream"
 RUN_FILE = "run.json"
+STARTED_FILE = "started.json"
 FILES_FILE = "files.json"
 RECORD_FILE = "ramstream_merge.json"
 ALWAYS_WRITTEN = ("config.json", "README.md", RECORD_FILE)  # and SHARD_INDEX when there are several shards
@@ -162,10 +168,7 @@ def prepare(out: Path, run: dict[str, Any], force: bool) -> bool:
             previous = None
         if previous == run:
             return False
-        raise OutputError(
-            f"{out}: holds an unfinished merge of other inputs or parameters; rerun that command to finish "
-            "it, choose another --out, or pass --force to start over"
-        )
+        raise OutputError(run_difference(previous, run, started_record(work).get("inputs")).message(out))
     if out.exists():
         _clear_for(out, record, force or bool(changed))
     try:
@@ -174,6 +177,29 @@ def prepare(out: Path, run: dict[str, Any], force: bool) -> bool:
     except OSError as exc:
         raise OutputError(f"{out}: cannot create the output directory ({exc.strerror})") from exc
     return False
+
+
+def record_start(work: Path, inputs: list[dict[str, object]], index: Path | None, key: str | None) -> None:
+    """Write ``started.json`` in the work area ``work`` as the passes begin: the index the merge
+    reads (the one its probe is filling), the inputs' content key and their fingerprints. Beside
+    ``run.json``, not in it: the same merge may be resumed with its index elsewhere. Advisory
+    (``status`` and a refused rerun say less without it): a merge is not stopped when it cannot
+    be written; a full disk stops it at its next write, which says where."""
+    doc = {"index": str(index.resolve()) if index is not None else None, "key": key, "inputs": inputs}
+    try:
+        atomic_write_text(work / STARTED_FILE, json.dumps(doc, sort_keys=True))
+    except OSError:
+        pass
+
+
+def started_record(work: Path) -> dict[str, Any]:
+    """What ``record_start`` wrote in ``work``; empty when it wrote nothing (a merge of an older
+    version, or one stopped before its passes began) or when that cannot be read."""
+    try:
+        doc = json.loads((work / STARTED_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _remove_trash(out: Path) -> None:

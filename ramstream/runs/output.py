@@ -197,6 +197,7 @@ def merge_outputs(
     a ``ConfigError``; in the pass: ``OUTPUT_FAILURES``) is that output's failure, returned in its
     place (its directory left unfinished); the others are merged and finished."""
     eps = float(outputs[0].run["eps"])
+    record_start(outputs, journal_dir, family, eps, index, options.cache_dir)
     contexts = [
         StatsContext(family, eps, index, options, budget_block_elems(family, options), executor, allow_nonfinite)
         for _ in outputs
@@ -241,6 +242,18 @@ def merge_outputs(
         if not isinstance(result, RamstreamError):
             finish_output(o, result[1], result[0], ctx, work)
     return results
+
+
+def record_start(
+    outputs: Sequence[OutputPlan], journal_dir: Path, family: Family, eps: float, index: Path | None, cache_dir: Path
+) -> None:
+    """Say, in the journal's work area and each output's, where the index the passes read is (the
+    probe fills it first) and what the inputs are: ``ramstream status`` finds the index before
+    the merge pass has begun, and a refused rerun names the input that changed."""
+    where = resolve.index_path(family, eps, index, cache_dir)
+    key = resolve.family_key(family, eps)
+    for work in dict.fromkeys([journal_dir, *(output_dir.work_dir(o.out) for o in outputs)]):
+        output_dir.record_start(work, family.fingerprints(), where, key)
 
 
 def compute_ahead(outputs: Sequence[OutputPlan], contexts: Sequence[StatsContext]) -> None:

@@ -91,9 +91,10 @@ def run_stack(
     ]
     params = {"dtype": dtype, "out_dtype": out_dtype}
     fingerprints = [checkpoint_fingerprint(c) for c in opened.members]
+    key = content_key(fingerprints, {})
     run = {
         "method": "passthrough",
-        "inputs": content_key(fingerprints, {}),
+        "inputs": key,
         "slices": record_slices,
         "base": None if base is None else str(base),
         **params,
@@ -109,6 +110,7 @@ def run_stack(
             warn_missing(out, output_dir.finished_record(out) or {})
             return StackResult(out, result.layers, result.slices, True)
         work = output_dir.work_dir(out)
+        output_dir.record_start(work, fingerprints, None, key)  # a refused rerun names a changed model
         layout = plan_shards(
             [(t.name, t.dtype, t.source.entry.shape, t.source.entry.numel * ITEMSIZE[t.dtype]) for t in plan.tensors],
             shard_size,
