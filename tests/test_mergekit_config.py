@@ -9,6 +9,7 @@ is tests/test_mergekit_parity.py.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from ramstream import mergekit_config
 from ramstream.cli import main
 from ramstream.errors import ConfigError
 from ramstream.methods.registry import method_names
+from ramstream.runs.config_values import check_config_values
 from tests.families import Family, build_family, read_model_dir
 
 SRC = Path("merge.yml")
@@ -34,8 +36,10 @@ def models(*names: str, **params: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def refused(doc: Any, *needles: str) -> str:
+    """What reading ``doc`` (then checking its values as the merge command does) refuses."""
     with pytest.raises(ConfigError) as info:
-        parse(doc)
+        config = parse(doc)
+        check_config_values(config, {}, config.settings)
     message = str(info.value)
     assert message.startswith(f"{SRC}: ") and "\n" not in message
     for needle in needles:
@@ -211,14 +215,14 @@ BASE_DOC: dict[str, Any] = {"merge_method": "ties", "base_model": "base", "model
         ({"merge_method": "model_soup"}, ["merge_method", "model_soup", "is not supported"]),
         (
             {"merge_method": "sce", "models": models("a", a={"select_topk": 0.5})},
-            ["models[0].select_topk", "top-level"],
+            ["models[0].parameters.select_topk", "top-level"],
         ),
         ({"merge_method": "sce", "parameters": {"int8_mask": True}}, ["int8_mask"]),
         ({"merge_method": "sce", "parameters": {"density": 0.5}}, ["density", "sce"]),
         ({"merge_method": "slerp"}, ["slerp", "exactly 1 model", "lists 2"]),
         ({"merge_method": "nuslerp", "models": models("a")}, ["nuslerp", "exactly 2", "lists 1"]),
         ({"merge_method": "slerp", "base_model": None}, ["base_model is required"]),
-        ({"merge_method": "slerp", "models": models("a", a={"t": 0.5})}, ["models[0].t", "top-level"]),
+        ({"merge_method": "slerp", "models": models("a", a={"t": 0.5})}, ["models[0].parameters.t", "top-level"]),
         ({"merge_method": "nearswap"}, ["nearswap", "exactly 1 model", "lists 2"]),
         (
             {"merge_method": "nearswap", "models": models("a"), "parameters": {"t": 0.01, "weight": 1.0}},
@@ -251,7 +255,7 @@ BASE_DOC: dict[str, Any] = {"merge_method": "ties", "base_model": "base", "model
         ),
         ({"parameters": {"gamma": 0.1}}, ["parameters.gamma", "ties has no parameter"]),
         ({"parameters": {"int8_mask": True}}, ["int8_mask", "no effect"]),
-        ({"models": models("a", "b", a={"lambda": 2.0})}, ["models[0].lambda", "top-level"]),
+        ({"models": models("a", "b", a={"lambda": 2.0})}, ["models[0].parameters.lambda", "top-level"]),
         ({"models": models("a", "b", a={"weight": 2.0})}, ["models[1]", "weight is missing"]),
         ({"parameters": {"density": "lots"}}, ["parameters.density", "number"]),
         ({"parameters": {"normalize": 3}}, ["parameters.normalize", "true or false"]),
@@ -457,3 +461,119 @@ def test_config_and_positional_models_together_is_a_usage_error(tmp_path: Path, 
     config.write_text("merge_method: ties\n")
     result = run("merge", family.base, family.agents[0], "--config", config, "--out", tmp_path / "out")
     assert result.exit_code == 2 and "either --config or BASE" in result.stderr
+
+
+# -- values the method refuses, named by the config's key ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            {**BASE_DOC, "models": models("a", "b", a={"density": 1.5})},
+            "models[0].parameters.density must lie in [0, 1], got 1.5",
+        ),
+        (
+            {**BASE_DOC, "models": models("base", "a", "b", b={"density": 1.5})},
+            "models[2].parameters.density must lie in [0, 1], got 1.5",
+        ),
+        ({**BASE_DOC, "parameters": {"density": -0.5}}, "parameters.density must lie in [0, 1], got -0.5"),
+        (
+            {**BASE_DOC, "models": models("a", "b", b={"density": [0.2, 3]})},
+            "models[1].parameters.density must lie in [0, 1], got 3",
+        ),
+        (
+            {**BASE_DOC, "merge_method": "dare_ties", "models": models("a", "b", b={"density": 0})},
+            "models[1].parameters.density must lie in (0, 1], got 0",
+        ),
+        (
+            {**BASE_DOC, "merge_method": "breadcrumbs", "parameters": {"gamma": 2}},
+            "parameters.gamma must lie in [0, 1], got 2",
+        ),
+        (
+            {**BASE_DOC, "merge_method": "sce", "parameters": {"select_topk": 1.5}},
+            "parameters.select_topk must lie in [0, 1], got 1.5",
+        ),
+        (
+            {
+                "merge_method": "linear",
+                "models": models("a", "b", a={"weight": 1.0}, b={"weight": 1e39}),
+            },
+            "models[1].parameters.weight overflows float32 (|x| <= 3.4e38, where merges compute), got 1e+39",
+        ),
+        (
+            {**BASE_DOC, "merge_method": "ram", "parameters": {"epsilon": -1}},
+            "parameters.epsilon must be a finite number >= 0, got -1.0",
+        ),
+    ],
+)
+def test_a_value_the_method_refuses_is_named_by_the_key_that_holds_it(doc: dict[str, Any], message: str) -> None:
+    """The method's own check (a density in [0, 1]) runs while the config is read, so the message
+    names the key the user wrote, and the model it belongs to, not a flag they never typed."""
+    assert refused(doc) == f"{SRC}: {message}"
+
+
+def test_a_slice_s_values_are_named_by_their_keys(tmp_path: Path) -> None:
+    base, a, b = _models_with_layers(tmp_path, 2, "base", "a", "b")
+    sources: list[dict[str, Any]] = [{"model": m, "layer_range": [0, 2]} for m in (base, a, b)]
+    doc: dict[str, Any] = {
+        "merge_method": "ties",
+        "base_model": base,
+        "slices": [{"sources": sources, "parameters": {"density": 2}}],
+    }
+    refused(doc, "slices[0].parameters.density must lie in [0, 1], got 2")
+    sources[2]["parameters"] = {"density": -1}
+    doc["slices"][0]["parameters"] = {"density": 0.5}
+    refused(doc, "slices[0].sources[2].parameters.density must lie in [0, 1], got -1")
+
+
+def test_what_a_flag_may_complete_is_left_to_the_merge() -> None:
+    """A config may leave a required option to a flag (slerp's t): reading it refuses nothing; with
+    no flag to complete it, the method's refusal names the file."""
+    config = parse({**BASE_DOC, "merge_method": "slerp", "models": models("a")})
+    settings = mergekit_config.combine(config, {"t": 0.5})
+    check_config_values(config, {"t": 0.5}, settings)
+    assert settings["t"] == 0.5
+    with pytest.raises(ConfigError, match=r"^merge\.yml: --t is required with --method slerp"):
+        check_config_values(config, {"out_dtype": "f32"}, mergekit_config.combine(config, {"out_dtype": "f32"}))
+
+
+def test_the_flags_own_messages_are_unchanged_and_survive_pickling() -> None:
+    """A value or option refused by the method reads as the flag; its fields go with it across
+    processes (a sweep's candidates, a cluster's workers)."""
+    from ramstream.methods.options import OptionError, UnknownOptions
+    from ramstream.methods.registry import get_method
+
+    with pytest.raises(OptionError) as value:
+        get_method("ties").parse({"density": [0.5, 1.5]}, 2)
+    assert str(value.value) == "--density must lie in [0, 1], got 1.5" and value.value.item == 1
+    with pytest.raises(UnknownOptions) as unknown:
+        get_method("ties").parse({"densty": 0.2}, 2)
+    assert str(unknown.value) == "--densty has no effect with --method ties"
+    for error in (value.value, unknown.value):
+        copy = pickle.loads(pickle.dumps(error))
+        assert (type(copy), str(copy), vars(copy)) == (type(error), str(error), vars(error))
+
+
+def test_a_config_names_its_key_and_the_flag_keeps_its_own(tmp_path: Path, family: Family) -> None:
+    config = tmp_path / "density_big.yml"
+    models_ = [{"model": str(a), "parameters": {"density": 0.5 if i else 1.5}} for i, a in enumerate(family.agents)]
+    config.write_text(json.dumps({"merge_method": "ties", "base_model": str(family.base), "models": models_}))
+    line = one_line_error(run("merge", "--config", config, "--out", tmp_path / "a", "--quiet"))
+    assert line == f"error: {config}: models[0].parameters.density must lie in [0, 1], got 1.5"
+    members = (family.base, *family.agents)
+    flag = run("merge", *members, "--method", "ties", "--density", "1.5", "--out", tmp_path / "b", "--quiet")
+    assert one_line_error(flag) == "error: --density must lie in [0, 1], got 1.5"
+    karcher = tmp_path / "karcher.yml"
+    karcher.write_text(json.dumps({"merge_method": "karcher", "models": models_[:2], "parameters": {"tol": -1}}))
+    one_line_error(run("merge", "--config", karcher, "--out", tmp_path / "c", "--quiet"), f"{karcher}: ", "tol")
+    assert not any((tmp_path / out).exists() for out in "abc")
+
+
+def test_a_passthrough_scale_float32_cannot_hold_is_named_by_its_key() -> None:
+    """The stack scales in float32: a scale beyond it is refused while the config is read, by key."""
+    doc = {"merge_method": "passthrough", "models": [{"model": "a", "parameters": {"scale": [1.0, 1e39]}}]}
+    with pytest.raises(ConfigError) as info:
+        mergekit_config.parse_stack(doc, SRC)
+    overflow = "overflows float32 (|x| <= 3.4e38, where merges compute), got 1e+39"
+    assert str(info.value) == f"{SRC}: models[0].scale {overflow}"

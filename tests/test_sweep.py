@@ -117,9 +117,9 @@ def test_a_rerun_leaves_finished_candidates_alone_and_merges_only_a_new_one(fami
     ("grids", "words"),
     [
         (("nonsense:r=1",), "nonsense"),
-        (("ram+:density=0.5",), "--density has no effect with --method ram+"),
-        (("task_arithmetic:lambda=big",), "--lambda must be a number"),
-        (("ties:density=2",), "--density must lie in"),
+        (("ram+:density=0.5",), "--grid 'ram+:density=0.5': ram+ has no parameter 'density' (it reads"),
+        (("task_arithmetic:lambda=big",), "--grid 'task_arithmetic:lambda=big': lambda must be a number"),
+        (("ties:density=2",), "--grid 'ties:density=2': density must lie in"),
         ((), "at least one candidate"),
         (("ram+:r=0.1", "ram+:r=0.10"), "both named"),
     ],

@@ -136,3 +136,35 @@ def test_config_and_positional_inputs_are_exclusive(family: Family, tmp_path: Pa
     assert done.exit_code == 2 and "either --config or BASE AGENT" in done.output
     done = invoke("sweep", "--out", tmp_path / "out", "--grid", "linear")
     assert done.exit_code == 2 and "give BASE and at least one AGENT" in done.output
+
+
+def test_a_value_a_candidate_s_method_refuses_is_named_by_the_file_the_candidate_and_the_key(
+    family: Family, tmp_path: Path
+) -> None:
+    """Each candidate is a config: its values are named as ``merge --config`` names them, after the
+    file and the candidate; a refusal of the method that no key names still names both."""
+    ties = config(family, "ties", {"density": 0.4})
+    too_dense = config(family, "ties")
+    too_dense["models"][1]["parameters"]["density"] = 1.5
+    karcher = config(family, "karcher", {"tol": -1})
+    karcher["models"] = [{"model": m["model"]} for m in karcher["models"]]
+    dare = {**ties, "merge_method": "dare_ties", "parameters": {"density": 0}}
+    cases = [
+        (
+            {**ties, "sweep": {"density": [0.3, 1.5]}},
+            "candidate density=1.5: parameters.density must lie in [0, 1], got 1.5",
+        ),
+        ([ties, too_dense], "candidate 2: models[1].parameters.density must lie in [0, 1], got 1.5"),
+        ([ties, dare], "candidate 2: parameters.density must lie in (0, 1], got 0"),
+        ([ties, karcher], "candidate 2: --tol must be >= 0, got -1"),
+    ]
+    for i, (doc, words) in enumerate(cases):
+        path = write(tmp_path / f"bad{i}.yml", doc)
+        done = sweep_config(path, tmp_path / f"out{i}", tmp_path / "cache")
+        lines = done.stderr.strip().splitlines()
+        assert done.exit_code == 1 and lines == [f"error: {path}: {words}"], done.stderr
+        assert not (tmp_path / f"out{i}").exists()
+    path = write(tmp_path / "grid.yml", [ties])
+    done = sweep_config(path, tmp_path / "grid", tmp_path / "cache", "--grid", "ties:densty=0.2")
+    assert done.exit_code == 1 and "--grid 'ties:densty=0.2': ties has no parameter 'densty'" in done.stderr
+    assert not (tmp_path / "grid").exists()

@@ -191,7 +191,11 @@ def merge(
             state = "already stacked" if stacked.resumed_finished else "stacked"
             click.echo(f"{state}: {stacked.out} (passthrough, {stacked.layers} layers from {stacked.slices} slices)")
             return
-        base, agents, settings = loaded.base, loaded.agents, mergekit_config.combine(loaded, settings)
+        flags, settings = settings, mergekit_config.combine(loaded, settings)
+        base, agents = loaded.base, loaded.agents
+        from ramstream.runs.config_values import check_config_values
+
+        check_config_values(loaded, flags, settings)
     if base is None or not agents:
         raise click.UsageError("give BASE and at least one AGENT (or --config FILE)")
     arguments = mergekit_config.api_arguments(settings)

@@ -152,11 +152,11 @@ def _sweep_candidates(
     if config is None:
         if base is None or not agents:
             raise click.UsageError("give BASE and at least one AGENT (or --config FILE)")
-        return base, agents, parse_grids(grids), {}
+        return base, agents, parse_grids(grids, len(agents)), {}
     if base is not None or agents:
         raise click.UsageError("give either --config or BASE AGENT..., not both")
     loaded = sweep_config.load(config)
-    candidates = [*loaded.candidates, *(c for g in grids for c in parse_grid(g))]
+    candidates = [*loaded.candidates, *(c for g in grids for c in parse_grid(g, len(loaded.agents)))]
     check_unique(candidates)
     for key, value in loaded.shared.items():
         if ctx.get_parameter_source(key) != click.core.ParameterSource.DEFAULT and ctx.params[key] != value:

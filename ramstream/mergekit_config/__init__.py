@@ -53,18 +53,20 @@ from pathlib import Path
 
 from ramstream.errors import ConfigError
 from ramstream.mergekit_config import safe_yaml
-from ramstream.mergekit_config.merge import ConfigMerge, api_arguments, combine, parse
+from ramstream.mergekit_config.merge import RUN_SETTINGS, ConfigMerge, api_arguments, combine, config_refusal, parse
 from ramstream.mergekit_config.stack import ConfigStack, StackSlice, parse_stack, stack_arguments
 from ramstream.mergekit_config.tables import FLAGS, METHODS, PASSTHROUGH
 
 __all__ = [
     "FLAGS",
     "METHODS",
+    "RUN_SETTINGS",
     "ConfigMerge",
     "ConfigStack",
     "StackSlice",
     "api_arguments",
     "combine",
+    "config_refusal",
     "load",
     "parse",
     "parse_stack",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,9 @@ from ramstream.mergekit_config.values import (
     value_of,
 )
 
+# A model of the config: its path, its parameters, and where the config lists it (``models[2]``).
+Input = tuple[Path, dict[str, Any], str]
+
 
 @dataclass(frozen=True)
 class ConfigMerge:
@@ -39,6 +42,9 @@ class ConfigMerge:
     base: Path
     agents: tuple[Path, ...]
     settings: Mapping[str, Any]
+    # per option, the config's key of each value (one for a shared setting, one per agent): the
+    # merge's refusal of a value names the key the config writes it under (``config_refusal``)
+    keys: Mapping[str, list[str]] = field(default_factory=dict)
 
 
 def parse(doc: Any, source: Path) -> ConfigMerge:
@@ -58,31 +64,67 @@ def parse(doc: Any, source: Path) -> ConfigMerge:
     check_tokenizer(doc, fail)
     base = None if doc.get("base_model") is None else model_path(doc["base_model"], "base_model", fail)
     top = parameters_of(doc.get("parameters"), "parameters", fail)
+    top_where: dict[str, str] = {}  # where a top-level parameter is written, when not under parameters
     entries = doc.get("models")
+    listed = "models"
     if "slices" in doc:
         if entries is not None:
             raise fail("slices and models are both given: mergekit reads one or the other")
         entries, slice_params = one_full_slice(doc["slices"], fail)
         top = {**top, **slice_params}
-    inputs = model_inputs(entries, base, fail)
+        top_where = dict.fromkeys(slice_params, "slices[0].parameters")
+        listed = "slices[0].sources"
+    inputs = [(path, params, f"{listed}[{i}]") for i, (path, params) in enumerate(model_inputs(entries, base, fail))]
+    scopes = Scopes(top, top_where)
     if name == "linear":
-        return _linear(source, base, inputs, top, settings, fail)
+        return _linear(source, base, inputs, scopes, settings, fail)
     if base is None and spec.base == "optional":
-        return _without_base(source, name, spec, inputs, top, settings, fail)
+        return _without_base(source, name, spec, inputs, scopes, settings, fail)
     if base is None:
         raise fail(f"base_model is required: {name} merges task vectors against a base")
     else:
-        for i, (path, params) in enumerate(inputs):
+        for path, params, where in inputs:
             if same_path(path, base) and params:
-                raise fail(f"models[{i}] is the base model: its parameters ({', '.join(params)}) have no effect")
-        inputs = [(path, params) for path, params in inputs if not same_path(path, base)]
+                raise fail(f"{where} is the base model: its parameters ({', '.join(params)}) have no effect")
+        inputs = [entry for entry in inputs if not same_path(entry[0], base)]
         if not inputs:
             raise fail("models lists no model other than base_model: nothing to merge")
     _count(name, spec, len(inputs), fail)
-    agents = tuple(path for path, _ in inputs)
-    settings.update(_method_settings(name, spec, top, [params for _, params in inputs], fail))
+    agents = tuple(path for path, _, _ in inputs)
+    method, keys = _method_settings(name, spec, scopes, inputs, fail)
+    settings.update(method)
     settings.update(dict(spec.fixed))
-    return ConfigMerge(source, base, agents, settings)
+    return replace(ConfigMerge(source, base, agents, settings), keys=keys)
+
+
+@dataclass(frozen=True)
+class Scopes:
+    """The top-level parameters (with a slice's), and where each is written for messages."""
+
+    top: dict[str, Any]
+    where: dict[str, str]
+
+    def of(self, key: str) -> str:
+        return self.where.get(key, "parameters")
+
+
+def config_refusal(config: ConfigMerge, flags: Mapping[str, Any], exc: ConfigError) -> ConfigError:
+    """The method's refusal of a merge ``config`` (with ``flags``) set up, as the user should read
+    it: a refused value the config wrote (``OptionError``: a density of 1.5) named by its key, not
+    by a flag the user never typed; any other refusal prefixed with the file when no flag given with
+    the config could be its cause."""
+    name, item, problem = getattr(exc, "name", None), getattr(exc, "item", None), getattr(exc, "problem", None)
+    if isinstance(name, str) and problem is not None and name in config.keys and name not in flags:
+        where = config.keys[name]
+        key = where[item] if isinstance(item, int) and 0 <= item < len(where) else where[0]
+        return ConfigError(f"{config.source}: {key} {problem}")
+    if all(k in RUN_SETTINGS for k in flags):
+        return ConfigError(f"{config.source}: {exc}")
+    return exc
+
+
+# Settings that are arguments of the run, not options the method parses.
+RUN_SETTINGS = ("method", "eps", "out_dtype")
 
 
 def _count(name: str, spec: MethodMap, models: int, fail: Fail, extra: str = "") -> None:
@@ -96,8 +138,8 @@ def _without_base(
     source: Path,
     name: str,
     spec: MethodMap,
-    inputs: list[tuple[Path, dict[str, Any]]],
-    top: dict[str, Any],
+    inputs: list[Input],
+    scopes: Scopes,
     settings: dict[str, Any],
     fail: Fail,
 ) -> ConfigMerge:
@@ -107,17 +149,18 @@ def _without_base(
     if len(inputs) < 2:
         raise fail(f"{name} without base_model needs at least two models")
     _count(name, spec, len(inputs), fail, " (here without base_model: all of them)")
-    settings.update(_method_settings(name, spec, top, [params for _, params in inputs], fail))
+    method, keys = _method_settings(name, spec, scopes, inputs, fail)
+    settings.update(method)
     if name != "karcher":  # karcher treats the base as one more input anyway
         settings["no_base"] = True
-    return ConfigMerge(source, inputs[0][0], tuple(path for path, _ in inputs[1:]), settings)
+    return replace(ConfigMerge(source, inputs[0][0], tuple(path for path, _, _ in inputs[1:]), settings), keys=keys)
 
 
 def _linear(
     source: Path,
     base: Path | None,
-    inputs: list[tuple[Path, dict[str, Any]]],
-    top: dict[str, Any],
+    inputs: list[Input],
+    scopes: Scopes,
     settings: dict[str, Any],
     fail: Fail,
 ) -> ConfigMerge:
@@ -125,24 +168,27 @@ def _linear(
     it is not listed, weighted by the top-level weight); every input needs a weight. ramstream's
     linear takes one of them as its base (``base_weight``, added first) and the rest as agents:
     base_model when there is one, otherwise the first model."""
-    if base is not None and not any(same_path(path, base) for path, _ in inputs):
-        if "weight" not in top:
+    if base is not None and not any(same_path(path, base) for path, _, _ in inputs):
+        if "weight" not in scopes.top:
             raise fail(
                 "base_model is an input of linear (mergekit adds it to the models): give it a weight "
                 "(list it under models, or set a top-level weight), or leave base_model out"
             )
-        inputs = [*inputs, (base, {})]
+        inputs = [*inputs, (base, {}, "base_model")]
     if len(inputs) < 2:
         raise fail("linear needs at least two models (base_model counts as one)")
-    settings.update(_method_settings("linear", METHODS["linear"], top, [params for _, params in inputs], fail))
+    method, keys = _method_settings("linear", METHODS["linear"], scopes, inputs, fail)
+    settings.update(method)
     weights = settings.pop("weights", None)
     if weights is None:
         raise fail("linear needs a weight for every model (as in mergekit): set weight in their parameters")
-    at = 0 if base is None else next(i for i, (path, _) in enumerate(inputs) if same_path(path, base))
+    at = 0 if base is None else next(i for i, (path, _, _) in enumerate(inputs) if same_path(path, base))
     settings["base_weight"] = weights[at]
     settings["weights"] = weights[:at] + weights[at + 1 :]
-    agents = tuple(path for i, (path, _) in enumerate(inputs) if i != at)
-    return ConfigMerge(source, inputs[at][0], agents, settings)
+    where = keys["weights"]
+    keys = {**keys, "base_weight": [where[at]], "weights": where[:at] + where[at + 1 :]}
+    agents = tuple(path for i, (path, _, _) in enumerate(inputs) if i != at)
+    return replace(ConfigMerge(source, inputs[at][0], agents, settings), keys=keys)
 
 
 def _dtypes(doc: Mapping[str, Any], fail: Fail) -> dict[str, Any]:
@@ -172,12 +218,17 @@ def _refuse_varying(param: Param | None, key: str, value: Any, where: str, fail:
 
 
 def _method_settings(
-    name: str, spec: MethodMap, top: dict[str, Any], per_model: list[dict[str, Any]], fail: Fail
-) -> dict[str, Any]:
+    name: str, spec: MethodMap, scopes: Scopes, inputs: list[Input], fail: Fail
+) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The method's settings, and where each value is written (per option: one key for a shared
+    setting, one per model for a per-model one), for messages about the values."""
+    top = scopes.top
+    per_model = [params for _, params, _ in inputs]
     known = {p.name: p for p in spec.params}
     default_only = DEFAULT_ONLY.get(name, {})
-    scopes = [("parameters", top), *((f"models[{i}]", p) for i, p in enumerate(per_model))]
-    for where, params in scopes:
+    given = [*((scopes.of(key), True, {key: value}) for key, value in top.items())]
+    given += [(f"{where}.parameters", False, params) for _, params, where in inputs]
+    for where, top_level, params in given:
         for key, value in params.items():
             _refuse_varying(known.get(key), key, value, where, fail)
             if key in default_only:
@@ -187,47 +238,58 @@ def _method_settings(
             elif key not in known:
                 reads = ", ".join(known) or "none"
                 raise fail(f"{where}.{key}: {name} has no parameter {excerpt(key)} (it reads {reads})")
-            elif known[key].scope == "shared" and where != "parameters":
+            elif known[key].scope == "shared" and not top_level:
                 raise fail(f"{where}.{key}: {key} is one value for the whole merge: set it in the top-level parameters")
     settings: dict[str, Any] = {}
     for param in spec.params:
         if param.varying:
-            settings.update(_varying(param, top, per_model, name, fail))
+            settings.update(_varying(param, scopes, inputs, name, fail))
         elif param.scope == "shared":
             if param.name in top:
-                settings[param.option] = value_of(param, top[param.name], "parameters", fail)
+                settings[param.option] = value_of(param, top[param.name], scopes.of(param.name), fail)
         elif param.name in top or any(param.name in p for p in per_model):
-            settings[param.option] = [_model_value(param, top, p, i, name, fail) for i, p in enumerate(per_model)]
-    return settings
+            settings[param.option] = [_model_value(param, scopes, entry, name, fail) for entry in inputs]
+    keys: dict[str, list[str]] = {}
+    for param in spec.params:
+        if param.option in settings and param.scope == "shared":
+            keys[param.option] = [f"{scopes.of(param.name)}.{param.name}"]
+        elif param.option in settings:
+            keys[param.option] = [f"{_where(param, scopes, p, where)}.{param.name}" for _, p, where in inputs]
+    return settings, keys
 
 
-def _varying(
-    param: Param, top: dict[str, Any], per_model: list[dict[str, Any]], name: str, fail: Fail
-) -> dict[str, Any]:
+def _where(param: Param, scopes: Scopes, params: dict[str, Any], model: str) -> str:
+    """Where a model's value of a per-model parameter is written: its own parameters, else the top level."""
+    return f"{model}.parameters" if param.name in params or param.name not in scopes.top else scopes.of(param.name)
+
+
+def _varying(param: Param, scopes: Scopes, inputs: list[Input], name: str, fail: Fail) -> dict[str, Any]:
     """A parameter that may differ per tensor, as ``methods.tensor_settings`` reads it: the
     model's setting first, then the top-level one, then mergekit's default."""
+    top = scopes.top
     if param.scope == "shared":
         if param.name not in top:
             return {}  # left to the method, whose default is mergekit's
-        value = chain(param, [("parameters", top.get(param.name))], fail)
+        value = chain(param, [(scopes.of(param.name), top.get(param.name))], fail)
         return {} if value is None else {param.option: value}
-    if param.name not in top and not any(param.name in p for p in per_model):
+    if param.name not in top and not any(param.name in p for _, p, _ in inputs):
         return {}
     values = []
-    for i, p in enumerate(per_model):
-        value = chain(param, [(f"models[{i}]", p.get(param.name)), ("parameters", top.get(param.name))], fail)
+    for _, p, where in inputs:
+        own = (f"{where}.parameters", p.get(param.name))
+        value = chain(param, [own, (scopes.of(param.name), top.get(param.name))], fail)
         if value is None:
-            raise fail(f"models[{i}]: {param.name} is missing; {name} needs one for every model when any has one")
+            raise fail(f"{where}: {param.name} is missing; {name} needs one for every model when any has one")
         values.append(value)
     return {param.option: values}
 
 
-def _model_value(param: Param, top: dict[str, Any], params: dict[str, Any], i: int, name: str, fail: Fail) -> Any:
-    where = f"models[{i}]" if param.name in params else "parameters"
-    value = params.get(param.name, top.get(param.name, param.default))
+def _model_value(param: Param, scopes: Scopes, entry: Input, name: str, fail: Fail) -> Any:
+    _, params, model = entry
+    value = params.get(param.name, scopes.top.get(param.name, param.default))
     if value is None:
-        raise fail(f"models[{i}]: {param.name} is missing; {name} needs one for every model when any has one")
-    return value_of(param, value, where, fail)
+        raise fail(f"{model}: {param.name} is missing; {name} needs one for every model when any has one")
+    return value_of(param, value, _where(param, scopes, params, model), fail)
 
 
 def combine(config: ConfigMerge, flags: Mapping[str, Any]) -> dict[str, Any]:

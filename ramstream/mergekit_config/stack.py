@@ -30,6 +30,8 @@ from ramstream.mergekit_config.values import (
     value_of,
 )
 
+FLOAT32_MAX = 3.4028234663852886e38  # a scale past it would be Inf in every stacked value
+
 
 @dataclass(frozen=True)
 class StackSlice:
@@ -174,7 +176,10 @@ def _scale_setting(value: Any, where: str, fail: Fail) -> Any:
         if any(isinstance(v, list) for v in value) or (any(conditions) and not all(conditions)):
             raise fail(f"{where}: a gradient is a list of numbers, got {excerpt(value)}")
         return [_scale_setting(v, where, fail) for v in value]
-    return value_of(SCALE, value, where.removesuffix(".scale"), fail)
+    number = value_of(SCALE, value, where.removesuffix(".scale"), fail)
+    if isinstance(number, (int, float)) and not isinstance(number, bool) and abs(number) > FLOAT32_MAX:
+        raise fail(f"{where} overflows float32 (|x| <= 3.4e38, where merges compute), got {excerpt(number)}")
+    return number
 
 
 def _scale_chain(scopes: list[dict[str, Any]], where: str, fail: Fail) -> Any:

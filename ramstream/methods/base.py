@@ -87,8 +87,9 @@ def refuse_unknown(method: str, options: Mapping[str, Any], allowed: set[str]) -
     """Options a method would ignore are refused by name, never silently dropped."""
     extra = sorted(set(options) - allowed)
     if extra:
-        flags = ", ".join("--" + name.replace("_", "-") for name in extra)
-        raise_config(f"{flags} has no effect with --method {method}")
+        from ramstream.methods.options import UnknownOptions
+
+        raise UnknownOptions(method, tuple(extra), tuple(sorted(allowed)))
 
 
 def raise_config(message: str) -> None:

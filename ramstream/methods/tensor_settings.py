@@ -83,13 +83,20 @@ def per_model(name: str, value: Any, count: int, per: str = "model") -> tuple[Se
     for all (a list of conditions is one setting, not one value per model)."""
     one = isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value)
     if isinstance(value, (list, tuple)) and len(value) == count and count > 1 and not one:
-        return tuple(parse(name, v) for v in value)
+        return tuple(_item(name, v, i) for i, v in enumerate(value))
     if isinstance(value, (list, tuple)) and len(value) == 1:
-        return (parse(name, value[0]),) * count
+        return (_item(name, value[0], 0),) * count
     if isinstance(value, (list, tuple)) and not one:
-        flag = options.flag_name(name)
-        raise ConfigError(f"{flag} needs one value per {per} ({count}) or one for all, got {len(value)}")
+        raise options.OptionError(name, f"needs one value per {per} ({count}) or one for all, got {len(value)}")
     return (parse(name, value),) * count
+
+
+def _item(name: str, value: Any, i: int) -> Setting:
+    """``parse``, its refusal naming value ``i`` of the list (a config names that model's key)."""
+    try:
+        return parse(name, value)
+    except options.OptionError as exc:
+        raise exc.at(i) from None
 
 
 def per_agent(name: str, value: Any, count: int) -> tuple[Setting, ...]:
@@ -124,8 +131,13 @@ def values(setting: Setting) -> tuple[float, ...]:
 
 
 def in_range(name: str, settings: Sequence[Setting], low: float, high: float, low_open: bool = False) -> None:
-    """``options.in_range`` over every value the settings can give any tensor."""
-    options.in_range(name, tuple(v for s in settings for v in values(s)), low, high, low_open)
+    """``options.in_range`` over every value the settings can give any tensor; a refusal names
+    the setting's position (the agent's, for per-agent settings)."""
+    for i, setting in enumerate(settings):
+        try:
+            options.in_range(name, values(setting), low, high, low_open)
+        except options.OptionError as exc:
+            raise exc.at(i) from None
 
 
 def uniform(settings: Sequence[Setting]) -> tuple[float, ...] | None:
@@ -199,7 +211,7 @@ def _gradient(name: str, values: Sequence[Any]) -> tuple[float, ...]:
 
 
 def _number(name: str, value: Any) -> float:
-    return options.number(name, value)  # its message names the flag: --lambda must be a number
+    return options.number(name, value)  # an OptionError: --lambda must be a number, or a config's key
 
 
 def _yaml_number(value: Any) -> Any:

@@ -29,6 +29,7 @@ from typing import Any
 from ramstream import mergekit_config
 from ramstream.errors import ConfigError
 from ramstream.mergekit_config import safe_yaml
+from ramstream.runs.config_values import check_config_values
 from ramstream.sweep.grid import Candidate, check_label, check_unique
 
 SWEEP_KEY = "sweep"
@@ -135,6 +136,7 @@ def _gather(source: Path, entries: list[tuple[str, Any, str | None]]) -> SweepCo
                 f"{source}: {where} sets {SHARED[key]} to {_shown(fixed[key])}, candidate 1 to "
                 f"{_shown(shared[key])}; it is one value for the whole sweep"
             )
+        check_config_values(merge, {}, merge.settings)
         method = settings.pop("method")
         candidates.append(Candidate(method, settings, label))
     assert family is not None

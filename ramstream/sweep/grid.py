@@ -55,15 +55,18 @@ class Candidate:
         return {"name": self.name, "method": self.method, "settings": dict(self.settings)}
 
 
-def parse_grid(text: str) -> list[Candidate]:
-    """The candidates of one ``--grid``; a malformed grid raises ``ConfigError`` quoting it."""
+def parse_grid(text: str, n_agents: int | None = None) -> list[Candidate]:
+    """The candidates of one ``--grid``; a malformed grid raises ``ConfigError`` quoting it. Given
+    the number of agents, each candidate is also parsed as its method will parse it, so that a
+    parameter the method does not read or a value it refuses is named as the grid writes it."""
     method, *fields = [f.strip() for f in text.split(":")]
     if not method:
         raise ConfigError(f"--grid {excerpt(text)}: no method; write METHOD[:PARAM=V1,V2,...]")
     axes: dict[str, list[Any]] = {}
+    spelled: dict[str, str] = {}  # each parameter as the grid writes it (rho-scope), for messages
     for item in fields:
-        param, sep, values = item.partition("=")
-        param = param.strip().replace("-", "_")
+        written, sep, values = item.partition("=")
+        param = written.strip().replace("-", "_")
         if not sep or not _PARAM.match(param):
             raise ConfigError(f"--grid {excerpt(text)}: {excerpt(item)} is not PARAM=V1,V2,...")
         if param in axes:
@@ -71,12 +74,39 @@ def parse_grid(text: str) -> list[Candidate]:
         if param == "method":
             raise ConfigError(f"--grid {excerpt(text)}: the method is the grid's first field, not a parameter")
         axes[param] = [_scalar(text, param, v) for v in values.split(",")]
-    return [Candidate(method, dict(zip(axes, combo, strict=True))) for combo in itertools.product(*axes.values())]
+        spelled[param] = written.strip()
+    candidates = [Candidate(method, dict(zip(axes, combo, strict=True))) for combo in itertools.product(*axes.values())]
+    if n_agents is not None:
+        for candidate in candidates:
+            refuse_reserved(candidate.name, "")  # its name first: a method named sweep.json is no method either
+            _check_candidate(text, candidate, spelled, n_agents)
+    return candidates
 
 
-def parse_grids(grids: Iterable[str]) -> list[Candidate]:
+def _check_candidate(text: str, candidate: Candidate, spelled: Mapping[str, str], n_agents: int) -> None:
+    """The candidate's settings as its method parses them (the sweep parses them again, alone, as
+    ``merge`` would): any refusal, in one line that names the grid and the parameter as written
+    rather than a flag the user never typed."""
+    from ramstream.methods.options import OptionError, UnknownOptions
+    from ramstream.methods.registry import get_method
+
+    where = f"--grid {excerpt(text)}"
+    try:
+        get_method(candidate.method).parse(candidate.settings, n_agents)
+    except UnknownOptions as exc:
+        names = ", ".join(excerpt(spelled.get(name, name)) for name in exc.names)
+        reads = ", ".join(exc.reads) or "none"
+        many = "parameters" if len(exc.names) > 1 else "parameter"
+        raise ConfigError(f"{where}: {exc.method} has no {many} {names} (it reads {reads})") from None
+    except OptionError as exc:
+        raise ConfigError(f"{where}: {spelled.get(exc.name, exc.name)} {exc.problem}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def parse_grids(grids: Iterable[str], n_agents: int | None = None) -> list[Candidate]:
     """Every grid's candidates in order; none at all, or two with one name, is refused."""
-    candidates = [c for text in grids for c in parse_grid(text)]
+    candidates = [c for text in grids for c in parse_grid(text, n_agents)]
     if not candidates:
         raise ConfigError("a sweep needs at least one candidate: give --grid METHOD[:PARAM=V1,V2,...] (or --config)")
     check_unique(candidates)
