@@ -90,9 +90,3 @@ def refuse_unknown(method: str, options: Mapping[str, Any], allowed: set[str]) -
         from ramstream.methods.options import UnknownOptions
 
         raise UnknownOptions(method, tuple(extra), tuple(sorted(allowed)))
-
-
-def raise_config(message: str) -> None:
-    from ramstream.errors import ConfigError
-
-    raise ConfigError(message)
