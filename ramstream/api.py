@@ -202,11 +202,11 @@ def _nonfinite_hint(what: str, accepts: bool, allowed: bool) -> Iterator[None]:
         if allowed:
             raise
         hint = (
-            "or pass --allow-nonfinite to let it through (a non-finite task-vector element then counts as inactive)"
+            ", or pass --allow-nonfinite to merge it anyway (a NaN/Inf task-vector element then counts as inactive)"
             if accepts
-            else f"{what} cannot merge NaN/Inf weights, even with --allow-nonfinite"
+            else f" ({what} cannot merge NaN/Inf weights, even with --allow-nonfinite)"
         )
-        raise NonFiniteWeightError(f"{exc} ({hint})") from exc
+        raise NonFiniteWeightError(f"{exc}{hint}") from exc
 
 
 def _merge_into(

@@ -128,7 +128,8 @@ def sweep(
     for c in result.candidates:
         said = c.error if c.status == "failed" else summary(c.method, c.per_agent)
         click.echo(f"{c.status}: {c.out} ({said})")
-    click.echo(f"sweep: {len(result.candidates)} candidates in {result.out} (sweep.json)")
+    count = len(result.candidates)
+    click.echo(f"sweep: {count} candidate{'' if count == 1 else 's'} in {result.out} (sweep.json)")
     if result.evaluations:
         click.echo(_score_table(result))
     if plot is not None:
