@@ -313,6 +313,7 @@ def test_the_plot_draws_every_candidate(family: Family, tmp_path: Path) -> None:
     ("program", "error"),
     [
         ("import sys; print('boom', file=sys.stderr); sys.exit(3)", "exit status 3: boom"),
+        ("import sys; sys.exit(4)", "exit status 4, printing nothing"),
         ("print('accuracy is high')", "is not a JSON object or a number: 'accuracy is high'"),
         ("print(0.75)", None),
     ],

@@ -123,6 +123,8 @@ def evaluate(command: str, model: str, directory: Path, timeout: float = DEFAULT
     if code != 0:
         status = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         last = done.stderr or done.stdout
+        if last is not None and not last.strip():
+            return Evaluation(model, error=f"{status}, printing nothing", seconds=done.seconds)
         said = shown(last if len(last) <= 200 else last[:200] + "...") if last is not None else _quoted(None)
         return Evaluation(model, error=f"{status}: {said}", seconds=done.seconds)
     try:
