@@ -305,3 +305,20 @@ def test_allow_nonfinite_is_refused_by_magnitude_methods(tmp_path: Path, family:
     args = ["merge", *members(family), "--out", tmp_path / "out", "--method", method, "--allow-nonfinite"]
     one_line_error(cli(*args, "--cache-dir", tmp_path / "cache", "--quiet"), "--allow-nonfinite", method)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_agent_that_changes_nothing_is_noted(tmp_path: Path, family: Family) -> None:
+    """The base given again as an agent (or an eps above every update) merges as if it were not
+    there: the merge says so on stderr, naming it, and still succeeds; a family whose agents all
+    differ from the base gets no note."""
+    copy = tmp_path / "base-copy"
+    copy.mkdir()
+    for path in family.base.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    args = ["--cache-dir", tmp_path / "cache", "--quiet"]
+    done = cli("merge", family.base, family.agents[0], copy, "--out", tmp_path / "with-copy", *args)
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stderr.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "agent base-copy differs from the base nowhere above --eps 1e-05" in notes[0]
+    plain = cli("merge", *members(family), "--out", tmp_path / "plain", *args)
+    assert plain.returncode == 0 and "note:" not in plain.stderr, plain.stderr

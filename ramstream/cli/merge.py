@@ -217,3 +217,21 @@ def merge(
         stop()
     state = "already merged" if result.resumed_finished else "merged"
     click.echo(f"{state}: {result.out} ({summary(result.method, result.per_agent)})")
+    if result.index is not None and result.method in ("ram", "ram+") and not result.resumed_finished:
+        _note_idle_agents(api.open_index(result.index))
+
+
+def _note_idle_agents(view: Any) -> None:
+    """An agent that differs from the base nowhere above ε adds nothing: the merge is what the
+    others make it, and the likely cause (the base given again as an agent, or an ε too large)
+    is a mistake a user wants to hear of, not to find in an evaluation."""
+    import numpy as np
+
+    active = np.asarray(view.counts.active).reshape(-1, len(view.agents)).sum(axis=0)
+    for name, count in zip(view.agents, active, strict=True):
+        if count == 0:
+            click.echo(
+                f"note: agent {name} differs from the base nowhere above --eps {view.eps:g}: it adds nothing to "
+                "the merge (is it a copy of the base, or is --eps too large?)",
+                err=True,
+            )
