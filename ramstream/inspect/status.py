@@ -442,11 +442,12 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def _pass_line(p: PassStatus, now: float) -> str:
+def _pass_line(p: PassStatus, now: float, width: int = 6) -> str:
+    """One pass, its name padded to ``width`` (the longest of the listing: columns line up)."""
     if p.blocks_total is None and p.state == "done":
-        return f"{p.name:<6} done"
+        return f"{p.name:<{width}} done"
     blocks = f"{p.blocks_done if p.blocks_done is not None else '?'} / {p.blocks_total or '?'} batches"
-    line = f"{p.name:<6} {p.state:<12} {blocks:<22} {_size(p.bytes_done)} / {_size(p.bytes_total)}"
+    line = f"{p.name:<{width}} {p.state:<12} {blocks:<22} {_size(p.bytes_done)} / {_size(p.bytes_total)}"
     if p.bytes_total and p.bytes_done is not None and p.state != "done":
         line += f" ({100 * p.bytes_done / p.bytes_total:.1f} %)"
     if p.rate is not None:
@@ -489,7 +490,8 @@ def render(status: Status) -> str:
     if "sweep" in doc:
         lines += [f"  {c['state']:<12} {c['name']}" for c in doc["sweep"]["candidates"]]
     now = time.time()
-    lines += [_pass_line(p, now) for p in status.passes]
+    width = max([6, *(len(p.name) for p in status.passes)])
+    lines += [_pass_line(p, now, width) for p in status.passes]
     if any(p.state == "partial" for p in status.passes):
         lines.append("a partial pass is running, or was stopped: rerun the same command to resume it")
     lines += [f"note: {n}" for n in status.notes]
