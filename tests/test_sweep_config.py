@@ -156,7 +156,7 @@ def test_a_value_a_candidate_s_method_refuses_is_named_by_the_file_the_candidate
         ),
         ([ties, too_dense], "candidate 2: models[1].parameters.density must lie in [0, 1], got 1.5"),
         ([ties, dare], "candidate 2: parameters.density must lie in (0, 1], got 0"),
-        ([ties, karcher], "candidate 2: --tol must be >= 0, got -1"),
+        ([ties, karcher], "candidate 2: parameters.tol must be >= 0, got -1"),
     ]
     for i, (doc, words) in enumerate(cases):
         path = write(tmp_path / f"bad{i}.yml", doc)

@@ -29,7 +29,6 @@ import numpy as np
 
 from ramstream.backends.base import Consensus
 from ramstream.backends.rng import random_keys
-from ramstream.errors import ConfigError
 from ramstream.methods import options
 from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
@@ -41,6 +40,7 @@ from ramstream.methods.gta import (
     uniform_report,
     weight_report,
 )
+from ramstream.methods.options import OptionError
 from ramstream.statistics.context import StatsContext
 from ramstream.statistics.exact_sums import DareL1Sums, tensor_sums
 
@@ -76,7 +76,7 @@ def _rescale(value: Any) -> Rescale:
         return "none"
     if value in ("l1", "inverse", "none"):
         return value  # type: ignore[no-any-return]
-    raise ConfigError(f"--rescale must be l1, inverse or none, got {value!r}")
+    raise OptionError("rescale", f"must be l1, inverse or none, got {value!r}")
 
 
 def dare_spec(name: str, consensus: Consensus) -> MethodSpec:

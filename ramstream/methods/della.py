@@ -53,6 +53,7 @@ from ramstream.methods.gta import (
     uniform_report,
     weight_report,
 )
+from ramstream.methods.options import OptionError
 from ramstream.methods.trim import l1_factors
 from ramstream.plan import Block, TensorPlan
 from ramstream.statistics.context import StatsContext
@@ -125,7 +126,7 @@ def rescale_choice(value: Any) -> Rescale:
         return "none"
     if value == "inverse":
         return "inverse"
-    raise ConfigError(f"--rescale must be l1, inverse or none (or true / false), got {value!r}")
+    raise OptionError("rescale", f"must be l1, inverse or none (or true / false), got {value!r}")
 
 
 def geometry(tensor: TensorPlan) -> tuple[int, int]:

@@ -34,6 +34,7 @@ from ramstream.methods import options, trim
 from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
 from ramstream.methods.gta import check_weighting, gta_prepared, parse_weighting, uniform_report, weight_report
+from ramstream.methods.options import OptionError
 from ramstream.statistics.base import BlockStatistic
 from ramstream.statistics.context import StatsContext
 
@@ -126,7 +127,7 @@ def rescale_choice(value: Any) -> Rescale:
         return "l1"
     if value is False or value == "none":
         return "none"
-    raise ConfigError(f"--rescale must be l1 or none (or true / false) with magnitude trimming, got {value!r}")
+    raise OptionError("rescale", f"must be l1 or none (or true / false) with magnitude trimming, got {value!r}")
 
 
 def trim_scope(value: Any) -> TrimScope:
@@ -134,7 +135,7 @@ def trim_scope(value: Any) -> TrimScope:
         return "tensor"
     if value == "model":
         return "model"
-    raise ConfigError(f"--trim-scope must be tensor or model, got {value!r}")
+    raise OptionError("trim_scope", f"must be tensor or model, got {value!r}")
 
 
 def top_k_counts(density: np.ndarray) -> trim.CutCounts:

@@ -22,7 +22,7 @@ from ramstream.blocks import BlockArrays
 from ramstream.errors import ConfigError
 from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import Fused, MethodSpec, Prepared, refuse_unknown
-from ramstream.methods.options import FLOAT32_MAX
+from ramstream.methods.options import FLOAT32_MAX, OptionError
 from ramstream.plan import Block
 from ramstream.statistics.context import StatsContext
 from ramstream.statistics.overlap import OverlapCounts, model_total
@@ -40,11 +40,11 @@ class RamParams:
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.r) or self.r < 0:
-            raise ConfigError(f"--r must be a finite number >= 0, got {self.r}")
+            raise OptionError("r", f"must be a finite number >= 0, got {self.r}")
         if not np.isfinite(self.alpha) or self.alpha < 0:
-            raise ConfigError(f"--alpha must be a finite number >= 0, got {self.alpha}")
+            raise OptionError("alpha", f"must be a finite number >= 0, got {self.alpha}")
         if self.rho_scope not in ("model", "tensor"):
-            raise ConfigError(f"--rho-scope must be model or tensor, got {self.rho_scope!r}")
+            raise OptionError("rho_scope", f"must be model or tensor, got {self.rho_scope!r}")
         if self.lambda_rule not in ("paper", "script", "share"):
             raise ConfigError(f"unknown lambda rule {self.lambda_rule!r}")
         cap = self.alpha if self.lambda_rule == "paper" else 1.0

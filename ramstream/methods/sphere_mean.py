@@ -36,6 +36,7 @@ from ramstream.methods import options
 from ramstream.methods import tensor_settings as ts
 from ramstream.methods.base import MethodSpec, Prepared, refuse_unknown
 from ramstream.methods.combination import combination_prepared, dot, norm, spread, tensor_names, unit
+from ramstream.methods.options import OptionError
 from ramstream.statistics.context import StatsContext
 
 MULTISLERP_EPS = 1e-8
@@ -147,10 +148,10 @@ def parse_karcher(given: Mapping[str, Any], n_agents: int) -> KarcherParams:
     if isinstance(max_iter, float) and max_iter.is_integer():
         max_iter = int(max_iter)
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or not 0 <= max_iter <= 10_000:
-        raise ConfigError(f"--max-iter must be an integer in [0, 10000], got {max_iter!r}")
+        raise OptionError("max_iter", f"must be an integer in [0, 10000], got {max_iter!r}")
     tol = options.number("tol", given.get("tol", 1e-5))
     if tol < 0:
-        raise ConfigError(f"--tol must be >= 0, got {tol:g}")
+        raise OptionError("tol", f"must be >= 0, got {tol:g}")
     return KarcherParams(max_iter, tol)
 
 
