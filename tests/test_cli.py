@@ -234,6 +234,17 @@ def test_rerun_of_a_finished_merge_says_already_merged(tmp_path: Path, family: F
     assert {p: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 
+def test_a_rerun_says_the_method_s_values_in_the_order_the_merge_said_them(tmp_path: Path, family: Family) -> None:
+    """The record's JSON sorts its keys (density, kept, weight); the rerun's line keeps the
+    method's own order, so the two lines read alike."""
+    out = tmp_path / "ties"
+    args = ["merge", *members(family), "--out", out, "--method", "ties", "--density", "0.3", *cache(tmp_path)]
+    first = ok(in_process(*args)).out.strip()
+    again = ok(in_process(*args)).out.strip()
+    assert first.startswith("merged: ") and ", weight 1" in first
+    assert again == "already " + first
+
+
 # -- stale or foreign indexes ---------------------------------------------------------------
 
 

@@ -170,7 +170,11 @@ def already_merged(out: Path) -> dict[str, tuple[float, ...]]:
     """An output finished by an earlier run: its per-agent values (what it lacks is said again)."""
     record = output_dir.finished_record(out) or {}
     warn_missing(out, record)
-    return {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
+    values = {k: tuple(v) for k, v in record.get("per_agent", {}).items()}
+    order = record.get("per_agent_order")  # the record's JSON sorts its keys: the method's order, as merged said
+    if isinstance(order, list) and sorted(map(str, order)) == sorted(values):
+        return {k: values[k] for k in order}
+    return values
 
 
 # What stops one output of several (a sweep's candidate) and not the others: its method's refusal
@@ -291,6 +295,7 @@ def finish_output(output: OutputPlan, job: MergeJob, prepared: Prepared, ctx: St
         "method": output.spec.name,
         "params": output.params.to_dict(),
         "per_agent": {k: list(v) for k, v in prepared.per_agent.items()},
+        "per_agent_order": list(prepared.per_agent),
         "agents": list(family.agent_names),
         "eps": output.run["eps"],
         "inputs": family.fingerprints(),
