@@ -4,18 +4,16 @@ turn ramstream's errors (and Ctrl-C, and SIGTERM) into one line on stderr and an
 from __future__ import annotations
 
 import gc
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import wraps
-from types import FrameType, ModuleType
+from types import ModuleType
 from typing import Any, TypeVar
 
 import click
 
 from ramstream.errors import RamstreamError
+from ramstream.io.signals import sigterm_raises
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,7 +40,9 @@ def friendly(func: F) -> F:
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            with _sigterm_as_interrupt():
+            # SIGTERM stops a command as Ctrl-C does: the passes stop where they are, what is
+            # being written is finished or dropped, and the user is told how to resume
+            with sigterm_raises(KeyboardInterrupt):
                 return func(*args, **kwargs)
         except RamstreamError as exc:
             click.echo(f"error: {exc}", err=True)
@@ -56,29 +56,6 @@ def friendly(func: F) -> F:
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (what ``timeout``, batch schedulers and ``docker stop`` send) stops a command as
-    Ctrl-C does: the passes stop where they are, what is being written is finished or dropped,
-    and the user is told how to resume. Raised once: a second SIGTERM during that cleanup is
-    ignored (SIGKILL still stops it, and the rerun resumes all the same)."""
-    if threading.current_thread() is not threading.main_thread():  # only there can a handler be set
-        yield
-        return
-    raised: list[int] = []
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        if not raised:
-            raised.append(signum)
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def summary(method: str, per_agent: dict[str, tuple[float, ...]]) -> str:

@@ -26,13 +26,13 @@ import selectors
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
+
+from ramstream.io.signals import sigterm_raises
 
 LINE_BYTES = 64 * 1024  # the longest last line kept
 READ_BYTES = 64 * 1024
@@ -246,17 +246,14 @@ def _owned(proc: subprocess.Popen[bytes], status: Status) -> Iterator[None]:
     the child is stopped and reaped. A supervisor is sent SIGTERM and given ``KILL_AFTER`` +
     ``SUPERVISOR_GRACE`` seconds to end the evaluator's tree, then SIGKILLed with the evaluator's
     group; without one, the evaluator's group gets SIGTERM, then SIGKILL ``KILL_AFTER`` later."""
-    restore = _catch_sigterm()
-    try:
-        yield
-    finally:
+    with sigterm_raises(Terminated):
         try:
+            yield
+        finally:
             _stop(proc, status)
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
-        finally:
-            restore()
 
 
 def _stop(proc: subprocess.Popen[bytes], status: Status) -> None:
@@ -283,23 +280,3 @@ def _kill_group(group: int, sig: signal.Signals) -> None:
         os.killpg(group, sig)
     except (ProcessLookupError, PermissionError):
         pass  # nothing left in it
-
-
-def _catch_sigterm() -> Callable[[], None]:
-    """Turn SIGTERM into ``Terminated`` (once) while a child runs; returns what puts the handler
-    it replaced back (nothing to do outside the main thread, where signals cannot be caught)."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    raised: list[int] = []
-
-    def terminate(signum: int, frame: FrameType | None) -> None:
-        if not raised:
-            raised.append(signum)
-            raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-
-    def restore() -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-
-    return restore
