@@ -126,10 +126,11 @@ class TileBackend:
         if not self._streamed:
             return
         self._expected = {}
-        for now, then in pairwise(upcoming):
-            if now is None or then is None or now.held or then.held or read_inline(_nbytes(then)):
+        parts = [None if s is None or s.held else self._source_parts(s) for s in upcoming]  # each block's once
+        for (now, now_parts), (then, then_parts) in pairwise(zip(upcoming, parts, strict=True)):
+            if now is None or then is None or now_parts is None or then_parts is None or read_inline(_nbytes(then)):
                 continue  # a small block's tile is read on the calling thread: nothing to gain
-            self._expected[(file_ranges(self._source_parts(now)), now.size)] = (self._source_parts(then), then.size)
+            self._expected[(file_ranges(now_parts), now.size)] = (then_parts, then.size)
 
     @contextmanager
     def deferred(self) -> Iterator[Landing]:
