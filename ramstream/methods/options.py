@@ -10,11 +10,14 @@ mergekit config or a sweep grid can name the key its user wrote instead.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ramstream.errors import ConfigError, excerpt
+
+T = TypeVar("T")
 
 
 def flag_name(name: str) -> str:
@@ -77,14 +80,14 @@ def per_agent(name: str, value: Any, n_agents: int) -> tuple[float, ...]:
             values = values * n_agents
         if len(values) != n_agents:
             raise OptionError(name, f"needs one value per agent ({n_agents}) or one for all, got {len(values)}")
-        return tuple(_item(number, name, v, i) for i, v in enumerate(values))
+        return tuple(item(i, number, name, v) for i, v in enumerate(values))
     return (number(name, value),) * n_agents
 
 
-def _item(check: Any, name: str, value: Any, i: int) -> Any:
-    """``check(name, value)``, its refusal naming value ``i`` of a list."""
+def item(i: int, check: Callable[..., T], *args: Any) -> T:
+    """``check(*args)``, its refusal naming value ``i`` of a list (a config names that model's key)."""
     try:
-        return check(name, value)
+        return check(*args)
     except OptionError as exc:
         raise exc.at(i) from None
 

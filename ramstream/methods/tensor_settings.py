@@ -83,20 +83,12 @@ def per_model(name: str, value: Any, count: int, per: str = "model") -> tuple[Se
     for all (a list of conditions is one setting, not one value per model)."""
     one = isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value)
     if isinstance(value, (list, tuple)) and len(value) == count and count > 1 and not one:
-        return tuple(_item(name, v, i) for i, v in enumerate(value))
+        return tuple(options.item(i, parse, name, v) for i, v in enumerate(value))
     if isinstance(value, (list, tuple)) and len(value) == 1:
-        return (_item(name, value[0], 0),) * count
+        return (options.item(0, parse, name, value[0]),) * count
     if isinstance(value, (list, tuple)) and not one:
         raise options.OptionError(name, f"needs one value per {per} ({count}) or one for all, got {len(value)}")
     return (parse(name, value),) * count
-
-
-def _item(name: str, value: Any, i: int) -> Setting:
-    """``parse``, its refusal naming value ``i`` of the list (a config names that model's key)."""
-    try:
-        return parse(name, value)
-    except options.OptionError as exc:
-        raise exc.at(i) from None
 
 
 def per_agent(name: str, value: Any, count: int) -> tuple[Setting, ...]:
@@ -134,10 +126,7 @@ def in_range(name: str, settings: Sequence[Setting], low: float, high: float, lo
     """``options.in_range`` over every value the settings can give any tensor; a refusal names
     the setting's position (the agent's, for per-agent settings)."""
     for i, setting in enumerate(settings):
-        try:
-            options.in_range(name, values(setting), low, high, low_open)
-        except options.OptionError as exc:
-            raise exc.at(i) from None
+        options.item(i, options.in_range, name, values(setting), low, high, low_open)
 
 
 def uniform(settings: Sequence[Setting]) -> tuple[float, ...] | None:
