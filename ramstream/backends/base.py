@@ -40,6 +40,14 @@ LOW_BINS = 1 << 16
 NONFINITE_BIN = 0x7F80  # high halves >= this are Inf or NaN
 ALL = np.uint32(0xFFFFFFFF)  # a cut value above every |tau|: the lower set is everything
 
+
+def nth_set(mask: np.ndarray, need: int) -> int:
+    """The position of the ``need``-th (1-based) nonzero element of ``mask``, -1 if fewer: where a
+    cut's group of ties ends (``Backend.find_ties``)."""
+    positions = np.flatnonzero(mask)
+    return int(positions[need - 1]) if 1 <= need <= len(positions) else -1
+
+
 # The probe counts the active agents of an element in a byte (and pads tiles with 255).
 MAX_PROBE_AGENTS = 254
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ramstream.backends.base import HIGH_BINS, LOW_BINS, NONFINITE_BIN, Backend, KeepArray
+from ramstream.backends.base import HIGH_BINS, LOW_BINS, NONFINITE_BIN, Backend, KeepArray, nth_set
 from ramstream.backends.exact_sum import BINS
 from ramstream.blocks import BlockArrays
 from ramstream.errors import NonFiniteWeightError
@@ -103,12 +103,9 @@ class VarTieBoundary(TieBoundary):
         self, arrays: BlockArrays, backend: Backend, rows: np.ndarray, values: np.ndarray, needs: np.ndarray
     ) -> np.ndarray:
         bits = key_bits(arrays, backend)  # one key for all agents: computed once for every query
-        found = np.full(len(values), -1, np.int64)
-        for q, (value, need) in enumerate(zip(values, needs, strict=True)):
-            positions = np.flatnonzero(bits == value)
-            if 1 <= need <= len(positions):
-                found[q] = positions[need - 1]
-        return found
+        return np.array(
+            [nth_set(bits == value, int(need)) for value, need in zip(values, needs, strict=True)], np.int64
+        )
 
 
 def kept_by_cut(bits: np.ndarray, value: np.ndarray, ranges: np.ndarray) -> np.ndarray:

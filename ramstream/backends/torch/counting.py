@@ -23,6 +23,7 @@ from ramstream.backends.base import (
     MagpruneParams,
     ProbeCounts,
     RowScale,
+    nth_set,
 )
 from ramstream.backends.exact_sum import BINS, renormalised
 from ramstream.backends.torch import (
@@ -587,9 +588,7 @@ def _gram_rows(
 
 def _tie_positions(ties: np.ndarray, n: int, needs: np.ndarray) -> np.ndarray:
     """Per query, the position of the ``need``-th set bit of its packed mask (-1 if fewer)."""
-    found = np.full(len(needs), -1, np.int64)
-    for q, need in enumerate(needs):
-        positions = np.flatnonzero(np.unpackbits(ties[q], bitorder="little")[:n])
-        if 1 <= need <= len(positions):
-            found[q] = positions[need - 1]
-    return found
+    return np.array(
+        [nth_set(np.unpackbits(row, bitorder="little")[:n], int(need)) for row, need in zip(ties, needs, strict=True)],
+        np.int64,
+    )
