@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,7 @@ def parse(doc: Any, source: Path) -> ConfigMerge:
     method, keys = _method_settings(name, spec, scopes, inputs, fail)
     settings.update(method)
     settings.update(dict(spec.fixed))
-    return replace(ConfigMerge(source, base, agents, settings), keys=keys)
+    return ConfigMerge(source, base, agents, settings, keys)
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def _without_base(
     settings.update(method)
     if name != "karcher":  # karcher treats the base as one more input anyway
         settings["no_base"] = True
-    return replace(ConfigMerge(source, inputs[0][0], tuple(path for path, _, _ in inputs[1:]), settings), keys=keys)
+    return ConfigMerge(source, inputs[0][0], tuple(path for path, _, _ in inputs[1:]), settings, keys)
 
 
 def _linear(
@@ -188,7 +188,7 @@ def _linear(
     where = keys["weights"]
     keys = {**keys, "base_weight": [where[at]], "weights": where[:at] + where[at + 1 :]}
     agents = tuple(path for i, (path, _, _) in enumerate(inputs) if i != at)
-    return replace(ConfigMerge(source, inputs[at][0], agents, settings), keys=keys)
+    return ConfigMerge(source, inputs[at][0], agents, settings, keys)
 
 
 def _dtypes(doc: Mapping[str, Any], fail: Fail) -> dict[str, Any]:
