@@ -16,7 +16,9 @@ import hashlib
 import json
 import mmap
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ramstream.errors import InputError
 from ramstream.format.checkpoint import Checkpoint, WeightsFile
@@ -68,6 +70,36 @@ def _described_by(path: Path) -> dict[str, object]:
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from exc
     return {"file": path.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def file_change(checkpoint: Path, recorded: Mapping[str, Any]) -> str | None:
+    """How file ``recorded`` (an entry of ``checkpoint_fingerprint``'s ``files``) of the checkpoint
+    at ``checkpoint`` differs now, said for a user (gone, resized, replaced, modified, rewritten);
+    None when it is still the file fingerprinted."""
+    name = recorded.get("file")
+    if not isinstance(name, str) or not name or Path(name).name != name:
+        return None
+    path = checkpoint / name if checkpoint.is_dir() else checkpoint.parent / name
+    try:
+        stat = path.stat()
+        whole = path.read_bytes() if "sha256" in recorded else None
+    except FileNotFoundError:
+        return f"{name} is gone"
+    except OSError as exc:
+        return f"{name} cannot be read: {exc.strerror}"
+    if whole is not None:
+        return None if hashlib.sha256(whole).hexdigest() == recorded["sha256"] else f"{name} was rewritten"
+    if stat.st_size != recorded.get("size"):
+        return f"{name} has another size"
+    identity = recorded.get("identity")
+    if isinstance(identity, list) and len(identity) == 3:
+        if [stat.st_dev, stat.st_ino] != identity[:2]:
+            return f"{name} was replaced by another file"
+        if stat.st_ctime_ns != identity[2]:
+            return f"{name} was modified"
+    if stat.st_mtime_ns != recorded.get("mtime_ns"):
+        return f"{name} was modified"
+    return None
 
 
 def written_fingerprint(path: Path) -> dict[str, object]:

@@ -10,12 +10,13 @@ whether rerunning the command that started the merge would finish it: not when a
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ramstream.format.fingerprint import file_change
 
 # Settings of the run record and how the command gives them, in the order they are compared
 # (a stack's ``slices``, ``base`` and ``dtype`` come from its mergekit config).
@@ -107,36 +108,9 @@ def changed_input(recorded: object) -> str | None:
             continue
         files = fingerprint.get("files")
         for entry in files if isinstance(files, list) else []:
-            how = _file_change(Path(fingerprint["path"]), entry) if isinstance(entry, dict) else None
+            how = file_change(Path(fingerprint["path"]), entry) if isinstance(entry, dict) else None
             if how is not None:
                 return f"whose input {fingerprint['path']} changed since it started ({how})"
-    return None
-
-
-def _file_change(checkpoint: Path, recorded: Mapping[str, Any]) -> str | None:
-    name = recorded.get("file")
-    if not isinstance(name, str) or not name or Path(name).name != name:
-        return None
-    path = checkpoint / name if checkpoint.is_dir() else checkpoint.parent / name
-    try:
-        stat = path.stat()
-        whole = path.read_bytes() if "sha256" in recorded else None
-    except FileNotFoundError:
-        return f"{name} is gone"
-    except OSError as exc:
-        return f"{name} cannot be read: {exc.strerror}"
-    if whole is not None:
-        return None if hashlib.sha256(whole).hexdigest() == recorded["sha256"] else f"{name} was rewritten"
-    if stat.st_size != recorded.get("size"):
-        return f"{name} has another size"
-    identity = recorded.get("identity")
-    if isinstance(identity, list) and len(identity) == 3:
-        if [stat.st_dev, stat.st_ino] != identity[:2]:
-            return f"{name} was replaced by another file"
-        if stat.st_ctime_ns != identity[2]:
-            return f"{name} was modified"
-    if stat.st_mtime_ns != recorded.get("mtime_ns"):
-        return f"{name} was modified"
     return None
 
 
